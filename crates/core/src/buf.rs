@@ -1,0 +1,42 @@
+//! A cached metadata block. Who may change a buffer is decided by its owner's lock (the AG
+//! lock for AG headers and bitmaps, the inode lock for an inode's B+tree blocks); the buffer's
+//! own lock only keeps readers from seeing a half-copied block.
+
+use crate::format::BLOCK_SIZE;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub type Block = [u8; BLOCK_SIZE];
+
+pub struct Buf {
+    pub blkno: u64,
+    data: RwLock<Box<Block>>,
+    /// Bumped each time a transaction formats this buffer into the CIL; a checkpoint that
+    /// finds the same buffer in two per-CPU CIL shards keeps the higher version.
+    pub log_version: AtomicU64,
+}
+
+pub type BufRef = Arc<Buf>;
+
+impl Buf {
+    pub fn new(blkno: u64, data: Box<Block>) -> BufRef {
+        Arc::new(Buf { blkno, data: RwLock::new(data), log_version: AtomicU64::new(0) })
+    }
+
+    pub fn zeroed(blkno: u64) -> BufRef {
+        Buf::new(blkno, Box::new([0u8; BLOCK_SIZE]))
+    }
+
+    pub fn read(&self) -> RwLockReadGuard<'_, Box<Block>> {
+        self.data.read()
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, Box<Block>> {
+        self.data.write()
+    }
+
+    pub fn next_log_version(&self) -> u64 {
+        self.log_version.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
