@@ -37,6 +37,8 @@ pub enum Error {
     NotSupported,
     #[error("operation not permitted")]
     NotPermitted,
+    #[error("too many levels of symbolic links")]
+    Loop,
     #[error("stale file handle")]
     Stale,
     #[error("file system is busy: {0}")]
@@ -75,6 +77,7 @@ impl Error {
             Error::FileTooBig => libc::EFBIG,
             Error::NotSupported => libc::EOPNOTSUPP,
             Error::NotPermitted => libc::EPERM,
+            Error::Loop => libc::ELOOP,
             Error::Stale => libc::ESTALE,
             Error::Busy(_) => libc::EBUSY,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),

@@ -4,10 +4,25 @@
 //!   fs (API) -> dir, file, xattr, orphan -> inode, ag -> journal -> buf/cache -> format -> dev
 
 pub mod buf;
+pub mod ag;
 pub mod btree;
+pub mod cache;
 pub mod dev;
 pub mod error;
+pub mod dir;
+pub mod file;
 pub mod format;
+pub mod fs;
+pub mod inode;
+pub mod journal;
 pub mod lockstat;
+pub mod mkfs;
+pub mod mount;
+pub mod store;
+pub mod trans;
+pub mod xattr;
 
 pub use error::{Error, Result};
+pub use fs::*;
+pub use mkfs::MkfsOptions;
+pub use mount::MountOptions;

@@ -95,3 +95,51 @@ pub fn verify_block(block: &[u8], what: &'static str, magic: u32, blkno: u64, ow
     }
     Ok(())
 }
+
+pub mod inode;
+pub mod log;
+pub mod sb;
+
+pub use inode::{DiskInode, Extent, Fork, INODE_SIZE};
+pub use sb::{AgLayout, Geometry, Superblock};
+
+/// Bits of a bitmap block after its header.
+pub const BITMAP_BITS: u64 = ((BLOCK_SIZE - HDR_SIZE) * 8) as u64;
+/// Orphan slots (u64 inode numbers) in an orphan table block after its header.
+pub const ORPHAN_SLOTS_PER_BLOCK: u64 = ((BLOCK_SIZE - HDR_SIZE) / 8) as u64;
+pub const INODES_PER_BLOCK: u64 = (BLOCK_SIZE / INODE_SIZE) as u64;
+pub const NAME_MAX: usize = 255;
+
+/// Inode numbers carry their AG in the high 32 bits: `ino = agno << 32 | index`. Index 0 of
+/// AG 0 is never used, so 0 is "no inode" and the root is inode 1 (FUSE's root id).
+pub const ROOT_INO: u64 = 1;
+
+pub fn ino_ag(ino: u64) -> u32 {
+    (ino >> 32) as u32
+}
+pub fn ino_index(ino: u64) -> u32 {
+    ino as u32
+}
+pub fn make_ino(agno: u32, index: u32) -> u64 {
+    (agno as u64) << 32 | index as u64
+}
+
+/// The AG header block: static geometry of one allocation group. Free counts are not kept
+/// here: they are derived from the bitmaps at mount (so no commit ever logs this block).
+pub mod agh {
+    use super::*;
+    pub const AGNO: usize = 32;
+    pub const BLOCKS: usize = 40;
+    pub const INODES: usize = 48;
+    pub const ORPHAN_SLOTS: usize = 52;
+
+    pub fn build(blkno: u64, agno: u32, blocks: u64, inodes: u32, orphan_slots: u32) -> Box<[u8; BLOCK_SIZE]> {
+        let mut b = Box::new([0u8; BLOCK_SIZE]);
+        init_header(&mut b[..], MAGIC_AGH, blkno, agno as u64);
+        put_u32(&mut b[..], AGNO, agno);
+        put_u64(&mut b[..], BLOCKS, blocks);
+        put_u32(&mut b[..], INODES, inodes);
+        put_u32(&mut b[..], ORPHAN_SLOTS, orphan_slots);
+        b
+    }
+}

@@ -1,0 +1,341 @@
+//! Allocation groups: each AG allocates its own inodes, blocks and orphan slots under its
+//! own lock, so creators in different AGs never meet (seed 001, seed 003's per-AG design).
+//!
+//! Two views of each bitmap: the in-memory map says what may be handed out (it includes
+//! claims of transactions still running and blocks freed by checkpoints not yet durable);
+//! the on-disk bitmap blocks say what is committed and change only at transaction commit.
+//! A claim finds a free bit and sets it in one pass under the AG lock — never the
+//! test/lock/retest loop seed 001 removed — so allocation never retries.
+
+use crate::buf::BufRef;
+use crate::cache::BufCache;
+use crate::error::{Error, Result};
+use crate::format::{self, AgLayout, Geometry, BITMAP_BITS, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK};
+use crate::lockstat::{LockClass, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+pub static AG_LOCK: LockClass = LockClass::ranked("ag", 25);
+
+/// In-memory allocation state of one AG, protected by the AG lock.
+pub struct AgState {
+    blocks: Bitmap,
+    inodes: Bitmap,
+    orphan_free: Vec<u32>,
+    reserved_blocks: u64,
+    block_cursor: u64,
+    inode_cursor: u64,
+    next_generation: u32,
+}
+
+pub struct Ag {
+    pub layout: AgLayout,
+    state: Mutex<AgState>,
+    block_bitmap: Vec<BufRef>,
+    inode_bitmap: Vec<BufRef>,
+    orphan_table: Vec<BufRef>,
+    /// Mirrors of the free counts for statfs, which must not take AG locks.
+    free_blocks: AtomicU64,
+    free_inodes: AtomicU64,
+    pub alloc_retries: AtomicU64,
+}
+
+/// A plain bitmap with a free count, one bit per block or inode of the AG.
+pub struct Bitmap {
+    words: Vec<u64>,
+    len: u64,
+    free: u64,
+}
+
+impl Bitmap {
+    fn new(len: u64) -> Bitmap {
+        let mut words = vec![0; len.div_ceil(64) as usize];
+        if len % 64 != 0 {
+            // Bits past the end read as used, so searches never return them.
+            *words.last_mut().unwrap() = !0u64 << (len % 64);
+        }
+        Bitmap { words, len, free: len }
+    }
+    pub fn get(&self, i: u64) -> bool {
+        self.words[(i / 64) as usize] >> (i % 64) & 1 == 1
+    }
+    fn set(&mut self, i: u64) {
+        debug_assert!(!self.get(i), "bit {} already set", i);
+        self.words[(i / 64) as usize] |= 1 << (i % 64);
+        self.free -= 1;
+    }
+    fn clear(&mut self, i: u64) {
+        debug_assert!(self.get(i), "bit {} already clear", i);
+        self.words[(i / 64) as usize] &= !(1 << (i % 64));
+        self.free += 1;
+    }
+    /// First clear bit at or after `from`, wrapping once; a word at a time.
+    fn find_clear(&self, from: u64) -> Option<u64> {
+        if self.free == 0 {
+            return None;
+        }
+        let from = if from >= self.len { 0 } else { from };
+        let first = (from / 64) as usize;
+        let masked = self.words[first] | ((1u64 << (from % 64)) - 1);
+        let rest = (first + 1..self.words.len()).chain(0..=first).map(|w| (w, self.words[w]));
+        std::iter::once((first, masked))
+            .chain(rest)
+            .find(|(_, word)| *word != u64::MAX)
+            .map(|(w, word)| w as u64 * 64 + (!word).trailing_zeros() as u64)
+    }
+    fn run_len(&self, start: u64, max: u64) -> u64 {
+        let mut n = 0;
+        while n < max && start + n < self.len && !self.get(start + n) {
+            n += 1;
+        }
+        n
+    }
+    pub fn free(&self) -> u64 {
+        self.free
+    }
+}
+
+fn disk_bit(bufs: &[BufRef], i: u64) -> (usize, usize, u8) {
+    debug_assert!(((i / BITMAP_BITS) as usize) < bufs.len());
+    let rem = i % BITMAP_BITS;
+    ((i / BITMAP_BITS) as usize, HDR_SIZE + (rem / 8) as usize, 1 << (rem % 8))
+}
+
+/// Load a bitmap's blocks and build its in-memory copy.
+fn load_bitmap(cache: &BufCache, start: u64, nblocks: u64, len: u64, owner: u64) -> Result<(Vec<BufRef>, Bitmap)> {
+    let bufs: Vec<BufRef> = (start..start + nblocks).map(|b| cache.read(b, "bitmap", MAGIC_BITMAP, Some(owner))).collect::<Result<_>>()?;
+    let mut map = Bitmap::new(len);
+    for i in 0..len {
+        let (b, byte, mask) = disk_bit(&bufs, i);
+        if bufs[b].read()[byte] & mask != 0 {
+            map.set(i);
+        }
+    }
+    Ok((bufs, map))
+}
+
+impl Ag {
+    pub fn load(cache: &BufCache, geo: &Geometry, agno: u32) -> Result<Ag> {
+        let l = geo.ag_layout(agno);
+        let hdr = cache.read(l.header, "AG header", MAGIC_AGH, Some(agno as u64))?;
+        {
+            let h = hdr.read();
+            let (blocks, inodes) = (format::get_u64(&h[..], format::agh::BLOCKS), format::get_u32(&h[..], format::agh::INODES));
+            if blocks != l.blocks || inodes != geo.inodes_per_ag || format::get_u32(&h[..], format::agh::AGNO) != agno {
+                return Err(Error::corrupt("AG header", l.header, "geometry disagrees with the superblock"));
+            }
+        }
+        let (block_bitmap, blocks) = load_bitmap(cache, l.block_bitmap, l.block_bitmap_blocks, l.blocks, agno as u64)?;
+        let (inode_bitmap, inodes) = load_bitmap(cache, l.inode_bitmap, l.inode_bitmap_blocks, geo.inodes_per_ag as u64, agno as u64)?;
+        if (0..l.data_start - l.start).any(|i| !blocks.get(i)) {
+            return Err(Error::corrupt("bitmap", l.block_bitmap, "AG metadata blocks marked free"));
+        }
+        let orphan_table: Vec<BufRef> =
+            (l.orphan_table..l.orphan_table + l.orphan_blocks).map(|b| cache.read(b, "orphan table", MAGIC_ORPHAN, Some(agno as u64))).collect::<Result<_>>()?;
+        let mut orphan_free = Vec::new();
+        for (bi, b) in orphan_table.iter().enumerate().rev() {
+            let d = b.read();
+            for s in (0..ORPHAN_SLOTS_PER_BLOCK as usize).rev() {
+                if format::get_u64(&d[..], HDR_SIZE + 8 * s) == 0 {
+                    orphan_free.push((bi as u64 * ORPHAN_SLOTS_PER_BLOCK + s as u64) as u32);
+                }
+            }
+        }
+        let state = AgState {
+            reserved_blocks: 0,
+            block_cursor: l.data_start - l.start,
+            inode_cursor: 0,
+            next_generation: (l.start as u32).wrapping_mul(2_654_435_761) ^ std::process::id(),
+            orphan_free,
+            blocks,
+            inodes,
+        };
+        Ok(Ag {
+            free_blocks: AtomicU64::new(state.blocks.free()),
+            free_inodes: AtomicU64::new(state.inodes.free()),
+            layout: l,
+            state: Mutex::new_indexed(&AG_LOCK, agno as u64, state),
+            block_bitmap,
+            inode_bitmap,
+            orphan_table,
+            alloc_retries: AtomicU64::new(0),
+        })
+    }
+
+    pub fn agno(&self) -> u32 {
+        self.layout.agno
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, AgState> {
+        self.state.lock()
+    }
+
+    pub fn free_blocks(&self) -> u64 {
+        self.free_blocks.load(Relaxed)
+    }
+
+    pub fn free_inodes(&self) -> u64 {
+        self.free_inodes.load(Relaxed)
+    }
+
+    fn sync_counts(&self, s: &AgState) {
+        self.free_blocks.store(s.blocks.free() - s.reserved_blocks.min(s.blocks.free()), Relaxed);
+        self.free_inodes.store(s.inodes.free(), Relaxed);
+    }
+
+    /// Claim a free inode (one pass under the lock) and reserve `blocks` blocks for the
+    /// transaction's B+tree splits in the same critical section. Returns (index, generation).
+    pub fn claim_inode(&self, blocks: u64) -> Option<(u32, u32)> {
+        let mut s = self.lock();
+        if s.blocks.free() < s.reserved_blocks + blocks {
+            return None;
+        }
+        let from = s.inode_cursor;
+        let idx = s.inodes.find_clear(from)?;
+        s.inodes.set(idx);
+        s.inode_cursor = idx + 1;
+        s.reserved_blocks += blocks;
+        s.next_generation = s.next_generation.wrapping_add(1);
+        let gen = s.next_generation;
+        self.sync_counts(&s);
+        Some((idx as u32, gen))
+    }
+
+    /// Reserve `n` blocks without choosing them (B+tree splits, extent allocation).
+    pub fn reserve(&self, n: u64) -> bool {
+        let mut s = self.lock();
+        if s.blocks.free() < s.reserved_blocks + n {
+            return false;
+        }
+        s.reserved_blocks += n;
+        self.sync_counts(&s);
+        true
+    }
+
+    pub fn unreserve(&self, s: &mut AgState, n: u64) {
+        debug_assert!(s.reserved_blocks >= n);
+        s.reserved_blocks -= n;
+        self.sync_counts(s);
+    }
+
+    /// Claim up to `max_len` contiguous blocks at or after `goal` (absolute), consuming the
+    /// same number of reserved blocks. Returns (absolute start, len).
+    pub fn claim_blocks(&self, goal: u64, max_len: u64) -> Option<(u64, u64)> {
+        let mut s = self.lock();
+        let rel_goal = if goal >= self.layout.start && goal < self.layout.start + self.layout.blocks { goal - self.layout.start } else { s.block_cursor };
+        let start = s.blocks.find_clear(rel_goal)?;
+        let len = s.blocks.run_len(start, max_len.min(s.reserved_blocks));
+        if len == 0 {
+            return None;
+        }
+        for i in start..start + len {
+            s.blocks.set(i);
+        }
+        s.reserved_blocks -= len;
+        s.block_cursor = start + len;
+        self.sync_counts(&s);
+        Some((self.layout.start + start, len))
+    }
+
+    /// Undo claims of a transaction that did not commit.
+    pub fn unclaim_blocks(&self, s: &mut AgState, start: u64, len: u64) {
+        for i in start - self.layout.start..start - self.layout.start + len {
+            s.blocks.clear(i);
+        }
+        self.sync_counts(s);
+    }
+
+    pub fn unclaim_inode(&self, s: &mut AgState, idx: u32) {
+        s.inodes.clear(idx as u64);
+        self.sync_counts(s);
+    }
+
+    pub fn claim_orphan_slot(&self) -> Option<u32> {
+        self.lock().orphan_free.pop()
+    }
+
+    pub fn unclaim_orphan_slot(&self, s: &mut AgState, slot: u32) {
+        s.orphan_free.push(slot);
+    }
+
+    /// Commit-time change of the on-disk inode bitmap; returns the block to log.
+    pub fn set_disk_inode(&self, s: &mut AgState, idx: u32, used: bool) -> BufRef {
+        if !used {
+            self.unclaim_inode(s, idx);
+        }
+        Self::set_disk_bits(&self.inode_bitmap, idx as u64, 1, used)
+    }
+
+    /// Commit-time change of the on-disk block bitmap; returns the blocks to log. Freed
+    /// blocks stay claimed in memory until the freeing checkpoint is durable (`release_busy`).
+    pub fn set_disk_blocks(&self, start: u64, len: u64, used: bool) -> Vec<BufRef> {
+        let rel = start - self.layout.start;
+        let mut out: Vec<BufRef> = Vec::new();
+        let mut i = rel;
+        while i < rel + len {
+            let n = (BITMAP_BITS - i % BITMAP_BITS).min(rel + len - i);
+            let b = Self::set_disk_bits(&self.block_bitmap, i, n, used);
+            if !out.iter().any(|o| o.blkno == b.blkno) {
+                out.push(b);
+            }
+            i += n;
+        }
+        out
+    }
+
+    fn set_disk_bits(bufs: &[BufRef], first: u64, n: u64, used: bool) -> BufRef {
+        let (bi, _, _) = disk_bit(bufs, first);
+        let mut d = bufs[bi].write();
+        for i in first..first + n {
+            let (b, byte, mask) = disk_bit(bufs, i);
+            debug_assert_eq!(b, bi);
+            debug_assert_eq!(d[byte] & mask != 0, !used, "on-disk bit {} already {}", i, used);
+            if used {
+                d[byte] |= mask;
+            } else {
+                d[byte] &= !mask;
+            }
+        }
+        bufs[bi].clone()
+    }
+
+    /// Commit-time change of an orphan slot; returns the block to log.
+    pub fn set_disk_orphan(&self, s: &mut AgState, slot: u32, ino: u64) -> BufRef {
+        let b = &self.orphan_table[(slot as u64 / ORPHAN_SLOTS_PER_BLOCK) as usize];
+        let off = HDR_SIZE + 8 * (slot as u64 % ORPHAN_SLOTS_PER_BLOCK) as usize;
+        format::put_u64(&mut b.write()[..], off, ino);
+        if ino == 0 {
+            s.orphan_free.push(slot);
+        }
+        b.clone()
+    }
+
+    /// Inode numbers on this AG's orphan list (mount-time processing and fsck).
+    pub fn orphans(&self) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        for (bi, b) in self.orphan_table.iter().enumerate() {
+            let d = b.read();
+            for s in 0..ORPHAN_SLOTS_PER_BLOCK as usize {
+                let ino = format::get_u64(&d[..], HDR_SIZE + 8 * s);
+                if ino != 0 {
+                    out.push(((bi as u64 * ORPHAN_SLOTS_PER_BLOCK + s as u64) as u32, ino));
+                }
+            }
+        }
+        out
+    }
+
+    /// A checkpoint that freed these blocks is durable: they may be handed out again.
+    pub fn release_busy(&self, start: u64, len: u64) {
+        let mut s = self.lock();
+        self.unclaim_blocks(&mut s, start, len);
+    }
+
+    /// Is the inode allocated (in memory, including claims)?
+    pub fn inode_in_use(&self, idx: u32) -> bool {
+        self.lock().inodes.get(idx as u64)
+    }
+
+    pub fn block_in_use(&self, blkno: u64) -> bool {
+        self.lock().blocks.get(blkno - self.layout.start)
+    }
+}

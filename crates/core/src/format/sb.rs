@@ -1,0 +1,189 @@
+//! Superblock and the geometry derived from it. The superblock is written by mkfs only (a
+//! copy sits in block 0 of every AG; AG 0's is the primary), so it never tears in use: the
+//! moving parts (log tail) live in the log's own ping-pong header blocks.
+
+use super::*;
+use crate::error::{Error, Result};
+
+pub const MAGIC_SB: u32 = 0x4646_5342; // "FFSB"
+pub const VERSION: u32 = 1;
+pub const MIN_AG_BLOCKS: u64 = 256;
+pub const MAX_AG_BLOCKS: u64 = 1 << 24; // 64 GiB
+pub const MAX_AGS: u32 = 1 << 16;
+pub const MIN_LOG_BLOCKS: u64 = 64;
+
+/// The authoritative, validated description of an image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub block_count: u64,
+    pub ag_count: u32,
+    pub ag_blocks: u64,
+    pub inodes_per_ag: u32,
+    pub orphan_slots_per_ag: u32,
+    pub log_blocks: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub geo: Geometry,
+    pub uuid: [u8; 16],
+    pub mkfs_time: i64,
+}
+
+/// Where each structure of one AG lives, in absolute block numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgLayout {
+    pub agno: u32,
+    pub start: u64,
+    pub blocks: u64,
+    pub header: u64,
+    pub block_bitmap: u64,
+    pub block_bitmap_blocks: u64,
+    pub inode_bitmap: u64,
+    pub inode_bitmap_blocks: u64,
+    pub orphan_table: u64,
+    pub orphan_blocks: u64,
+    pub inode_table: u64,
+    pub inode_table_blocks: u64,
+    /// AG 0 only: the log (two header blocks, then the record area).
+    pub log: u64,
+    pub log_blocks: u64,
+    /// First block available for data and B+tree nodes.
+    pub data_start: u64,
+}
+
+impl Geometry {
+    pub fn ag_layout(&self, agno: u32) -> AgLayout {
+        debug_assert!(agno < self.ag_count);
+        let start = agno as u64 * self.ag_blocks;
+        let blocks = (self.block_count - start).min(self.ag_blocks);
+        let header = start + 1;
+        let block_bitmap = header + 1;
+        let block_bitmap_blocks = self.ag_blocks.div_ceil(BITMAP_BITS);
+        let inode_bitmap = block_bitmap + block_bitmap_blocks;
+        let inode_bitmap_blocks = (self.inodes_per_ag as u64).div_ceil(BITMAP_BITS);
+        let orphan_table = inode_bitmap + inode_bitmap_blocks;
+        let orphan_blocks = self.orphan_slots_per_ag as u64 / ORPHAN_SLOTS_PER_BLOCK;
+        let inode_table = orphan_table + orphan_blocks;
+        let inode_table_blocks = self.inodes_per_ag as u64 / INODES_PER_BLOCK;
+        let log = inode_table + inode_table_blocks;
+        let log_blocks = if agno == 0 { self.log_blocks } else { 0 };
+        AgLayout {
+            agno,
+            start,
+            blocks,
+            header,
+            block_bitmap,
+            block_bitmap_blocks,
+            inode_bitmap,
+            inode_bitmap_blocks,
+            orphan_table,
+            orphan_blocks,
+            inode_table,
+            inode_table_blocks,
+            log,
+            log_blocks,
+            data_start: log + log_blocks,
+        }
+    }
+
+    /// Byte offset of an inode's 256-byte slot, or an error if the number is outside the image.
+    pub fn inode_offset(&self, ino: u64) -> Result<u64> {
+        let (ag, idx) = (ino_ag(ino), ino_index(ino));
+        if ag >= self.ag_count || idx >= self.inodes_per_ag || ino == 0 {
+            return Err(Error::corrupt("inode number", ino, "outside the image"));
+        }
+        let l = self.ag_layout(ag);
+        Ok(l.inode_table * BLOCK_SIZE as u64 + idx as u64 * INODE_SIZE as u64)
+    }
+
+    pub fn block_ag(&self, blkno: u64) -> u32 {
+        (blkno / self.ag_blocks) as u32
+    }
+
+    /// Is `[blkno, blkno+len)` inside one AG's data area? (Untrusted extents are checked here.)
+    pub fn is_data_range(&self, blkno: u64, len: u64) -> bool {
+        if len == 0 || blkno >= self.block_count || blkno.checked_add(len).is_none_or(|e| e > self.block_count) {
+            return false;
+        }
+        let l = self.ag_layout(self.block_ag(blkno));
+        blkno >= l.data_start && blkno + len <= l.start + l.blocks
+    }
+
+    pub fn total_inodes(&self) -> u64 {
+        self.ag_count as u64 * self.inodes_per_ag as u64
+    }
+
+    /// Reject geometry no mkfs could have written: every later computation trusts it.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let g = self;
+        if g.ag_count < 1 || g.ag_count > MAX_AGS {
+            return Err(format!("ag count {} out of range", g.ag_count));
+        }
+        if g.ag_blocks < MIN_AG_BLOCKS || g.ag_blocks > MAX_AG_BLOCKS {
+            return Err(format!("ag size {} blocks out of range", g.ag_blocks));
+        }
+        let full = (g.ag_count as u64 - 1).checked_mul(g.ag_blocks).ok_or("ag geometry overflows")?;
+        if g.block_count <= full || g.block_count - full < MIN_AG_BLOCKS || g.block_count - full > g.ag_blocks {
+            return Err(format!("block count {} does not match {} AGs of {}", g.block_count, g.ag_count, g.ag_blocks));
+        }
+        if g.inodes_per_ag == 0 || g.inodes_per_ag as u64 % INODES_PER_BLOCK != 0 {
+            return Err(format!("inodes per ag {} not a positive multiple of {}", g.inodes_per_ag, INODES_PER_BLOCK));
+        }
+        if g.orphan_slots_per_ag == 0 || g.orphan_slots_per_ag as u64 % ORPHAN_SLOTS_PER_BLOCK != 0 {
+            return Err(format!("orphan slots per ag {} not a positive multiple of {}", g.orphan_slots_per_ag, ORPHAN_SLOTS_PER_BLOCK));
+        }
+        if g.log_blocks < MIN_LOG_BLOCKS || g.log_blocks > g.ag_blocks / 2 {
+            return Err(format!("log size {} blocks out of range", g.log_blocks));
+        }
+        for agno in [0, g.ag_count - 1] {
+            let l = g.ag_layout(agno);
+            if l.data_start + 16 > l.start + l.blocks {
+                return Err(format!("ag {} metadata does not fit its {} blocks", agno, l.blocks));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Superblock {
+    pub fn encode(&self, blkno: u64) -> Box<[u8; BLOCK_SIZE]> {
+        let mut b = Box::new([0u8; BLOCK_SIZE]);
+        let g = &self.geo;
+        init_header(&mut b[..], MAGIC_SB, blkno, 0);
+        put_u32(&mut b[..], 32, VERSION);
+        put_u32(&mut b[..], 36, BLOCK_SIZE as u32);
+        put_u64(&mut b[..], 40, g.block_count);
+        put_u32(&mut b[..], 48, g.ag_count);
+        put_u32(&mut b[..], 52, INODE_SIZE as u32);
+        put_u64(&mut b[..], 56, g.ag_blocks);
+        put_u32(&mut b[..], 64, g.inodes_per_ag);
+        put_u32(&mut b[..], 68, g.orphan_slots_per_ag);
+        put_u64(&mut b[..], 72, g.log_blocks);
+        b[80..96].copy_from_slice(&self.uuid);
+        put_u64(&mut b[..], 96, self.mkfs_time as u64);
+        seal_block(&mut b[..], 0);
+        b
+    }
+
+    pub fn decode(b: &[u8], blkno: u64) -> Result<Superblock> {
+        verify_block(b, "superblock", MAGIC_SB, blkno, Some(0))?;
+        let bad = |d: String| Error::corrupt("superblock", blkno, d);
+        if get_u32(b, 32) != VERSION {
+            return Err(bad(format!("unsupported version {}", get_u32(b, 32))));
+        }
+        if get_u32(b, 36) != BLOCK_SIZE as u32 || get_u32(b, 52) != INODE_SIZE as u32 {
+            return Err(bad("unsupported block or inode size".into()));
+        }
+        let geo = Geometry {
+            block_count: get_u64(b, 40),
+            ag_count: get_u32(b, 48),
+            ag_blocks: get_u64(b, 56),
+            inodes_per_ag: get_u32(b, 64),
+            orphan_slots_per_ag: get_u32(b, 68),
+            log_blocks: get_u64(b, 72),
+        };
+        geo.validate().map_err(bad)?;
+        Ok(Superblock { geo, uuid: b[80..96].try_into().unwrap(), mkfs_time: get_u64(b, 96) as i64 })
+    }
+}

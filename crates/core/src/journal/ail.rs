@@ -1,0 +1,176 @@
+//! The active item list: checkpoints that are in the log but not yet written home, in log
+//! order, plus the log ring's space accounting. Writeback goes oldest first and skips any
+//! item a later checkpoint logged again (that one will be written instead), so each item is
+//! written home once however often it was relogged; then the tail moves past what was written.
+
+use crate::dev::BlockDevice;
+use crate::format::log::{ItemKey, LogHeader, LOG_HEADER_BLOCKS};
+use crate::format::{Geometry, BLOCK_SIZE};
+use crate::lockstat::{LockClass, Mutex};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+use std::io;
+
+static AIL: LockClass = LockClass::ranked("ail", 50);
+static AIL_IO: LockClass = LockClass::ranked("ail-io", 20);
+
+struct Entry {
+    rec_seq: u64,
+    off: u64,
+    /// Ring blocks this record accounts for, including any wasted run before a wrap.
+    span: u64,
+    durable: bool,
+    items: Vec<(ItemKey, Box<[u8]>)>,
+}
+
+struct Inner {
+    entries: VecDeque<Entry>,
+    /// For each home location, the newest record in the AIL that mentions it.
+    latest: FxHashMap<ItemKey, u64>,
+    head: u64,
+    used: u64,
+    next_rec_seq: u64,
+    epoch: u64,
+    gen: u64,
+}
+
+pub(super) struct Ail {
+    log_start: u64,
+    ring_blocks: u64,
+    inner: Mutex<Inner>,
+    io: Mutex<()>,
+}
+
+fn home(k: ItemKey) -> ItemKey {
+    match k {
+        ItemKey::Revoke(b) => ItemKey::Block(b),
+        k => k,
+    }
+}
+
+impl Ail {
+    pub fn new(log_start: u64, ring_blocks: u64, h: LogHeader) -> Ail {
+        let inner = Inner {
+            entries: VecDeque::new(),
+            latest: FxHashMap::default(),
+            head: h.tail_off,
+            used: 0,
+            next_rec_seq: h.tail_seq,
+            epoch: h.epoch,
+            gen: h.gen,
+        };
+        Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, ()) }
+    }
+
+    pub fn ring_start(&self) -> u64 {
+        self.log_start + LOG_HEADER_BLOCKS
+    }
+
+    pub fn ring_blocks(&self) -> u64 {
+        self.ring_blocks
+    }
+
+    pub fn used_percent(&self) -> u64 {
+        self.inner.lock().used * 100 / self.ring_blocks
+    }
+
+    /// Claim ring space for the next record: `(rec_seq, ring offset, epoch)`, or `None` when
+    /// the tail must move first. The record joins the AIL at once (not yet durable) so the
+    /// tail can never be moved past it.
+    pub fn reserve(&self, blocks: u64) -> Option<(u64, u64, u64)> {
+        let mut g = self.inner.lock();
+        let waste = if g.head + blocks > self.ring_blocks { self.ring_blocks - g.head } else { 0 };
+        if g.used + waste + blocks > self.ring_blocks {
+            return None;
+        }
+        let off = if waste > 0 { 0 } else { g.head };
+        let rec_seq = g.next_rec_seq;
+        g.next_rec_seq += 1;
+        g.used += waste + blocks;
+        g.head = (off + blocks) % self.ring_blocks;
+        g.entries.push_back(Entry { rec_seq, off, span: waste + blocks, durable: false, items: Vec::new() });
+        Some((rec_seq, off, g.epoch))
+    }
+
+    pub fn reserve_would_fail(&self, blocks: u64) -> bool {
+        let g = self.inner.lock();
+        let waste = if g.head + blocks > self.ring_blocks { self.ring_blocks - g.head } else { 0 };
+        g.used + waste + blocks > self.ring_blocks
+    }
+
+    pub fn mark_durable(&self, rec_seq: u64, items: Vec<(ItemKey, Box<[u8]>)>) {
+        let mut g = self.inner.lock();
+        for (k, _) in &items {
+            g.latest.insert(home(*k), rec_seq);
+        }
+        let e = g.entries.iter_mut().rev().find(|e| e.rec_seq == rec_seq).expect("reserved record is in the AIL");
+        debug_assert!(!e.durable);
+        e.durable = true;
+        e.items = items;
+    }
+
+    /// Write back oldest-first until `need_free` ring blocks are free (or nothing durable is
+    /// left), then move the tail. Returns (items written home, ring blocks freed).
+    pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64) -> io::Result<(u64, u64)> {
+        let _io = self.io.lock();
+        let (batch, freed) = self.take_batch(need_free);
+        if batch.is_empty() {
+            return Ok((0, 0));
+        }
+        let mut writes = self.live_items(batch);
+        writes.sort_unstable_by_key(|(k, _)| *k);
+        for (k, img) in &writes {
+            let off = match k {
+                ItemKey::Block(b) => b * BLOCK_SIZE as u64,
+                ItemKey::Inode(ino) => geo.inode_offset(*ino).map_err(io::Error::other)?,
+                ItemKey::Revoke(_) => unreachable!("revokes are never written home"),
+            };
+            dev.write_at(img, off)?;
+        }
+        dev.flush()?;
+        let (hdr, blkno) = self.advance_tail(freed);
+        dev.write_at(&hdr.encode(blkno)[..], blkno * BLOCK_SIZE as u64)?;
+        dev.flush()?;
+        Ok((writes.len() as u64, freed))
+    }
+
+    fn take_batch(&self, need_free: u64) -> (Vec<Entry>, u64) {
+        let mut g = self.inner.lock();
+        let free = self.ring_blocks - g.used;
+        let (mut n, mut freed) = (0, 0);
+        for e in &g.entries {
+            if !e.durable || free + freed >= need_free {
+                break;
+            }
+            n += 1;
+            freed += e.span;
+        }
+        (g.entries.drain(..n).collect(), freed)
+    }
+
+    /// The items of `batch` that no later record supersedes (revokes write nothing).
+    fn live_items(&self, batch: Vec<Entry>) -> Vec<(ItemKey, Box<[u8]>)> {
+        let mut g = self.inner.lock();
+        let mut out = Vec::new();
+        for e in batch {
+            for (k, img) in e.items {
+                if g.latest.get(&home(k)) == Some(&e.rec_seq) {
+                    g.latest.remove(&home(k));
+                    if !matches!(k, ItemKey::Revoke(_)) {
+                        out.push((k, img));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn advance_tail(&self, freed: u64) -> (LogHeader, u64) {
+        let mut g = self.inner.lock();
+        g.used -= freed;
+        let (tail_off, tail_seq) = g.entries.front().map_or((g.head, g.next_rec_seq), |e| (e.off, e.rec_seq));
+        g.gen += 1;
+        let h = LogHeader { gen: g.gen, epoch: g.epoch, tail_off, tail_seq };
+        (h, self.log_start + (g.gen & 1))
+    }
+}

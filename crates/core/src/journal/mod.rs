@@ -1,0 +1,499 @@
+//! The journal: delayed logging with a per-CPU committed item list (CIL), checkpoints written
+//! as single checksummed log records, the active item list (AIL) that writes metadata home
+//! in log order to move the tail, and crash recovery.
+//!
+//! Commit path (seed 003): a transaction copies each changed item into the CIL shard of its
+//! CPU under that shard's lock only; an item relogged before the next checkpoint overwrites
+//! its previous copy, so it is logged once. No global lock is taken and nothing is written.
+//!
+//! Checkpoint: lock every shard (a short critical section that only swaps maps and bumps the
+//! sequence), merge the shards, write one record, one flush. fsync forces the log only up to
+//! the CIL sequence that holds the inode's last change; it never waits for home-location
+//! writeback or a superblock write (seed 002).
+
+mod ail;
+mod recover;
+
+pub use recover::{recover, RecoveryReport};
+
+use crate::dev::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::log::{encode_record, item_bytes, ItemKey, LogHeader, LOG_HEADER_BLOCKS, RECORD_HDR};
+use crate::format::{seal_block, DiskInode, Geometry, BLOCK_SIZE};
+use crate::lockstat::{Condvar, LockClass, Mutex};
+use ail::Ail;
+use crossbeam_utils::CachePadded;
+use rustc_hash::FxHashMap;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+static CIL_SHARD: LockClass = LockClass::ranked("cil-shard", 30);
+static LOG_PUSH: LockClass = LockClass::ranked("log-push", 10);
+static LOG_WORKER: LockClass = LockClass::ranked("log-worker", 40);
+
+/// A freed extent that may not be reused until the checkpoint that freed it is durable:
+/// otherwise a crash could leave the old owner pointing at someone else's new data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BusyExtent {
+    pub blkno: u64,
+    pub len: u32,
+}
+
+struct CilItem {
+    version: u64,
+    /// `None`: the block was freed in this sequence (logged as a revoke).
+    image: Option<Box<[u8]>>,
+}
+
+#[derive(Default)]
+struct CilShard {
+    items: FxHashMap<ItemKey, CilItem>,
+    busy: Vec<BusyExtent>,
+}
+
+/// What a committing transaction sees of the CIL: the locked shard of its CPU.
+pub struct CilWriter<'a> {
+    shard: &'a mut CilShard,
+    added_bytes: u64,
+}
+
+impl CilWriter<'_> {
+    /// Copy an item's current image into the CIL (replacing an older copy in this shard).
+    pub fn log(&mut self, key: ItemKey, version: u64, image: &[u8]) {
+        debug_assert!(!matches!(key, ItemKey::Revoke(_)));
+        debug_assert_eq!(image.len(), key.image_len());
+        match self.shard.items.get_mut(&key) {
+            Some(it) if it.version < version => match &mut it.image {
+                Some(img) => img.copy_from_slice(image),
+                None => it.image = Some(image.into()),
+            },
+            Some(_) => {}
+            None => {
+                self.added_bytes += item_bytes(key) as u64;
+                self.shard.items.insert(key, CilItem { version, image: Some(image.into()) });
+            }
+        }
+        if let Some(it) = self.shard.items.get_mut(&key) {
+            it.version = it.version.max(version);
+        }
+    }
+
+    /// The metadata block was freed: drop any logged image and revoke older ones.
+    pub fn revoke(&mut self, blkno: u64, version: u64) {
+        self.shard.items.insert(ItemKey::Block(blkno), CilItem { version, image: None });
+        self.added_bytes += item_bytes(ItemKey::Revoke(blkno)) as u64;
+    }
+
+    pub fn busy(&mut self, e: BusyExtent) {
+        self.shard.busy.push(e);
+    }
+}
+
+/// Counters shown by `ferrofs info`, the benchmarks and the lock statistics report.
+#[derive(Default, Debug)]
+pub struct JournalStats {
+    pub commits: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub background_checkpoints: AtomicU64,
+    pub forced_checkpoints: AtomicU64,
+    pub items_logged: AtomicU64,
+    pub log_bytes: AtomicU64,
+    pub log_space_waits: AtomicU64,
+    pub commit_throttles: AtomicU64,
+    pub ail_pushes: AtomicU64,
+    pub items_written_home: AtomicU64,
+}
+
+/// Tunables; defaults suit the benchmarks, tests shrink them to exercise wrap-around.
+#[derive(Clone, Debug)]
+pub struct JournalConfig {
+    /// Background checkpoint when the CIL holds this many bytes (seed 003, patch 1).
+    pub cil_push_bytes: u64,
+    /// Commits wait when the CIL holds this many bytes (bounded memory, bounded record).
+    pub cil_max_bytes: u64,
+    /// Background checkpoint at least this often while the CIL is not empty.
+    pub push_interval: Duration,
+    /// Start background writeback when the log is this full (fraction in percent).
+    pub ail_push_percent: u64,
+    /// Run background threads (tests that drive checkpoints by hand turn them off).
+    pub background: bool,
+}
+
+impl JournalConfig {
+    pub fn for_log(ring_blocks: u64) -> JournalConfig {
+        let ring_bytes = ring_blocks * BLOCK_SIZE as u64;
+        JournalConfig {
+            cil_push_bytes: (ring_bytes / 16).min(32 << 20),
+            cil_max_bytes: (ring_bytes / 4).min(128 << 20),
+            push_interval: Duration::from_secs(1),
+            ail_push_percent: 50,
+            background: true,
+        }
+    }
+}
+
+type DurableHook = Box<dyn Fn(Vec<BusyExtent>) + Send + Sync>;
+
+pub struct Journal {
+    dev: Arc<dyn BlockDevice>,
+    geo: Geometry,
+    cfg: JournalConfig,
+    shards: Box<[CachePadded<Mutex<CilShard>>]>,
+    /// The open CIL sequence; changes only while every shard is locked.
+    open_seq: AtomicU64,
+    /// Every CIL sequence up to this one is durable in the log.
+    durable_seq: AtomicU64,
+    cil_bytes: AtomicU64,
+    /// Serialises checkpoints (one record written at a time, in sequence order).
+    push: Mutex<()>,
+    /// Data blocks were written since the last flush: ordered mode flushes them before a
+    /// record that may point at them.
+    data_dirty: AtomicBool,
+    ail: Ail,
+    on_durable: DurableHook,
+    failed: AtomicBool,
+    worker: Mutex<WorkerState>,
+    worker_cv: Condvar,
+    throttle_cv: Condvar,
+    threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+    pub stats: JournalStats,
+}
+
+#[derive(Default)]
+struct WorkerState {
+    push_requested: bool,
+    ail_requested: bool,
+    stop: bool,
+}
+
+thread_local! {
+    static SHARD_INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+fn my_shard(n: usize) -> usize {
+    SHARD_INDEX.with(|s| {
+        if s.get() == usize::MAX {
+            s.set(NEXT_SHARD.fetch_add(1, Relaxed));
+        }
+        s.get() % n
+    })
+}
+
+impl Journal {
+    /// Start the journal on an image whose log has been recovered (it is empty: `header`
+    /// points its tail at its head).
+    pub fn start(dev: Arc<dyn BlockDevice>, geo: Geometry, header: LogHeader, cfg: JournalConfig, on_durable: DurableHook) -> Arc<Journal> {
+        let nshards = (std::thread::available_parallelism().map_or(4, |n| n.get()) * 2).next_power_of_two().clamp(4, 64);
+        let shards = (0..nshards).map(|i| CachePadded::new(Mutex::new_indexed(&CIL_SHARD, i as u64, CilShard::default()))).collect();
+        let log_start = geo.ag_layout(0).log;
+        let j = Arc::new(Journal {
+            ail: Ail::new(log_start, geo.log_blocks - LOG_HEADER_BLOCKS, header),
+            dev,
+            geo,
+            cfg,
+            shards,
+            open_seq: AtomicU64::new(1),
+            durable_seq: AtomicU64::new(0),
+            cil_bytes: AtomicU64::new(0),
+            push: Mutex::new(&LOG_PUSH, ()),
+            data_dirty: AtomicBool::new(false),
+            on_durable,
+            failed: AtomicBool::new(false),
+            worker: Mutex::new(&LOG_WORKER, WorkerState::default()),
+            worker_cv: Condvar::new(),
+            throttle_cv: Condvar::new(),
+            threads: parking_lot::Mutex::new(Vec::new()),
+            stats: JournalStats::default(),
+        });
+        if j.cfg.background {
+            j.spawn("ferrofs-cil", Journal::cil_worker);
+            j.spawn("ferrofs-ail", Journal::ail_worker);
+        }
+        j
+    }
+
+    fn spawn(self: &Arc<Self>, name: &str, f: fn(&Journal)) {
+        let j = Arc::clone(self);
+        let h = std::thread::Builder::new().name(name.into()).spawn(move || f(&j)).expect("spawn journal thread");
+        self.threads.lock().push(h);
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    pub fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.dev
+    }
+
+    /// The journal hit an I/O error writing the log: the file system must stop changing.
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Relaxed)
+    }
+
+    fn fail<T>(&self, e: std::io::Error) -> Result<T> {
+        self.failed.store(true, Relaxed);
+        Err(Error::Io(e))
+    }
+
+    /// Note that file data was written in place; the next checkpoint flushes it first.
+    pub fn note_data_write(&self) {
+        if !self.data_dirty.load(Relaxed) {
+            self.data_dirty.store(true, Relaxed);
+        }
+    }
+
+    /// Make an item change durable-in-order: run `f` with this CPU's CIL shard locked and
+    /// return the CIL sequence the changes belong to (what fsync must force).
+    /// The caller holds AG locks here, so it must have called `throttle` before taking them.
+    pub fn commit(&self, f: impl FnOnce(&mut CilWriter<'_>)) -> u64 {
+        let shard = &self.shards[my_shard(self.shards.len())];
+        let mut g = shard.lock();
+        let seq = self.open_seq.load(Acquire);
+        let mut w = CilWriter { shard: &mut g, added_bytes: 0 };
+        f(&mut w);
+        let added = w.added_bytes;
+        drop(g);
+        self.stats.commits.fetch_add(1, Relaxed);
+        if added > 0 {
+            let total = self.cil_bytes.fetch_add(added, Relaxed) + added;
+            if total >= self.cfg.cil_push_bytes {
+                self.request_push();
+            }
+        }
+        seq
+    }
+
+    /// Bounded CIL: wait while it is over its hard limit (the background push drains it).
+    /// Called when a transaction begins, before it takes any AG lock.
+    pub fn throttle(&self) {
+        if self.cil_bytes.load(Relaxed) < self.cfg.cil_max_bytes {
+            return;
+        }
+        self.stats.commit_throttles.fetch_add(1, Relaxed);
+        let mut w = self.worker.lock();
+        while self.cil_bytes.load(Relaxed) >= self.cfg.cil_max_bytes && !w.stop && !self.is_failed() {
+            w.push_requested = true;
+            self.worker_cv.notify_all();
+            self.throttle_cv.wait_for(&mut w, Duration::from_millis(50));
+        }
+    }
+
+    fn request_push(&self) {
+        let mut w = self.worker.lock();
+        if !w.push_requested {
+            w.push_requested = true;
+            self.worker_cv.notify_all();
+        }
+    }
+
+    pub fn open_seq(&self) -> u64 {
+        self.open_seq.load(Acquire)
+    }
+
+    pub fn durable_seq(&self) -> u64 {
+        self.durable_seq.load(Acquire)
+    }
+
+    /// Make every change of CIL sequence `seq` (and before) durable. Concurrent callers share
+    /// one record (group commit): whoever holds the push lock writes for all waiters.
+    pub fn force(&self, seq: u64) -> Result<()> {
+        if self.durable_seq() >= seq {
+            return Ok(());
+        }
+        let _p = self.push.lock();
+        if self.durable_seq() >= seq {
+            return Ok(());
+        }
+        self.stats.forced_checkpoints.fetch_add(1, Relaxed);
+        self.checkpoint_locked()
+    }
+
+    /// Checkpoint whatever the CIL holds now.
+    pub fn checkpoint(&self) -> Result<()> {
+        let _p = self.push.lock();
+        self.checkpoint_locked()
+    }
+
+    /// Flush data written in place (fsync of a file whose metadata is already durable).
+    pub fn flush_data(&self) -> Result<()> {
+        self.data_dirty.store(false, Relaxed);
+        self.dev.flush().or_else(|e| self.fail(e))
+    }
+
+    fn checkpoint_locked(&self) -> Result<()> {
+        if self.is_failed() {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        let (seq, items, busy) = self.switch();
+        self.cil_bytes.store(0, Relaxed);
+        self.throttle_cv.notify_all();
+        if !items.is_empty() {
+            self.write_checkpoint(items)?;
+        }
+        self.durable_seq.store(seq, Release);
+        (self.on_durable)(busy);
+        Ok(())
+    }
+
+    /// The only critical section that spans the shards: swap out their contents and open the
+    /// next sequence. Returns the closed sequence and its merged items, sorted by home.
+    fn switch(&self) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>, Vec<BusyExtent>) {
+        let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let seq = self.open_seq.fetch_add(1, AcqRel);
+        let taken: Vec<CilShard> = guards.iter_mut().map(|g| std::mem::take(&mut **g)).collect();
+        drop(guards);
+        let mut merged: FxHashMap<ItemKey, CilItem> = FxHashMap::default();
+        let mut busy = Vec::new();
+        for shard in taken {
+            busy.extend(shard.busy);
+            for (k, it) in shard.items {
+                match merged.get(&k) {
+                    Some(old) if old.version >= it.version => {}
+                    _ => {
+                        merged.insert(k, it);
+                    }
+                }
+            }
+        }
+        let mut items: Vec<_> = merged.into_iter().map(|(k, it)| (k, it.image)).collect();
+        items.sort_unstable_by_key(|(k, _)| *k);
+        (seq, items, busy)
+    }
+
+    fn write_checkpoint(&self, items: Vec<(ItemKey, Option<Box<[u8]>>)>) -> Result<()> {
+        let bytes: usize = items.iter().map(|(k, img)| if img.is_some() { item_bytes(*k) } else { item_bytes(ItemKey::Revoke(0)) }).sum();
+        let blocks = (RECORD_HDR + bytes).div_ceil(BLOCK_SIZE) as u64;
+        let (rec_seq, off, epoch) = self.reserve_log(blocks)?;
+        let sealed: Vec<(ItemKey, Box<[u8]>)> = items
+            .into_iter()
+            .map(|(k, img)| match (k, img) {
+                (ItemKey::Block(b), None) => (ItemKey::Revoke(b), Box::default()),
+                (k, Some(mut img)) => {
+                    match k {
+                        ItemKey::Block(_) => seal_block(&mut img, rec_seq),
+                        _ => DiskInode::seal(&mut img, rec_seq),
+                    }
+                    (k, img)
+                }
+                (k, None) => unreachable!("only blocks are revoked: {:?}", k),
+            })
+            .collect();
+        let record = encode_record(rec_seq, epoch, sealed.iter().map(|(k, i)| (*k, &i[..])));
+        debug_assert_eq!(record.len() as u64, blocks * BLOCK_SIZE as u64);
+        if self.data_dirty.swap(false, Relaxed) {
+            self.dev.flush().or_else(|e| self.fail(e))?;
+        }
+        let at = (self.ail.ring_start() + off) * BLOCK_SIZE as u64;
+        self.dev.write_at(&record, at).or_else(|e| self.fail(e))?;
+        self.dev.flush().or_else(|e| self.fail(e))?;
+        self.stats.checkpoints.fetch_add(1, Relaxed);
+        self.stats.items_logged.fetch_add(sealed.len() as u64, Relaxed);
+        self.stats.log_bytes.fetch_add(record.len() as u64, Relaxed);
+        self.ail.mark_durable(rec_seq, sealed);
+        if self.ail.used_percent() >= self.cfg.ail_push_percent {
+            self.request_ail();
+        }
+        Ok(())
+    }
+
+    /// Space for a record of `blocks`; when the log is full, write back the oldest
+    /// checkpoints right here (the tail must move before the head can).
+    fn reserve_log(&self, blocks: u64) -> Result<(u64, u64, u64)> {
+        if blocks > self.ail.ring_blocks() / 2 {
+            return Err(Error::Invalid("checkpoint larger than half the log"));
+        }
+        loop {
+            if let Some(r) = self.ail.reserve(blocks) {
+                return Ok(r);
+            }
+            self.stats.log_space_waits.fetch_add(1, Relaxed);
+            if self.push_ail(blocks)? == 0 && self.ail.reserve_would_fail(blocks) {
+                return Err(Error::Busy("log full and nothing to write back".into()));
+            }
+        }
+    }
+
+    fn request_ail(&self) {
+        let mut w = self.worker.lock();
+        w.ail_requested = true;
+        self.worker_cv.notify_all();
+    }
+
+    /// Write back the oldest durable checkpoints until `need_free` blocks of log are free
+    /// (0: everything), then move the tail.
+    /// Returns the ring blocks freed.
+    fn push_ail(&self, need_free: u64) -> Result<u64> {
+        self.stats.ail_pushes.fetch_add(1, Relaxed);
+        let (written, freed) = self.ail.push(&*self.dev, &self.geo, need_free).or_else(|e| self.fail(e))?;
+        self.stats.items_written_home.fetch_add(written, Relaxed);
+        Ok(freed)
+    }
+
+    fn cil_worker(&self) {
+        loop {
+            {
+                let mut w = self.worker.lock();
+                if !w.push_requested && !w.stop {
+                    self.worker_cv.wait_for(&mut w, self.cfg.push_interval);
+                }
+                if w.stop {
+                    return;
+                }
+                w.push_requested = false;
+            }
+            if self.cil_bytes.load(Relaxed) > 0 && self.checkpoint().is_ok() {
+                self.stats.background_checkpoints.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    fn ail_worker(&self) {
+        loop {
+            let idle = {
+                let mut w = self.worker.lock();
+                if !w.ail_requested && !w.stop {
+                    self.worker_cv.wait_for(&mut w, self.cfg.push_interval * 5);
+                }
+                if w.stop {
+                    return;
+                }
+                !std::mem::take(&mut w.ail_requested)
+            };
+            let pct = self.ail.used_percent();
+            // Under pressure write back to half the trigger level; when idle, everything, so
+            // a crash after a quiet period replays almost nothing.
+            let target = if idle { self.ail.ring_blocks() } else { self.ail.ring_blocks() * (100 - self.cfg.ail_push_percent / 2) / 100 };
+            if (pct > 0 || idle) && self.push_ail(target).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Stop background work, checkpoint everything and write it all home, leaving an empty
+    /// log: the next mount replays nothing.
+    pub fn shutdown(&self) -> Result<()> {
+        {
+            let mut w = self.worker.lock();
+            w.stop = true;
+            self.worker_cv.notify_all();
+            self.throttle_cv.notify_all();
+        }
+        for h in self.threads.lock().drain(..) {
+            let _ = h.join();
+        }
+        if self.is_failed() {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        self.checkpoint()?;
+        self.push_ail(self.ail.ring_blocks()).map(|_| ())
+    }
+
+    pub fn log_used_percent(&self) -> u64 {
+        self.ail.used_percent()
+    }
+}

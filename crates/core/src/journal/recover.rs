@@ -1,0 +1,124 @@
+//! Crash recovery: find the newest valid log header, walk the records from its tail while
+//! each is valid and next in sequence, and write their images home — except block images
+//! that a later record revoked. Two passes, as in jbd2: scan (collect revokes), then replay.
+
+use crate::dev::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::log::{decode_record, record_head, ItemKey, LogHeader, LOG_HEADER_BLOCKS};
+use crate::format::{Geometry, BLOCK_SIZE};
+use rustc_hash::FxHashMap;
+
+#[derive(Debug, Clone)]
+pub struct RecoveryReport {
+    pub records: u64,
+    pub items: u64,
+    pub revoked: u64,
+    /// The header the log now has (or would have, read-only): empty, in a new epoch.
+    pub header: LogHeader,
+}
+
+struct Record {
+    seq: u64,
+    bytes: Vec<u8>,
+}
+
+pub fn read_log_header(dev: &dyn BlockDevice, geo: &Geometry) -> Result<LogHeader> {
+    let log = geo.ag_layout(0).log;
+    let ring = geo.log_blocks - LOG_HEADER_BLOCKS;
+    let mut best: Option<LogHeader> = None;
+    let mut last_err = None;
+    for i in 0..LOG_HEADER_BLOCKS {
+        let mut b = vec![0u8; BLOCK_SIZE];
+        dev.read_at(&mut b, (log + i) * BLOCK_SIZE as u64)?;
+        match LogHeader::decode(&b, log + i, ring) {
+            Ok(h) if best.is_none_or(|b| h.gen > b.gen) => best = Some(h),
+            Ok(_) => {}
+            Err(e) => last_err = Some(e),
+        }
+    }
+    best.ok_or_else(|| last_err.unwrap())
+}
+
+/// Replay the log. With `write == false` the device is only read (and the caller must give
+/// an overlay if it wants to see the replayed state).
+pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<RecoveryReport> {
+    let h = read_log_header(dev, geo)?;
+    let ring_start = geo.ag_layout(0).log + LOG_HEADER_BLOCKS;
+    let ring = geo.log_blocks - LOG_HEADER_BLOCKS;
+    let (records, end) = scan(dev, ring_start, ring, &h)?;
+    let mut revoke: FxHashMap<u64, u64> = FxHashMap::default();
+    for r in &records {
+        for (k, _) in decode_record(&r.bytes).expect("checked in scan")? {
+            if let ItemKey::Revoke(b) = k {
+                revoke.insert(b, r.seq);
+            }
+        }
+    }
+    let mut report = RecoveryReport { records: records.len() as u64, items: 0, revoked: 0, header: h };
+    for r in &records {
+        for (k, img) in decode_record(&r.bytes).expect("checked in scan")? {
+            report.items += 1;
+            match k {
+                ItemKey::Block(b) if revoke.get(&b).is_some_and(|&s| s > r.seq) => report.revoked += 1,
+                ItemKey::Block(b) => dev.write_at(img, checked_block(geo, b, r.seq)? * BLOCK_SIZE as u64)?,
+                ItemKey::Inode(ino) => dev.write_at(img, geo.inode_offset(ino)?)?,
+                ItemKey::Revoke(_) => {}
+            }
+        }
+    }
+    let next_seq = records.last().map_or(h.tail_seq, |r| r.seq + 1);
+    report.header = LogHeader { gen: h.gen + 1, epoch: h.epoch + 1, tail_off: end, tail_seq: next_seq };
+    if write {
+        dev.flush()?;
+        let blkno = geo.ag_layout(0).log + (report.header.gen & 1);
+        dev.write_at(&report.header.encode(blkno)[..], blkno * BLOCK_SIZE as u64)?;
+        dev.flush()?;
+    }
+    Ok(report)
+}
+
+/// A logged block image must go to a metadata location: inside the image and not into the
+/// log itself. Anything else is a hostile or corrupt record.
+fn checked_block(geo: &Geometry, b: u64, seq: u64) -> Result<u64> {
+    let l = geo.ag_layout(0);
+    if b >= geo.block_count || (b >= l.log && b < l.log + l.log_blocks) {
+        return Err(Error::corrupt("log record", seq, format!("item for block {} outside the metadata area", b)));
+    }
+    Ok(b)
+}
+
+/// Walk valid records from the tail. Returns them and the ring offset just past the last.
+fn scan(dev: &dyn BlockDevice, ring_start: u64, ring: u64, h: &LogHeader) -> Result<(Vec<Record>, u64)> {
+    let mut out = Vec::new();
+    let (mut off, mut seq, mut used) = (h.tail_off, h.tail_seq, 0u64);
+    while used < ring {
+        let found = match read_record(dev, ring_start, ring, off, seq, h.epoch)? {
+            Some(r) => Some((off, r)),
+            None if off != 0 => read_record(dev, ring_start, ring, 0, seq, h.epoch)?.map(|r| (0, r)),
+            None => None,
+        };
+        let Some((at, bytes)) = found else { break };
+        let len = (bytes.len() / BLOCK_SIZE) as u64;
+        used += len + if at == 0 && off != 0 { ring - off } else { 0 };
+        out.push(Record { seq, bytes });
+        off = (at + len) % ring;
+        seq += 1;
+    }
+    Ok((out, off))
+}
+
+fn read_record(dev: &dyn BlockDevice, ring_start: u64, ring: u64, off: u64, seq: u64, epoch: u64) -> Result<Option<Vec<u8>>> {
+    let mut first = vec![0u8; BLOCK_SIZE];
+    dev.read_at(&mut first, (ring_start + off) * BLOCK_SIZE as u64)?;
+    let Some(head) = record_head(&first, ring - off) else { return Ok(None) };
+    if head.seq != seq || head.epoch != epoch {
+        return Ok(None);
+    }
+    let mut bytes = vec![0u8; head.len_blocks as usize * BLOCK_SIZE];
+    dev.read_at(&mut bytes, (ring_start + off) * BLOCK_SIZE as u64)?;
+    match decode_record(&bytes) {
+        None => Ok(None),
+        Some(Err(e)) => Err(e),
+        Some(Ok(_)) => Ok(Some(bytes)),
+    }
+}

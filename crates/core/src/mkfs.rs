@@ -1,0 +1,137 @@
+//! Make a file system: choose the geometry, write every AG's static metadata, the log
+//! headers and the root directory. Everything mkfs writes is sealed like any other block.
+
+use crate::dev::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::log::LogHeader;
+use crate::format::sb::{MAX_AGS, MIN_AG_BLOCKS, MIN_LOG_BLOCKS};
+use crate::format::*;
+use crate::format::inode::{Timespec, S_IFDIR};
+
+#[derive(Clone, Debug)]
+pub struct MkfsOptions {
+    /// Number of allocation groups; default: one per GiB, at least 4 (parallel creators).
+    pub ag_count: Option<u32>,
+    /// One inode per this many bytes of space (default 8 KiB).
+    pub bytes_per_inode: u64,
+    /// Log size in blocks; default: 1/32 of the image, between 2 MiB and 256 MiB.
+    pub log_blocks: Option<u64>,
+    /// Orphan slots: one per this many inodes (default 8).
+    pub inodes_per_orphan_slot: u64,
+}
+
+impl Default for MkfsOptions {
+    fn default() -> Self {
+        MkfsOptions { ag_count: None, bytes_per_inode: 8192, log_blocks: None, inodes_per_orphan_slot: 8 }
+    }
+}
+
+fn round_up(v: u64, m: u64) -> u64 {
+    v.div_ceil(m) * m
+}
+
+/// Choose and validate a geometry for a device of `size` bytes.
+pub fn plan(size: u64, o: &MkfsOptions) -> Result<Geometry> {
+    let block_count = size / BLOCK_SIZE as u64;
+    let ag_count = o.ag_count.unwrap_or_else(|| (block_count / (1 << 18)).clamp(4, 1024) as u32).clamp(1, MAX_AGS);
+    let ag_count = ag_count.min((block_count / (MIN_AG_BLOCKS * 4)).max(1) as u32);
+    let ag_blocks = block_count.div_ceil(ag_count as u64);
+    // The last AG must not be tiny: drop it into its neighbour by recomputing the count.
+    let ag_count = block_count.div_ceil(ag_blocks) as u32;
+    if o.bytes_per_inode < INODE_SIZE as u64 || o.inodes_per_orphan_slot == 0 {
+        return Err(Error::Invalid("inode density or orphan ratio out of range"));
+    }
+    let inodes_per_ag = round_up((ag_blocks * BLOCK_SIZE as u64 / o.bytes_per_inode).clamp(64, u32::MAX as u64 / 2), INODES_PER_BLOCK);
+    let orphan_slots_per_ag = round_up((inodes_per_ag / o.inodes_per_orphan_slot).max(1), ORPHAN_SLOTS_PER_BLOCK);
+    let log_blocks = o.log_blocks.unwrap_or((block_count / 32).clamp(512, 65536)).clamp(MIN_LOG_BLOCKS, ag_blocks / 2);
+    let geo = Geometry { block_count, ag_count, ag_blocks, inodes_per_ag: inodes_per_ag as u32, orphan_slots_per_ag: orphan_slots_per_ag as u32, log_blocks };
+    geo.validate().map_err(|e| {
+        eprintln!("ferrofs mkfs: {}", e);
+        Error::Invalid("device too small for this geometry (see message)")
+    })?;
+    Ok(geo)
+}
+
+pub fn now() -> Timespec {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+}
+
+/// Write a new file system. `progress(done, total)` is called once per AG.
+pub fn mkfs(dev: &dyn BlockDevice, o: &MkfsOptions, progress: &dyn Fn(u64, u64)) -> Result<Superblock> {
+    let geo = plan(dev.size(), o)?;
+    let t = now();
+    let mut uuid = [0u8; 16];
+    uuid[..8].copy_from_slice(&(t.sec as u64 ^ (t.nsec as u64) << 32).to_le_bytes());
+    uuid[8..].copy_from_slice(&(std::process::id() as u64 ^ dev.size()).to_le_bytes());
+    let sb = Superblock { geo, uuid, mkfs_time: t.sec };
+    for agno in 0..geo.ag_count {
+        write_ag(dev, &sb, agno)?;
+        progress(agno as u64 + 1, geo.ag_count as u64);
+    }
+    write_log(dev, &geo)?;
+    write_root(dev, &geo, t)?;
+    dev.flush()?;
+    Ok(sb)
+}
+
+fn write_block(dev: &dyn BlockDevice, blkno: u64, b: &mut [u8]) -> Result<()> {
+    if header_magic(b) != sb::MAGIC_SB {
+        seal_block(b, 0);
+    }
+    dev.write_at(b, blkno * BLOCK_SIZE as u64)?;
+    Ok(())
+}
+
+fn bitmap_block(blkno: u64, agno: u32, first_bit: u64, used_below: u64) -> Box<[u8; BLOCK_SIZE]> {
+    let mut b = Box::new([0u8; BLOCK_SIZE]);
+    init_header(&mut b[..], MAGIC_BITMAP, blkno, agno as u64);
+    for i in first_bit..used_below.min(first_bit + BITMAP_BITS) {
+        let rel = i - first_bit;
+        b[HDR_SIZE + (rel / 8) as usize] |= 1 << (rel % 8);
+    }
+    b
+}
+
+fn write_ag(dev: &dyn BlockDevice, sb: &Superblock, agno: u32) -> Result<()> {
+    let geo = &sb.geo;
+    let l = geo.ag_layout(agno);
+    dev.write_at(&sb.encode(l.start)[..], l.start * BLOCK_SIZE as u64)?;
+    write_block(dev, l.header, &mut agh::build(l.header, agno, l.blocks, geo.inodes_per_ag, geo.orphan_slots_per_ag)[..])?;
+    let meta = l.data_start - l.start;
+    for i in 0..l.block_bitmap_blocks {
+        write_block(dev, l.block_bitmap + i, &mut bitmap_block(l.block_bitmap + i, agno, i * BITMAP_BITS, meta)[..])?;
+    }
+    // AG 0: inode 0 is never used (0 means "no inode"), inode 1 is the root.
+    let used_inodes = if agno == 0 { 2 } else { 0 };
+    for i in 0..l.inode_bitmap_blocks {
+        write_block(dev, l.inode_bitmap + i, &mut bitmap_block(l.inode_bitmap + i, agno, i * BITMAP_BITS, used_inodes)[..])?;
+    }
+    for i in 0..l.orphan_blocks {
+        let mut b = Box::new([0u8; BLOCK_SIZE]);
+        init_header(&mut b[..], MAGIC_ORPHAN, l.orphan_table + i, agno as u64);
+        write_block(dev, l.orphan_table + i, &mut b[..])?;
+    }
+    Ok(())
+}
+
+fn write_log(dev: &dyn BlockDevice, geo: &Geometry) -> Result<()> {
+    let l = geo.ag_layout(0);
+    for gen in 0..2u64 {
+        let h = LogHeader { gen, epoch: 1, tail_off: 0, tail_seq: 1 };
+        dev.write_at(&h.encode(l.log + gen)[..], (l.log + gen) * BLOCK_SIZE as u64)?;
+    }
+    // Zero the first ring block so no stale record from an earlier file system replays.
+    dev.write_at(&[0u8; BLOCK_SIZE], (l.log + 2) * BLOCK_SIZE as u64)?;
+    Ok(())
+}
+
+fn write_root(dev: &dyn BlockDevice, geo: &Geometry, t: Timespec) -> Result<()> {
+    let mut root = DiskInode::new(S_IFDIR | 0o755, 0, 0, t, 1);
+    root.nlink = 2;
+    root.parent = ROOT_INO;
+    let mut img = [0u8; INODE_SIZE];
+    root.encode(ROOT_INO, 0, &mut img);
+    dev.write_at(&img, geo.inode_offset(ROOT_INO)?)?;
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! A mounted image: geometry, caches, allocation groups and the journal, and the rules for
+//! bringing them up (recovery, then orphan processing) and down (checkpoint, clean log).
+
+use crate::ag::Ag;
+use crate::cache::BufCache;
+use crate::dev::{BlockDevice, OverlayDevice};
+use crate::error::{Error, Result};
+use crate::format::sb::MAGIC_SB;
+use crate::format::{ino_ag, ino_index, Geometry, Superblock, BLOCK_SIZE};
+use crate::inode::{InodeCache, InodeRef};
+use crate::journal::{recover, Journal, JournalConfig, RecoveryReport};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::Arc;
+
+#[derive(Clone, Debug, Default)]
+pub struct MountOptions {
+    pub read_only: bool,
+    /// Override journal tunables (tests use tiny CILs to exercise wrap-around).
+    pub journal: Option<JournalConfig>,
+}
+
+pub struct Mount {
+    pub sb: Superblock,
+    pub geo: Geometry,
+    pub dev: Arc<dyn BlockDevice>,
+    pub bufs: BufCache,
+    pub ags: Arc<[Ag]>,
+    pub journal: Arc<Journal>,
+    pub icache: InodeCache,
+    pub recovery: RecoveryReport,
+    read_only: bool,
+    dead: AtomicBool,
+}
+
+/// Read the primary superblock, falling back to the copy in AG 1 when the primary is bad.
+pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+    let mut b = vec![0u8; BLOCK_SIZE];
+    if dev.size() < BLOCK_SIZE as u64 {
+        return Err(Error::corrupt("superblock", 0, "device smaller than one block"));
+    }
+    dev.read_at(&mut b, 0)?;
+    let primary = Superblock::decode(&b, 0);
+    let sb = match primary {
+        Ok(sb) => sb,
+        Err(e) => backup_superblock(dev, &b).ok_or(e)?,
+    };
+    if sb.geo.block_count * BLOCK_SIZE as u64 > dev.size() {
+        return Err(Error::corrupt("superblock", 0, format!("image is {} bytes, superblock says {}", dev.size(), sb.geo.block_count * BLOCK_SIZE as u64)));
+    }
+    Ok(sb)
+}
+
+/// The primary is damaged: its AG size may be too, so probe the backup at plausible AG sizes.
+fn backup_superblock(dev: &dyn BlockDevice, primary: &[u8]) -> Option<Superblock> {
+    let hinted = crate::format::get_u64(primary, 56);
+    let candidates = std::iter::once(hinted).chain((8..=24).map(|s| 1u64 << s));
+    let mut b = vec![0u8; BLOCK_SIZE];
+    for ag_blocks in candidates {
+        if ag_blocks == 0 || ag_blocks.checked_mul(BLOCK_SIZE as u64 * 2).is_none_or(|e| e > dev.size()) {
+            continue;
+        }
+        if dev.read_at(&mut b, ag_blocks * BLOCK_SIZE as u64).is_ok() && crate::format::get_u32(&b, 0) == MAGIC_SB {
+            if let Ok(sb) = Superblock::decode(&b, ag_blocks) {
+                if sb.geo.ag_blocks == ag_blocks {
+                    return Some(sb);
+                }
+            }
+        }
+    }
+    None
+}
+
+impl Mount {
+    /// Mount: verify the superblock, replay the log, load every AG, start the journal.
+    /// Orphans are processed by the caller (the file system layer owns inode teardown).
+    pub fn open(dev: Arc<dyn BlockDevice>, opts: &MountOptions) -> Result<Arc<Mount>> {
+        let sb = read_superblock(&*dev)?;
+        let geo = sb.geo;
+        let (dev, recovery) = if opts.read_only {
+            // Replay into memory so a read-only mount sees the recovered state without writing.
+            let overlay: Arc<dyn BlockDevice> = Arc::new(OverlayDevice::new(dev));
+            let r = recover(&*overlay, &geo, false)?;
+            (overlay, r)
+        } else {
+            let r = recover(&*dev, &geo, true)?;
+            (dev, r)
+        };
+        let bufs = BufCache::new(dev.clone());
+        let ags: Arc<[Ag]> = (0..geo.ag_count).map(|a| Ag::load(&bufs, &geo, a)).collect::<Result<Vec<_>>>()?.into();
+        let mut cfg = opts.journal.clone().unwrap_or_else(|| JournalConfig::for_log(geo.log_blocks - 2));
+        cfg.background &= !opts.read_only;
+        let busy_ags = ags.clone();
+        let on_durable = Box::new(move |busy: Vec<crate::journal::BusyExtent>| {
+            for e in busy {
+                busy_ags[geo.block_ag(e.blkno) as usize].release_busy(e.blkno, e.len as u64);
+            }
+        });
+        let journal = Journal::start(dev.clone(), geo, recovery.header, cfg, on_durable);
+        Ok(Arc::new(Mount {
+            sb,
+            geo,
+            dev,
+            bufs,
+            ags,
+            journal,
+            icache: InodeCache::default(),
+            recovery,
+            read_only: opts.read_only,
+            dead: AtomicBool::new(false),
+        }))
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    pub fn check_alive(&self) -> Result<()> {
+        if self.dead.load(Relaxed) || self.journal.is_failed() {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        Ok(())
+    }
+
+    pub fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        self.check_alive()
+    }
+
+    /// Stop all further changes. The on-disk image stays at its last durable checkpoint.
+    pub fn shutdown(&self, why: &str) {
+        if !self.dead.swap(true, Relaxed) {
+            eprintln!("ferrofs: shutting down: {}", why);
+        }
+    }
+
+    /// The inode, if the number is allocated.
+    pub fn iget(&self, ino: u64) -> Result<InodeRef> {
+        if let Some(i) = self.icache.get(ino) {
+            return Ok(i);
+        }
+        let (agno, idx) = (ino_ag(ino), ino_index(ino));
+        if ino == 0 || agno >= self.geo.ag_count || idx >= self.geo.inodes_per_ag || !self.ags[agno as usize].inode_in_use(idx) {
+            return Err(Error::Stale);
+        }
+        self.icache.load(&*self.dev, &self.geo, ino)
+    }
+
+    /// Checkpoint everything and write it home: the log is empty afterwards.
+    pub fn unmount(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.check_alive()?;
+        self.journal.shutdown()
+    }
+}

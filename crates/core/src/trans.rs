@@ -1,0 +1,270 @@
+//! Transactions. A transaction collects what an operation changed — metadata buffers,
+//! inode images, and allocation-group operations — and commits them atomically into the
+//! CIL. It writes nothing to disk.
+//!
+//! Rules (docs/DESIGN.md, "Locking"):
+//! - Inode locks are taken before the transaction begins; AG locks only inside `commit`, in
+//!   AG order, around the on-disk bitmap updates and the CIL insert. So a bitmap block that
+//!   two transactions share never carries one transaction's uncommitted bits into another's
+//!   commit, and AG locks are held for microseconds.
+//! - Space is claimed before anything is modified (claims and reservations can fail with
+//!   ENOSPC; B+tree splits then draw on the reservation and cannot). A transaction dropped
+//!   after it modified shared state shuts the file system down, as XFS does: the on-disk
+//!   image stays consistent because nothing uncommitted reaches the log.
+
+use crate::buf::BufRef;
+use crate::error::{Error, Result};
+use crate::format::log::ItemKey;
+use crate::format::{ino_ag, ino_index, make_ino, DiskInode, INODE_SIZE};
+use crate::inode::InodeRef;
+use crate::journal::BusyExtent;
+use crate::mount::Mount;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AgOp {
+    InodeAlloc { ino: u64 },
+    InodeFree { ino: u64 },
+    BlockAlloc { start: u64, len: u64 },
+    BlockFree { start: u64, len: u64, meta: bool },
+    OrphanSet { ino: u64, slot: u32 },
+    OrphanClear { ino: u64, slot: u32 },
+}
+
+impl AgOp {
+    fn agno(&self, m: &Mount) -> u32 {
+        match *self {
+            AgOp::InodeAlloc { ino } | AgOp::InodeFree { ino } | AgOp::OrphanSet { ino, .. } | AgOp::OrphanClear { ino, .. } => ino_ag(ino),
+            AgOp::BlockAlloc { start, .. } | AgOp::BlockFree { start, .. } => m.geo.block_ag(start),
+        }
+    }
+}
+
+struct LoggedInode {
+    inode: InodeRef,
+    image: Box<[u8; INODE_SIZE]>,
+    version: u64,
+    data: bool,
+}
+
+pub struct Tx<'m> {
+    m: &'m Mount,
+    bufs: Vec<BufRef>,
+    inodes: Vec<LoggedInode>,
+    ops: Vec<AgOp>,
+    /// Blocks still reserved per AG (returned at commit or drop).
+    reserved: Vec<(u32, u64)>,
+    modified: bool,
+    done: bool,
+}
+
+impl<'m> Tx<'m> {
+    pub fn new(m: &'m Mount) -> Result<Tx<'m>> {
+        m.check_writable()?;
+        m.journal.throttle();
+        Ok(Tx { m, bufs: Vec::new(), inodes: Vec::new(), ops: Vec::new(), reserved: Vec::new(), modified: false, done: false })
+    }
+
+    pub fn mount(&self) -> &'m Mount {
+        self.m
+    }
+
+    fn add_reserved(&mut self, agno: u32, n: u64) {
+        match self.reserved.iter_mut().find(|(a, _)| *a == agno) {
+            Some((_, r)) => *r += n,
+            None => self.reserved.push((agno, n)),
+        }
+    }
+
+    /// Reserve `n` blocks, preferring AG `pref`; returns the AG that granted them.
+    pub fn reserve(&mut self, pref: u32, n: u64) -> Result<u32> {
+        let count = self.m.geo.ag_count;
+        for i in 0..count {
+            let agno = (pref + i) % count;
+            if self.m.ags[agno as usize].reserve(n) {
+                self.add_reserved(agno, n);
+                return Ok(agno);
+            }
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// Claim a new inode number, preferring AG `pref`, and reserve `blocks` in that AG in
+    /// the same critical section. Returns (ino, generation).
+    pub fn alloc_inode(&mut self, pref: u32, blocks: u64) -> Result<(u64, u32)> {
+        let count = self.m.geo.ag_count;
+        for i in 0..count {
+            let agno = (pref + i) % count;
+            if let Some((idx, gen)) = self.m.ags[agno as usize].claim_inode(blocks) {
+                let ino = make_ino(agno, idx);
+                debug_assert_ne!(ino, 0, "mkfs marks inode 0 used");
+                self.add_reserved(agno, blocks);
+                self.ops.push(AgOp::InodeAlloc { ino });
+                return Ok((ino, gen));
+            }
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// Claim up to `max_len` contiguous reserved blocks near `goal`. Returns (start, len).
+    pub fn alloc_blocks(&mut self, goal: u64, max_len: u64) -> Result<(u64, u64)> {
+        let goal_ag = self.m.geo.block_ag(goal.min(self.m.geo.block_count - 1));
+        let mut order: Vec<usize> = (0..self.reserved.len()).filter(|&i| self.reserved[i].1 > 0).collect();
+        order.sort_by_key(|&i| self.reserved[i].0 != goal_ag);
+        for i in order {
+            let (agno, avail) = self.reserved[i];
+            if let Some((start, len)) = self.m.ags[agno as usize].claim_blocks(goal, max_len.min(avail)) {
+                self.reserved[i].1 -= len;
+                self.ops.push(AgOp::BlockAlloc { start, len });
+                return Ok((start, len));
+            }
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// A new metadata block (B+tree node) from the reservation, zeroed and cached.
+    pub fn alloc_meta_block(&mut self, goal: u64) -> Result<BufRef> {
+        let (b, _) = self.alloc_blocks(goal, 1)?;
+        self.modified = true;
+        Ok(self.m.bufs.get_new(b))
+    }
+
+    pub fn free_blocks(&mut self, start: u64, len: u64, meta: bool) {
+        debug_assert!(self.m.geo.is_data_range(start, len));
+        self.modified = true;
+        self.ops.push(AgOp::BlockFree { start, len, meta });
+    }
+
+    pub fn free_inode(&mut self, ino: u64) {
+        self.modified = true;
+        self.ops.push(AgOp::InodeFree { ino });
+    }
+
+    /// Put an inode on its AG's on-disk orphan list (O(1): one slot in one block).
+    pub fn orphan_add(&mut self, ino: u64, di: &mut DiskInode) -> Result<()> {
+        debug_assert_eq!(di.orphan_slot, 0);
+        let slot = self.m.ags[ino_ag(ino) as usize].claim_orphan_slot().ok_or(Error::NoSpace)?;
+        di.orphan_slot = slot + 1;
+        self.ops.push(AgOp::OrphanSet { ino, slot });
+        Ok(())
+    }
+
+    pub fn orphan_remove(&mut self, ino: u64, di: &mut DiskInode) {
+        debug_assert_ne!(di.orphan_slot, 0);
+        self.ops.push(AgOp::OrphanClear { ino, slot: di.orphan_slot - 1 });
+        di.orphan_slot = 0;
+    }
+
+    /// The buffer was changed; log it at commit.
+    pub fn log_buf(&mut self, b: &BufRef) {
+        self.modified = true;
+        if !self.bufs.iter().any(|x| x.blkno == b.blkno) {
+            self.bufs.push(b.clone());
+        }
+    }
+
+    /// Snapshot the inode's current state for the log. Call after the last change; `data`
+    /// marks a change fdatasync must cover (size or block map).
+    pub fn log_inode(&mut self, inode: &InodeRef, di: &DiskInode, data: bool) {
+        debug_assert!(di.check_shape(&self.m.geo).is_ok(), "inode {} shape: {:?}", inode.ino, di.check_shape(&self.m.geo));
+        self.modified = true;
+        let mut image = Box::new([0u8; INODE_SIZE]);
+        di.encode(inode.ino, 0, &mut image);
+        let version = inode.next_log_version();
+        match self.inodes.iter_mut().find(|l| l.inode.ino == inode.ino) {
+            Some(l) => {
+                l.image = image;
+                l.version = version;
+                l.data |= data;
+            }
+            None => self.inodes.push(LoggedInode { inode: inode.clone(), image, version, data }),
+        }
+    }
+
+    /// Apply the AG operations to the on-disk bitmaps and insert everything into the CIL,
+    /// atomically. Returns the CIL sequence that holds the change.
+    pub fn commit(mut self) -> Result<u64> {
+        self.m.check_alive()?;
+        let m = self.m;
+        let mut agnos: Vec<u32> = self.ops.iter().map(|o| o.agno(m)).chain(self.reserved.iter().map(|r| r.0)).collect();
+        agnos.sort_unstable();
+        agnos.dedup();
+        let mut guards: Vec<_> = agnos.iter().map(|&a| (a, m.ags[a as usize].lock())).collect();
+        let mut bufs = std::mem::take(&mut self.bufs);
+        let mut busy = Vec::new();
+        let mut revoked = Vec::new();
+        for op in &self.ops {
+            let agno = op.agno(m);
+            let ag = &m.ags[agno as usize];
+            let g = &mut guards.iter_mut().find(|(a, _)| *a == agno).unwrap().1;
+            match *op {
+                AgOp::InodeAlloc { ino } => bufs.push(ag.set_disk_inode(g, ino_index(ino), true)),
+                AgOp::InodeFree { ino } => bufs.push(ag.set_disk_inode(g, ino_index(ino), false)),
+                AgOp::BlockAlloc { start, len } => bufs.extend(ag.set_disk_blocks(start, len, true)),
+                AgOp::BlockFree { start, len, meta } => {
+                    bufs.extend(ag.set_disk_blocks(start, len, false));
+                    busy.push(BusyExtent { blkno: start, len: len as u32 });
+                    if meta {
+                        revoked.extend(start..start + len);
+                    }
+                }
+                AgOp::OrphanSet { ino, slot } => bufs.push(ag.set_disk_orphan(g, slot, ino)),
+                AgOp::OrphanClear { slot, .. } => bufs.push(ag.set_disk_orphan(g, slot, 0)),
+            }
+        }
+        for (agno, n) in self.reserved.drain(..) {
+            let g = &mut guards.iter_mut().find(|(a, _)| *a == agno).unwrap().1;
+            m.ags[agno as usize].unreserve(g, n);
+        }
+        bufs.sort_unstable_by_key(|b| b.blkno);
+        bufs.dedup_by_key(|b| b.blkno);
+        bufs.retain(|b| !revoked.contains(&b.blkno));
+        let inodes = std::mem::take(&mut self.inodes);
+        let seq = m.journal.commit(|cil| {
+            for b in &bufs {
+                let v = b.next_log_version();
+                cil.log(ItemKey::Block(b.blkno), v, &b.read()[..]);
+            }
+            for &blkno in &revoked {
+                cil.revoke(blkno, m.bufs.get(blkno).map_or(0, |b| b.next_log_version()));
+            }
+            for l in &inodes {
+                cil.log(ItemKey::Inode(l.inode.ino), l.version, &l.image[..]);
+            }
+            for e in busy {
+                cil.busy(e);
+            }
+        });
+        drop(guards);
+        for l in &inodes {
+            l.inode.note_commit(seq, l.data);
+        }
+        self.done = true;
+        Ok(seq)
+    }
+}
+
+impl Drop for Tx<'_> {
+    /// An abandoned transaction gives back its claims. If it had already changed shared
+    /// in-memory metadata, that state can no longer be trusted: shut down.
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        for (agno, n) in self.reserved.drain(..) {
+            let ag = &self.m.ags[agno as usize];
+            ag.unreserve(&mut ag.lock(), n);
+        }
+        for op in &self.ops {
+            let ag = &self.m.ags[op.agno(self.m) as usize];
+            match *op {
+                AgOp::InodeAlloc { ino } => ag.unclaim_inode(&mut ag.lock(), ino_index(ino)),
+                AgOp::BlockAlloc { start, len } => ag.unclaim_blocks(&mut ag.lock(), start, len),
+                AgOp::OrphanSet { slot, .. } => ag.unclaim_orphan_slot(&mut ag.lock(), slot),
+                _ => {}
+            }
+        }
+        if self.modified {
+            self.m.shutdown("transaction cancelled after it changed metadata");
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! API behaviour on an in-memory device: every operation, its errors, and persistence
+//! across unmount and remount.
+
+use ferrofs::dev::{BlockDevice, MemDevice};
+use ferrofs::*;
+use std::sync::Arc;
+
+const ROOT: u64 = 1;
+const C: Cred = Cred { uid: 1000, gid: 1000 };
+
+fn fresh(size: u64) -> (Arc<MemDevice>, FileSystem) {
+    let dev = Arc::new(MemDevice::new(size));
+    FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
+    (dev, fs)
+}
+
+fn remount(dev: &Arc<MemDevice>, fs: FileSystem) -> FileSystem {
+    fs.unmount().unwrap();
+    drop(fs);
+    FileSystem::mount_device(dev.clone() as Arc<dyn BlockDevice>, &MountOptions::default()).unwrap()
+}
+
+fn names(fs: &FileSystem, dir: u64) -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    fs.readdir(dir, 0, &mut |e| {
+        v.push(e.name);
+        true
+    })
+    .unwrap();
+    v.sort();
+    v
+}
+
+#[test]
+fn create_write_read_remount() {
+    let (dev, fs) = fresh(64 << 20);
+    let d = fs.mkdir(ROOT, b"dir", 0o755, C).unwrap();
+    let f = fs.create(d.ino, b"file", 0o644, C).unwrap();
+    assert_eq!(f.uid, 1000);
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+    assert_eq!(fs.write(f.ino, 10, &data).unwrap(), data.len());
+    assert_eq!(fs.read(f.ino, 10, data.len()).unwrap(), data);
+    assert_eq!(fs.read(f.ino, 0, 10).unwrap(), vec![0u8; 10]);
+    assert_eq!(fs.getattr(f.ino).unwrap().size, 100_010);
+    let fs = remount(&dev, fs);
+    let f2 = fs.resolve("/dir/file").unwrap();
+    assert_eq!(f2.ino, f.ino);
+    assert_eq!(fs.read(f.ino, 10, data.len()).unwrap(), data);
+    assert_eq!(names(&fs, d.ino), vec![b".".to_vec(), b"..".to_vec(), b"file".to_vec()]);
+    assert_eq!(fs.getattr(ROOT).unwrap().nlink, 3);
+}
+
+#[test]
+fn many_entries_and_errors() {
+    let (dev, fs) = fresh(128 << 20);
+    let d = fs.mkdir(ROOT, b"big", 0o755, C).unwrap();
+    for i in 0..5000 {
+        fs.create(d.ino, format!("f{:05}", i).as_bytes(), 0o644, C).unwrap();
+    }
+    assert!(matches!(fs.create(d.ino, b"f00042", 0o644, C), Err(Error::Exists)));
+    assert!(matches!(fs.rmdir(ROOT, b"big"), Err(Error::NotEmpty)));
+    assert!(matches!(fs.create(d.ino, &[b'x'; 256], 0o644, C), Err(Error::NameTooLong)));
+    assert!(matches!(fs.lookup(d.ino, b"nope"), Err(Error::NotFound)));
+    for i in (0..5000).step_by(2) {
+        fs.unlink(d.ino, format!("f{:05}", i).as_bytes()).unwrap();
+    }
+    let fs = remount(&dev, fs);
+    assert_eq!(names(&fs, d.ino).len(), 2 + 2500);
+    for i in (1..5000).step_by(2) {
+        fs.unlink(d.ino, format!("f{:05}", i).as_bytes()).unwrap();
+    }
+    fs.rmdir(ROOT, b"big").unwrap();
+    assert_eq!(names(&fs, ROOT), vec![b".".to_vec(), b"..".to_vec()]);
+}
+
+#[test]
+fn rename_link_symlink_xattr() {
+    let (dev, fs) = fresh(64 << 20);
+    let a = fs.mkdir(ROOT, b"a", 0o755, C).unwrap();
+    let b = fs.mkdir(ROOT, b"b", 0o755, C).unwrap();
+    let f = fs.create(a.ino, b"f", 0o644, C).unwrap();
+    fs.rename(a.ino, b"f", b.ino, b"g", 0).unwrap();
+    assert!(matches!(fs.lookup(a.ino, b"f"), Err(Error::NotFound)));
+    assert_eq!(fs.lookup(b.ino, b"g").unwrap().ino, f.ino);
+    fs.link(f.ino, a.ino, b"h").unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().nlink, 2);
+    assert!(matches!(fs.rename(ROOT, b"a", a.ino, b"x", 0), Err(Error::Invalid(_))));
+    fs.rename(ROOT, b"a", b.ino, b"a2", 0).unwrap();
+    assert_eq!(fs.getattr(ROOT).unwrap().nlink, 3);
+    assert_eq!(fs.getattr(b.ino).unwrap().nlink, 3);
+    let long = vec![b'y'; 300];
+    let s = fs.symlink(ROOT, b"s", &long, C).unwrap();
+    let s2 = fs.symlink(ROOT, b"t", b"short", C).unwrap();
+    fs.setxattr(f.ino, b"user.small", b"v", 0).unwrap();
+    fs.setxattr(f.ino, b"user.large", &[7u8; 900], 0).unwrap();
+    assert!(matches!(fs.setxattr(f.ino, b"user.small", b"v", ferrofs::xattr::XATTR_CREATE), Err(Error::Exists)));
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.readlink(s.ino).unwrap(), long);
+    assert_eq!(fs.readlink(s2.ino).unwrap(), b"short");
+    assert_eq!(fs.getxattr(f.ino, b"user.large").unwrap(), vec![7u8; 900]);
+    let mut l = fs.listxattr(f.ino).unwrap();
+    l.sort();
+    assert_eq!(l, vec![b"user.large".to_vec(), b"user.small".to_vec()]);
+    fs.removexattr(f.ino, b"user.large").unwrap();
+    assert!(matches!(fs.getxattr(f.ino, b"user.large"), Err(Error::NoAttr)));
+    fs.rename(b.ino, b"g", ROOT, b"t", RENAME_EXCHANGE).unwrap();
+    assert_eq!(fs.lookup(ROOT, b"t").unwrap().ino, f.ino);
+}
+
+#[test]
+fn truncate_sparse_and_unlinked_open() {
+    let (dev, fs) = fresh(256 << 20);
+    let f = fs.create(ROOT, b"sparse", 0o644, C).unwrap();
+    fs.write(f.ino, 5 << 30, b"far").unwrap();
+    for i in 0..20u64 {
+        fs.write(f.ino, i * 1 << 20, b"x").unwrap();
+    }
+    assert_eq!(fs.getattr(f.ino).unwrap().size, (5 << 30) + 3);
+    assert_eq!(fs.read(f.ino, 5 << 30, 10).unwrap(), b"far");
+    let free0 = fs.statfs().bfree;
+    fs.setattr(f.ino, &SetAttr { size: Some(100), ..Default::default() }).unwrap();
+    fs.setattr(f.ino, &SetAttr { size: Some(8192), ..Default::default() }).unwrap();
+    assert_eq!(fs.read(f.ino, 0, 8192).unwrap()[..1], *b"x");
+    assert_eq!(fs.read(f.ino, 1, 8191).unwrap(), vec![0u8; 8191]);
+    fs.open(f.ino).unwrap();
+    fs.unlink(ROOT, b"sparse").unwrap();
+    assert_eq!(fs.read(f.ino, 0, 1).unwrap(), b"x");
+    fs.sync().unwrap();
+    assert!(fs.statfs().bfree >= free0);
+    let fs = remount(&dev, fs);
+    assert!(fs.getattr(f.ino).is_err(), "orphan freed at mount");
+}
