@@ -13,6 +13,7 @@ pub mod dir;
 pub mod file;
 pub mod format;
 pub mod fs;
+pub mod fsck;
 pub mod inode;
 pub mod journal;
 pub mod lockstat;

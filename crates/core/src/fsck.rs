@@ -1,0 +1,1 @@
+//! Offline consistency check and repair (placeholder until the checker lands).
