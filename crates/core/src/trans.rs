@@ -19,6 +19,7 @@ use crate::format::{ino_ag, ino_index, make_ino, DiskInode, INODE_SIZE};
 use crate::inode::InodeRef;
 use crate::journal::BusyExtent;
 use crate::mount::Mount;
+use smallvec::SmallVec;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum AgOp {
@@ -41,18 +42,19 @@ impl AgOp {
 
 struct LoggedInode {
     inode: InodeRef,
-    image: Box<[u8; INODE_SIZE]>,
+    image: [u8; INODE_SIZE],
     version: u64,
     data: bool,
 }
 
+/// Inline capacities cover a create or unlink without touching the heap.
 pub struct Tx<'m> {
     m: &'m Mount,
-    bufs: Vec<BufRef>,
-    inodes: Vec<LoggedInode>,
-    ops: Vec<AgOp>,
+    bufs: SmallVec<[BufRef; 4]>,
+    inodes: SmallVec<[LoggedInode; 2]>,
+    ops: SmallVec<[AgOp; 4]>,
     /// Blocks still reserved per AG (returned at commit or drop).
-    reserved: Vec<(u32, u64)>,
+    reserved: SmallVec<[(u32, u64); 2]>,
     modified: bool,
     done: bool,
 }
@@ -61,7 +63,7 @@ impl<'m> Tx<'m> {
     pub fn new(m: &'m Mount) -> Result<Tx<'m>> {
         m.check_writable()?;
         m.journal.throttle();
-        Ok(Tx { m, bufs: Vec::new(), inodes: Vec::new(), ops: Vec::new(), reserved: Vec::new(), modified: false, done: false })
+        Ok(Tx { m, bufs: SmallVec::new(), inodes: SmallVec::new(), ops: SmallVec::new(), reserved: SmallVec::new(), modified: false, done: false })
     }
 
     pub fn mount(&self) -> &'m Mount {
@@ -108,7 +110,7 @@ impl<'m> Tx<'m> {
     /// Claim up to `max_len` contiguous reserved blocks near `goal`. Returns (start, len).
     pub fn alloc_blocks(&mut self, goal: u64, max_len: u64) -> Result<(u64, u64)> {
         let goal_ag = self.m.geo.block_ag(goal.min(self.m.geo.block_count - 1));
-        let mut order: Vec<usize> = (0..self.reserved.len()).filter(|&i| self.reserved[i].1 > 0).collect();
+        let mut order: SmallVec<[usize; 4]> = (0..self.reserved.len()).filter(|&i| self.reserved[i].1 > 0).collect();
         order.sort_by_key(|&i| self.reserved[i].0 != goal_ag);
         for i in order {
             let (agno, avail) = self.reserved[i];
@@ -167,7 +169,7 @@ impl<'m> Tx<'m> {
     pub fn log_inode(&mut self, inode: &InodeRef, di: &DiskInode, data: bool) {
         debug_assert!(di.check_shape(&self.m.geo).is_ok(), "inode {} shape: {:?}", inode.ino, di.check_shape(&self.m.geo));
         self.modified = true;
-        let mut image = Box::new([0u8; INODE_SIZE]);
+        let mut image = [0u8; INODE_SIZE];
         di.encode(inode.ino, 0, &mut image);
         let version = inode.next_log_version();
         match self.inodes.iter_mut().find(|l| l.inode.ino == inode.ino) {
@@ -185,13 +187,13 @@ impl<'m> Tx<'m> {
     pub fn commit(mut self) -> Result<u64> {
         self.m.check_alive()?;
         let m = self.m;
-        let mut agnos: Vec<u32> = self.ops.iter().map(|o| o.agno(m)).chain(self.reserved.iter().map(|r| r.0)).collect();
+        let mut agnos: SmallVec<[u32; 4]> = self.ops.iter().map(|o| o.agno(m)).chain(self.reserved.iter().map(|r| r.0)).collect();
         agnos.sort_unstable();
         agnos.dedup();
-        let mut guards: Vec<_> = agnos.iter().map(|&a| (a, m.ags[a as usize].lock())).collect();
+        let mut guards: SmallVec<[_; 4]> = agnos.iter().map(|&a| (a, m.ags[a as usize].lock())).collect();
         let mut bufs = std::mem::take(&mut self.bufs);
-        let mut busy = Vec::new();
-        let mut revoked = Vec::new();
+        let mut busy: SmallVec<[BusyExtent; 2]> = SmallVec::new();
+        let mut revoked: SmallVec<[u64; 2]> = SmallVec::new();
         for op in &self.ops {
             let agno = op.agno(m);
             let ag = &m.ags[agno as usize];

@@ -117,16 +117,18 @@ impl Ail {
         if batch.is_empty() {
             return Ok((0, 0));
         }
-        let mut writes = self.live_items(batch);
-        writes.sort_unstable_by_key(|(k, _)| *k);
+        let writes = self.live_items(batch);
+        let mut homed: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len());
         for (k, img) in &writes {
             let off = match k {
                 ItemKey::Block(b) => b * BLOCK_SIZE as u64,
                 ItemKey::Inode(ino) => geo.inode_offset(*ino).map_err(io::Error::other)?,
                 ItemKey::Revoke(_) => unreachable!("revokes are never written home"),
             };
-            dev.write_at(img, off)?;
+            homed.push((off, &img[..]));
         }
+        homed.sort_unstable_by_key(|(off, _)| *off);
+        write_coalesced(dev, &homed)?;
         dev.flush()?;
         let (hdr, blkno) = self.advance_tail(freed);
         dev.write_at(&hdr.encode(blkno)[..], blkno * BLOCK_SIZE as u64)?;
@@ -173,4 +175,28 @@ impl Ail {
         let h = LogHeader { gen: g.gen, epoch: g.epoch, tail_off, tail_seq };
         (h, self.log_start + (g.gen & 1))
     }
+}
+
+/// Largest single write writeback issues.
+const COALESCE_MAX: usize = 1 << 20;
+
+/// Write sorted `(offset, bytes)` pieces, merging runs that are contiguous on disk (inodes of
+/// one table block, neighbouring bitmap blocks) into one write each.
+fn write_coalesced(dev: &dyn BlockDevice, pieces: &[(u64, &[u8])]) -> io::Result<()> {
+    let mut run: Vec<u8> = Vec::new();
+    let mut run_off = 0;
+    for &(off, bytes) in pieces {
+        if !run.is_empty() && (run_off + run.len() as u64 != off || run.len() + bytes.len() > COALESCE_MAX) {
+            dev.write_at(&run, run_off)?;
+            run.clear();
+        }
+        if run.is_empty() {
+            run_off = off;
+        }
+        run.extend_from_slice(bytes);
+    }
+    if !run.is_empty() {
+        dev.write_at(&run, run_off)?;
+    }
+    Ok(())
 }
