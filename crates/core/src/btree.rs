@@ -77,6 +77,10 @@ pub trait NodeStore {
 pub const MAX_VALUE: usize = 1536;
 /// Most levels a tree may have (leaf level 0 up to root level `MAX_DEPTH - 1`).
 pub const MAX_DEPTH: usize = 16;
+/// Most nodes one [`insert`] allocates: the leaf's new sibling, one per full ancestor and a
+/// new root, i.e. (levels + 1); a root at the depth limit cannot grow, so never above this.
+/// Callers size their block reservations from it (or from levels + 1 of the actual tree).
+pub const MAX_NEW_NODES_PER_INSERT: usize = MAX_DEPTH;
 
 const OFF_LEVEL: usize = HDR_SIZE;
 const OFF_RESERVED_A: usize = HDR_SIZE + 1;
@@ -828,6 +832,7 @@ mod tests {
         free: Vec<u64>,
         dirtied: HashSet<u64>,
         reads: u64,
+        allocs: usize,
         /// New nodes still allowed before new_node fails with NoSpace (None: unlimited).
         alloc_budget: Option<usize>,
     }
@@ -880,6 +885,7 @@ mod tests {
                 }
                 *budget -= 1;
             }
+            self.allocs += 1;
             let blkno = self.free.pop().unwrap_or_else(|| {
                 self.next += 1;
                 self.next
@@ -1128,7 +1134,7 @@ mod tests {
         let mut keys: Vec<u64> = model.keys().copied().collect();
         // Remove from both ends inward, keeping a single entry in the middle.
         while keys.len() > 1 {
-            let key = if keys.len() % 2 == 0 { keys.remove(0) } else { keys.pop().unwrap() };
+            let key = if keys.len().is_multiple_of(2) { keys.remove(0) } else { keys.pop().unwrap() };
             remove(&mut store, &mut root, key).unwrap();
             model.remove(&key);
         }
@@ -1289,7 +1295,10 @@ mod tests {
             match *op {
                 Op::Insert(k, len, seed) => {
                     let v = value(k, seed, len);
+                    let levels = if root == 0 { 0 } else { usize::from(root_level(&mut store, root)) + 1 };
+                    store.allocs = 0;
                     assert_eq!(insert(&mut store, &mut root, k, &v).unwrap(), model.insert(k, v));
+                    assert!(store.allocs <= (levels + 1).min(MAX_NEW_NODES_PER_INSERT));
                 }
                 Op::Remove(k) => assert_eq!(remove(&mut store, &mut root, k).unwrap(), model.remove(&k)),
                 Op::Lookup(k) => assert_eq!(lookup(&mut store, root, k).unwrap().as_ref(), model.get(&k)),

@@ -4,7 +4,7 @@
 
 use crate::format::BLOCK_SIZE;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub type Block = [u8; BLOCK_SIZE];
@@ -15,13 +15,17 @@ pub struct Buf {
     /// Bumped each time a transaction formats this buffer into the CIL; a checkpoint that
     /// finds the same buffer in two per-CPU CIL shards keeps the higher version.
     pub log_version: AtomicU64,
+    /// The block's structure (not just its checksum) was validated since it was read or
+    /// reinitialised. Later changes keep it valid (asserted where they are made), so a
+    /// structure is validated once, not on every access.
+    verified: AtomicBool,
 }
 
 pub type BufRef = Arc<Buf>;
 
 impl Buf {
     pub fn new(blkno: u64, data: Box<Block>) -> BufRef {
-        Arc::new(Buf { blkno, data: RwLock::new(data), log_version: AtomicU64::new(0) })
+        Arc::new(Buf { blkno, data: RwLock::new(data), log_version: AtomicU64::new(0), verified: AtomicBool::new(false) })
     }
 
     pub fn zeroed(blkno: u64) -> BufRef {
@@ -34,6 +38,14 @@ impl Buf {
 
     pub fn write(&self) -> RwLockWriteGuard<'_, Box<Block>> {
         self.data.write()
+    }
+
+    pub fn is_verified(&self) -> bool {
+        self.verified.load(Ordering::Acquire)
+    }
+
+    pub fn set_verified(&self, v: bool) {
+        self.verified.store(v, Ordering::Release);
     }
 
     pub fn next_log_version(&self) -> u64 {

@@ -94,6 +94,7 @@ impl BufCache {
     pub fn get_new(&self, blkno: u64) -> BufRef {
         let b = self.map.get_or_insert(blkno, Buf::zeroed(blkno));
         b.write().fill(0);
+        b.set_verified(false);
         b
     }
 
