@@ -147,12 +147,16 @@ impl Mount {
         self.icache.load(&*self.dev, &self.geo, ino)
     }
 
-    /// Checkpoint everything and write it home: the log is empty afterwards.
+    /// Checkpoint everything and write it home: the log is empty afterwards. Every later
+    /// operation fails with EIO, so nothing can be acknowledged that will not be logged.
     pub fn unmount(&self) -> Result<()> {
         if self.read_only {
+            self.dead.store(true, Relaxed);
             return Ok(());
         }
         self.check_alive()?;
-        self.journal.shutdown()
+        let r = self.journal.shutdown();
+        self.dead.store(true, Relaxed);
+        r
     }
 }

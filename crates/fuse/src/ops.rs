@@ -1,0 +1,549 @@
+//! The FUSE request handlers: each one calls the engine, then replies with what it returned.
+//!
+//! Inode numbers pass through unchanged (the engine's root is 1 = FUSE_ROOT_ID). File handles
+//! carry nothing: the engine keeps one open count per inode, taken by `open`/`opendir`/
+//! `create` and dropped by `release`/`releasedir`, so an unlinked file lives until its last
+//! close. `forget` is a no-op: the engine keeps its own inode cache.
+
+use crate::seek::{self, Whence};
+use crate::{MountConfig, MAX_WRITE};
+use ferrofs::format::inode::Timespec;
+use ferrofs::{Attr, Cred, DirEntry, FileSystem, SetAttr};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Directory entries fetched from the engine per call while filling one readdir reply.
+const READDIR_BATCH: usize = 256;
+
+pub struct FerroFuse {
+    fs: Arc<FileSystem>,
+    entry_ttl: Duration,
+    attr_ttl: Duration,
+    writeback_cache: bool,
+}
+
+type Res<T> = std::result::Result<T, Errno>;
+
+impl FerroFuse {
+    pub fn new(fs: Arc<FileSystem>, opts: &MountConfig) -> FerroFuse {
+        FerroFuse { fs, entry_ttl: opts.entry_timeout, attr_ttl: opts.attr_timeout, writeback_cache: opts.writeback_cache }
+    }
+
+    /// Call the engine. An error becomes its errno; a panic (an engine bug) is contained:
+    /// the engine is shut down — no further changes, so nothing half-done reaches the disk —
+    /// and the request fails with EIO. The worker thread lives on.
+    fn call<T>(&self, op: &'static str, f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>) -> Res<T> {
+        match catch_unwind(AssertUnwindSafe(|| f(&self.fs))) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if matches!(e, ferrofs::Error::Io(_) | ferrofs::Error::Corrupt { .. }) {
+                    eprintln!("ferrofs: {}: {}", op, e);
+                }
+                Err(Errno::from_i32(e.errno()))
+            }
+            Err(panic) => {
+                let msg = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+                self.fs.mount().shutdown(&format!("engine panicked in {}: {}", op, msg));
+                Err(Errno::EIO)
+            }
+        }
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, res: Res<Attr>) {
+        match res {
+            Ok(a) => reply.entry_with_ttls(&self.attr_ttl, &self.entry_ttl, &file_attr(&a), Generation(a.generation as u64)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir_batch(&self, ino: u64, cookie: u64) -> Res<Vec<DirEntry>> {
+        self.call("readdir", |fs| {
+            let mut v = Vec::with_capacity(READDIR_BATCH);
+            fs.readdir(ino, cookie, &mut |e| {
+                v.push(e);
+                v.len() < READDIR_BATCH
+            })?;
+            Ok(v)
+        })
+    }
+
+    /// Feed directory entries after `cookie` to `add` (which returns true once the reply is
+    /// full) a batch at a time. The engine's lock on the directory is held only while a batch
+    /// is read, never while `add` runs. Returns whether anything was added, or the error if
+    /// the first batch failed.
+    fn fill_dir(&self, ino: u64, mut cookie: u64, mut add: impl FnMut(DirEntry) -> bool) -> Res<()> {
+        let mut added = false;
+        loop {
+            let batch = match self.readdir_batch(ino, cookie) {
+                Ok(b) => b,
+                Err(e) if !added => return Err(e),
+                // Part of the listing is already in the reply: hand that out; the next
+                // readdir from the last cookie reports the error.
+                Err(_) => return Ok(()),
+            };
+            let n = batch.len();
+            for e in batch {
+                let c = e.cookie;
+                if add(e) {
+                    return Ok(());
+                }
+                added = true;
+                cookie = c;
+            }
+            if n < READDIR_BATCH {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn cred(req: &Request) -> Cred {
+    Cred { uid: req.uid(), gid: req.gid() }
+}
+
+/// The permission bits of a new inode: the caller's umask applied. Without FUSE_DONT_MASK
+/// the kernel has already applied it; applying it again changes nothing.
+fn masked(mode: u32, umask: u32) -> u16 {
+    ((mode & libc::S_IFMT) | (mode & 0o7777 & !umask)) as u16
+}
+
+fn system_time(t: Timespec) -> SystemTime {
+    let nsec = Duration::from_nanos(t.nsec.min(999_999_999) as u64);
+    let at = if t.sec >= 0 { UNIX_EPOCH.checked_add(Duration::from_secs(t.sec as u64)) } else { UNIX_EPOCH.checked_sub(Duration::from_secs(t.sec.unsigned_abs())) };
+    at.and_then(|a| a.checked_add(nsec)).unwrap_or(UNIX_EPOCH)
+}
+
+fn timespec(t: SystemTime) -> Timespec {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timespec { sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() },
+        Err(e) => {
+            let d = e.duration();
+            let sec = -i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+            match d.subsec_nanos() {
+                0 => Timespec { sec, nsec: 0 },
+                n => Timespec { sec: sec.saturating_sub(1), nsec: 1_000_000_000 - n },
+            }
+        }
+    }
+}
+
+fn time_or_now(t: TimeOrNow) -> ferrofs::TimeOrNow {
+    match t {
+        TimeOrNow::SpecificTime(t) => ferrofs::TimeOrNow::Time(timespec(t)),
+        TimeOrNow::Now => ferrofs::TimeOrNow::Now,
+    }
+}
+
+fn file_type(k: ferrofs::FileType) -> FileType {
+    match k {
+        ferrofs::FileType::RegularFile => FileType::RegularFile,
+        ferrofs::FileType::Directory => FileType::Directory,
+        ferrofs::FileType::Symlink => FileType::Symlink,
+        ferrofs::FileType::CharDevice => FileType::CharDevice,
+        ferrofs::FileType::BlockDevice => FileType::BlockDevice,
+        ferrofs::FileType::NamedPipe => FileType::NamedPipe,
+        ferrofs::FileType::Socket => FileType::Socket,
+    }
+}
+
+pub(crate) fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: system_time(a.atime),
+        mtime: system_time(a.mtime),
+        ctime: system_time(a.ctime),
+        crtime: system_time(a.btime),
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        // The kernel's new_encode_dev() form fits 32 bits for every major/minor it makes.
+        rdev: a.rdev as u32,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+/// A negative entry: node id 0, cached by the kernel for the entry timeout.
+fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
+/// Reply to a getxattr/listxattr: size 0 asks for the length, a short buffer is ERANGE.
+fn reply_xattr(reply: ReplyXattr, size: u32, data: Res<Vec<u8>>) {
+    match data {
+        Err(e) => reply.error(e),
+        Ok(d) if size == 0 => match u32::try_from(d.len()) {
+            Ok(n) => reply.size(n),
+            Err(_) => reply.error(Errno::E2BIG),
+        },
+        Ok(d) if d.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(d) => reply.data(&d),
+    }
+}
+
+impl fuser::Filesystem for FerroFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let mut want = InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_BIG_WRITES
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_MAX_PAGES
+            | InitFlags::FUSE_CACHE_SYMLINKS;
+        if self.writeback_cache {
+            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        // Ask only for what this kernel offers; the rest silently stays off.
+        let _ = config.add_capabilities(want & config.capabilities());
+        if self.writeback_cache && !config.capabilities().contains(InitFlags::FUSE_WRITEBACK_CACHE) {
+            eprintln!("ferrofs: the kernel offers no writeback cache; mounting without it");
+        }
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_readahead(MAX_WRITE).or_else(|max| config.set_max_readahead(max));
+        // Room for the async reads and writeback the kernel may keep in flight.
+        let _ = config.set_max_background(64);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.call("lookup", |fs| fs.lookup(parent.0, name.as_bytes())) {
+            Err(Errno::ENOENT) if !self.entry_ttl.is_zero() => reply.entry_with_ttls(&Duration::ZERO, &self.entry_ttl, &negative_attr(), Generation(0)),
+            res => self.reply_entry(reply, res),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.call("getattr", |fs| fs.getattr(ino.0)) {
+            Ok(a) => reply.attr(&self.attr_ttl, &file_attr(&a)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let sa = SetAttr {
+            mode: mode.map(|m| (m & 0o7777) as u16),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_or_now),
+            mtime: mtime.map(time_or_now),
+            ctime: ctime.map(timespec),
+        };
+        match self.call("setattr", |fs| fs.setattr(ino.0, &sa)) {
+            Ok(a) => reply.attr(&self.attr_ttl, &file_attr(&a)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.call("readlink", |fs| fs.readlink(ino.0)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let res = self.call("mknod", |fs| fs.mknod(parent.0, name.as_bytes(), masked(mode, umask), rdev as u64, cred(req)));
+        self.reply_entry(reply, res);
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let res = self.call("mkdir", |fs| fs.mkdir(parent.0, name.as_bytes(), masked(mode & 0o7777, umask), cred(req)));
+        self.reply_entry(reply, res);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.call("unlink", |fs| fs.unlink(parent.0, name.as_bytes())) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.call("rmdir", |fs| fs.rmdir(parent.0, name.as_bytes())) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let res = self.call("symlink", |fs| fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), cred(req)));
+        self.reply_entry(reply, res);
+    }
+
+    fn rename(&self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+        match self.call("rename", |fs| fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits())) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let res = self.call("link", |fs| fs.link(ino.0, newparent.0, newname.as_bytes()));
+        self.reply_entry(reply, res);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // The kernel is the only writer, so its page cache stays valid across opens.
+        match self.call("open", |fs| fs.open(ino.0)) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, reply: ReplyData) {
+        match self.call("read", |fs| fs.read(ino.0, offset, size as usize)) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.call("write", |fs| fs.write(ino.0, offset, data)) {
+            // At most max_write (1 MiB) bytes arrive at once, so the count fits.
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock: fuser::LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, _flush: bool, reply: ReplyEmpty) {
+        match self.call("release", |fs| fs.release(ino.0)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        match self.call("fsync", |fs| fs.fsync(ino.0, datasync)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.call("opendir", |fs| fs.open(ino.0)) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let res = self.fill_dir(ino.0, offset, |e| reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), OsStr::from_bytes(&e.name)));
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let res = self.fill_dir(ino.0, offset, |e| {
+            // Attributes are read after the batch, without the directory's lock. An entry
+            // removed meanwhile is left out, as if the listing had been taken a moment later.
+            match self.call("readdirplus", |fs| fs.getattr(e.ino)) {
+                Ok(a) => reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(&e.name), &self.entry_ttl, &file_attr(&a), Generation(a.generation as u64)),
+                Err(_) => false,
+            }
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn releasedir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        match self.call("releasedir", |fs| fs.release(ino.0)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        match self.call("fsyncdir", |fs| fs.fsync(ino.0, datasync)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.call("statfs", |fs| Ok(fs.statfs())) {
+            Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        match self.call("setxattr", |fs| fs.setxattr(ino.0, name.as_bytes(), value, flags as u32)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        reply_xattr(reply, size, self.call("getxattr", |fs| fs.getxattr(ino.0, name.as_bytes())));
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let names = self.call("listxattr", |fs| fs.listxattr(ino.0)).map(|names| {
+            names.into_iter().flat_map(|mut n| {
+                n.push(0);
+                n
+            })
+            .collect::<Vec<u8>>()
+        });
+        reply_xattr(reply, size, names);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.call("removexattr", |fs| fs.removexattr(ino.0, name.as_bytes())) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let res = self.call("create", |fs| {
+            let attr = match fs.create(parent.0, name.as_bytes(), masked(mode, umask), cred(req)) {
+                // Without O_EXCL an existing regular file is opened (another creator won).
+                Err(ferrofs::Error::Exists) if flags & libc::O_EXCL == 0 => match fs.lookup(parent.0, name.as_bytes())? {
+                    a if a.kind == ferrofs::FileType::RegularFile => a,
+                    _ => return Err(ferrofs::Error::Exists),
+                },
+                r => r?,
+            };
+            fs.open(attr.ino)
+        });
+        match res {
+            Ok(a) => reply.created(&self.entry_ttl, &file_attr(&a), Generation(a.generation as u64), FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _offset: u64, _length: u64, _mode: i32, reply: ReplyEmpty) {
+        // The engine has unwritten extents but no API to allocate them or punch holes.
+        reply.error(Errno::EOPNOTSUPP);
+    }
+
+    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let whence = match whence {
+            libc::SEEK_DATA => Whence::Data,
+            libc::SEEK_HOLE => Whence::Hole,
+            // The kernel resolves SEEK_SET/CUR/END itself and never sends them.
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(off) = u64::try_from(offset) else { return reply.error(Errno::ENXIO) };
+        match self.call("lseek", |fs| seek::seek(fs, ino.0, off, whence)) {
+            Ok(Some(o)) => reply.offset(o as i64),
+            Ok(None) => reply.error(Errno::ENXIO),
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrofs::dev::MemDevice;
+    use ferrofs::{MkfsOptions, MountOptions};
+
+    fn adapter() -> FerroFuse {
+        let dev = Arc::new(MemDevice::new(64 << 20));
+        FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+        let fs = FileSystem::mount_device(dev, &MountOptions::default()).unwrap();
+        FerroFuse::new(Arc::new(fs), &MountConfig::new("image", "mnt"))
+    }
+
+    #[test]
+    fn engine_errors_become_errnos() {
+        let a = adapter();
+        assert_eq!(a.call("lookup", |fs| fs.lookup(1, b"missing")).unwrap_err(), Errno::ENOENT);
+        assert_eq!(a.call("lookup", |fs| fs.lookup(1, &[b'n'; 256])).unwrap_err(), Errno::ENAMETOOLONG);
+        assert_eq!(a.call("getattr", |fs| fs.getattr(999_999)).unwrap_err(), Errno::ESTALE);
+    }
+
+    #[test]
+    fn a_panicking_engine_call_fails_with_eio_and_stops_changes() {
+        let a = adapter();
+        let res: Res<()> = a.call("test", |_| panic!("engine bug"));
+        assert_eq!(res.unwrap_err(), Errno::EIO);
+        // Reads still work; changes are refused from now on.
+        assert!(a.call("getattr", |fs| fs.getattr(1)).is_ok());
+        assert_eq!(a.call("mkdir", |fs| fs.mkdir(1, b"d", 0o755, Cred::default())).unwrap_err(), Errno::EIO);
+    }
+
+    #[test]
+    fn times_round_trip_including_before_1970() {
+        for t in [Timespec { sec: 0, nsec: 0 }, Timespec { sec: 1_700_000_000, nsec: 999_999_999 }, Timespec { sec: -1, nsec: 500_000_000 }, Timespec { sec: -86_400, nsec: 0 }] {
+            assert_eq!(timespec(system_time(t)), t);
+        }
+        // Out of range for SystemTime: clamped, not a panic.
+        let _ = system_time(Timespec { sec: i64::MAX, nsec: u32::MAX });
+        let _ = system_time(Timespec { sec: i64::MIN, nsec: 0 });
+    }
+
+    #[test]
+    fn umask_applies_to_permission_bits_only() {
+        assert_eq!(masked(libc::S_IFREG | 0o666, 0o022), (libc::S_IFREG | 0o644) as u16);
+        assert_eq!(masked(libc::S_IFCHR | 0o4777, 0o077), (libc::S_IFCHR | 0o4700) as u16);
+        assert_eq!(masked(0o2777, 0o002), 0o2775);
+    }
+}

@@ -1,0 +1,43 @@
+//! Generic `-o` mount options, as `mount.fuse3(8)` spells them.
+
+use fuser::MountOption;
+
+/// One option (no commas) as fuser's [`MountOption`]. Names fuser knows become flags or
+/// helper options; anything else is handed to the kernel's FUSE option string unchanged
+/// (e.g. `max_read=131072`, `blksize=4096`).
+pub fn parse_option(o: &str) -> MountOption {
+    match o {
+        "auto_unmount" => MountOption::AutoUnmount,
+        "default_permissions" => MountOption::DefaultPermissions,
+        "dev" => MountOption::Dev,
+        "nodev" => MountOption::NoDev,
+        "suid" => MountOption::Suid,
+        "nosuid" => MountOption::NoSuid,
+        "ro" => MountOption::RO,
+        "rw" => MountOption::RW,
+        "exec" => MountOption::Exec,
+        "noexec" => MountOption::NoExec,
+        "atime" => MountOption::Atime,
+        "noatime" => MountOption::NoAtime,
+        "dirsync" => MountOption::DirSync,
+        "sync" => MountOption::Sync,
+        "async" => MountOption::Async,
+        _ => match o.split_once('=') {
+            Some(("fsname", v)) => MountOption::FSName(v.to_string()),
+            Some(("subtype", v)) => MountOption::Subtype(v.to_string()),
+            _ => MountOption::CUSTOM(o.to_string()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_and_custom() {
+        assert_eq!(parse_option("noatime"), MountOption::NoAtime);
+        assert_eq!(parse_option("fsname=img"), MountOption::FSName("img".into()));
+        assert_eq!(parse_option("max_read=4096"), MountOption::CUSTOM("max_read=4096".into()));
+    }
+}
