@@ -16,11 +16,12 @@
 //! ```
 //! A leaf keeps its slots sorted by key and growing up from byte 48, and its values packed
 //! down from the block end. Replacing or removing an entry leaves its old value bytes as
-//! garbage; the leaf is compacted only when a new value does not fit the gap between the two.
+//! garbage (a replacement no longer than the old value is written over it in place); the leaf
+//! is compacted only when a new value does not fit the gap between the two.
 //! Capacity: [`LEAF_MAX_ENTRIES`] slots (zero-length values) and at least two entries of
 //! [`MAX_VALUE`] bytes; [`INTERIOR_MAX_CHILDREN`] children.
 //!
-//! # Invariants (checked on every read, and in debug builds on every write)
+//! # Invariants
 //! - Keys strictly ascend inside a node. Every node lies inside the key range `[lo, hi)` its
 //!   parent gives it: child `i` covers `[key i, key i+1)`, child 0 starts at the parent's own
 //!   lower bound and the last child ends at the parent's upper bound. Key 0 of an interior node
@@ -32,8 +33,24 @@
 //! - There are no sibling pointers, so no ordering between nodes has to be kept in sync;
 //!   in-order iteration climbs and re-descends its saved path.
 //!
-//! [`check`] additionally proves that no block is reached twice and that an interior root has
-//! at least two children.
+//! # When they are checked
+//! A node's own structure (everything above that does not depend on its parent: header
+//! fields, slot and value layout, key order, child pointers) is validated once per buffer:
+//! the first time the tree reads a buffer that is not marked verified
+//! ([`Buf::is_verified`](crate::buf::Buf::is_verified)), after which it is marked. The buffer
+//! cache clears the mark when it reinitialises a block, the tree marks every node it writes,
+//! and every write keeps a node valid (debug builds validate each node the tree writes).
+//! What depends on the path is checked on every access, in O(1): the block header's magic and
+//! owner, the level the parent implies, and the first and last key against the range the
+//! parent gives (the keys between are ordered by the structure check). [`check`] (fsck)
+//! validates every node in full whatever its mark, and additionally proves that no block is
+//! reached twice and that an interior root has at least two children.
+//!
+//! # Costs
+//! Lookups, floors and range scans make one descent of binary searches done in place, keep
+//! their path in a fixed array, and allocate nothing but the value they return ([`range`]
+//! hands its callback slices of the leaf itself). Inserts and removals allocate only the value
+//! they return (a replaced or removed value); splits work on stack copies.
 //!
 //! # Removal policy
 //! Nodes are never merged or rebalanced, so they may be underfull: rebalancing would touch and
@@ -51,11 +68,12 @@
 //! consistent, and the block it could not free leaks until fsck.
 
 use std::collections::HashSet;
-use std::ops::Range;
 
 use crate::buf::{Block, BufRef};
 use crate::error::{Error, Result};
-use crate::format::{get_u16, get_u64, init_header, put_u16, put_u64, BLOCK_SIZE, HDR_SIZE, MAGIC_BTREE};
+use crate::format::{
+    get_u16, get_u64, header_magic, header_owner, init_header, put_u16, put_u64, BLOCK_SIZE, HDR_SIZE, MAGIC_BTREE,
+};
 
 /// Where a tree's nodes live. The engine's transaction implements it: it reads and verifies
 /// blocks through the buffer cache, allocates from the owner's allocation group, and records
@@ -120,10 +138,7 @@ pub fn lookup(store: &mut dyn NodeStore, root: u64, key: u64) -> Result<Option<V
     if root == 0 {
         return Ok(None);
     }
-    let path = path_to(store, root, key)?;
-    let leaf = leaf_of(&path);
-    let b = leaf.buf.read();
-    Ok(leaf_search(&b[..], leaf.nkeys, key).ok().map(|i| leaf_value(&b[..], i).to_vec()))
+    find_leaf(store, root, key, |b, n, _| Ok(leaf_search(b, n, key).ok().map(|i| leaf_value(b, i).to_vec())))
 }
 
 /// The entry with the greatest key `<= key` (extent maps look up the extent covering an offset).
@@ -131,23 +146,20 @@ pub fn floor(store: &mut dyn NodeStore, root: u64, key: u64) -> Result<Option<(u
     if root == 0 {
         return Ok(None);
     }
-    let path = path_to(store, root, key)?;
-    let leaf = leaf_of(&path);
-    let below = {
-        let b = leaf.buf.read();
-        partition_point(0, leaf.nkeys, |i| leaf_key(&b[..], i) <= key)
+    let found = find_leaf(store, root, key, |b, n, bounds| {
+        let below = partition_point(0, n, |i| leaf_key(b, i) <= key);
+        Ok(if below > 0 { Ok(leaf_entry(b, below - 1)) } else { Err(bounds.lo) })
+    })?;
+    // Every key of that leaf is above `key`, so the floor is the last entry of the leaf just
+    // before it, which is the leaf holding `lo - 1` (its upper bound is that leaf's `lo`).
+    let lo = match found {
+        Ok(entry) => return Ok(Some(entry)),
+        Err(lo) => lo,
     };
-    if below > 0 {
-        return Ok(Some(leaf_entry(leaf, below - 1)));
-    }
-    // Every key of this leaf is above `key`, so the floor is the last entry of the leaf just
-    // before it, which is the leaf holding `lo - 1` (its upper bound is this leaf's `lo`).
-    let Some(before) = leaf.bounds.lo.checked_sub(1) else {
+    let Some(before) = lo.checked_sub(1) else {
         return Ok(None);
     };
-    let path = path_to(store, root, before)?;
-    let prev = leaf_of(&path);
-    Ok(Some(leaf_entry(prev, prev.nkeys - 1)))
+    find_leaf(store, root, before, |b, n, _| Ok(Some(leaf_entry(b, n - 1))))
 }
 
 /// Insert `key` or replace its value; returns the value it replaced.
@@ -156,32 +168,28 @@ pub fn insert(store: &mut dyn NodeStore, root: &mut u64, key: u64, value: &[u8])
         return Err(Error::Invalid("btree value longer than MAX_VALUE"));
     }
     if *root == 0 {
-        let leaf = alloc_nodes(store, 1)?.remove(0);
+        let leaf = alloc_nodes(store, 1)?.pop();
         build_leaf(&mut leaf.write()[..], [(key, value)]);
         finish(store, &leaf, 0, ALL_KEYS);
         *root = leaf.blkno;
         return Ok(None);
     }
-    let path = path_to(store, *root, key)?;
-    let leaf = leaf_of(&path);
-    let (pos, old, room) = {
-        let b = leaf.buf.read();
-        let room = leaf_room(&b[..], leaf.nkeys);
-        match leaf_search(&b[..], leaf.nkeys, key) {
-            Ok(i) => (i, Some(leaf_value(&b[..], i).to_vec()), room),
-            Err(i) => (i, None, room),
-        }
-    };
-    let freed_by_old = old.as_ref().map_or(0, |v| LEAF_SLOT + v.len());
-    if room + freed_by_old >= LEAF_SLOT + value.len() {
+    let mut path = Path::new();
+    let (pos, old, fits) = descend(store, &mut path, *root, key, |b, n, _| {
+        Ok(match leaf_search(b, n, key) {
+            Ok(i) => (i, Some(leaf_value(b, i).to_vec()), replace_fits(b, n, i, value.len())),
+            Err(i) => (i, None, put_fits(b, n, value.len())),
+        })
+    })?;
+    if fits {
+        let leaf = path.leaf();
         {
             let mut b = leaf.buf.write();
-            let mut n = leaf.nkeys;
             if old.is_some() {
-                leaf_delete(&mut b[..], n, pos);
-                n -= 1;
+                leaf_replace(&mut b[..], leaf.nkeys, pos, value);
+            } else {
+                leaf_put(&mut b[..], leaf.nkeys, pos, key, value);
             }
-            leaf_put(&mut b[..], n, pos, key, value);
         }
         finish(store, &leaf.buf, 0, leaf.bounds);
     } else {
@@ -195,15 +203,14 @@ pub fn remove(store: &mut dyn NodeStore, root: &mut u64, key: u64) -> Result<Opt
     if *root == 0 {
         return Ok(None);
     }
-    let path = path_to(store, *root, key)?;
-    let leaf = leaf_of(&path);
-    let (pos, old) = {
-        let b = leaf.buf.read();
-        match leaf_search(&b[..], leaf.nkeys, key) {
-            Ok(i) => (i, leaf_value(&b[..], i).to_vec()),
-            Err(_) => return Ok(None),
-        }
+    let mut path = Path::new();
+    let found = descend(store, &mut path, *root, key, |b, n, _| {
+        Ok(leaf_search(b, n, key).ok().map(|i| (i, leaf_value(b, i).to_vec())))
+    })?;
+    let Some((pos, old)) = found else {
+        return Ok(None);
     };
+    let leaf = path.leaf();
     if leaf.nkeys > 1 {
         leaf_delete(&mut leaf.buf.write()[..], leaf.nkeys, pos);
         finish(store, &leaf.buf, 0, leaf.bounds);
@@ -213,9 +220,18 @@ pub fn remove(store: &mut dyn NodeStore, root: &mut u64, key: u64) -> Result<Opt
     Ok(Some(old))
 }
 
-/// Call `f` on every entry with key `>= from`, in ascending key order, until it returns false.
-/// Costs one descent plus, per further leaf, a climb to the first ancestor with a next child
-/// and a descent from it: O(log n + entries visited) node reads.
+/// Call `f` on every entry with key `>= from`, in ascending key order, until it returns false
+/// (or an error, which `range` returns). Costs one descent plus, per further leaf, a climb to
+/// the first ancestor with a next child and a descent from it: O(log n + entries visited)
+/// node reads, and no heap allocation.
+///
+/// `f` is handed the value as a slice of the leaf's own bytes and runs while that leaf's
+/// buffer is read-locked (the lock is dropped only to move on to the next leaf). So `f` must
+/// not call back into this tree, nor into anything that may lock the store's buffers (another
+/// tree walk or a transaction through the engine's buffer cache): a buffer's read lock is not
+/// reentrant once a writer waits, and a writer of the leaf would wait for `f`. It should do
+/// pure work on the entry, e.g. decode or copy it, as the directory, extent-map and xattr
+/// callers do.
 pub fn range(
     store: &mut dyn NodeStore,
     root: u64,
@@ -225,17 +241,20 @@ pub fn range(
     if root == 0 {
         return Ok(());
     }
-    let mut path = vec![load(store, root, None, ALL_KEYS)?];
+    let mut path = Path::new();
     let mut cursor = from;
-    let mut entries = Vec::new();
-    let mut bytes = Vec::new();
     loop {
-        descend(store, &mut path, cursor)?;
-        copy_entries_from(leaf_of(&path), cursor, &mut entries, &mut bytes);
-        for (key, span) in &entries {
-            if !f(*key, &bytes[span.clone()])? {
-                return Ok(());
+        let more = descend(store, &mut path, root, cursor, |b, n, _| {
+            let first = partition_point(0, n, |i| leaf_key(b, i) < cursor);
+            for i in first..n {
+                if !f(leaf_key(b, i), leaf_value(b, i))? {
+                    return Ok(false);
+                }
             }
+            Ok(true)
+        })?;
+        if !more {
+            return Ok(());
         }
         // Separators strictly increase, so the cursor does too and the walk ends.
         match next_separator(&mut path) {
@@ -246,34 +265,41 @@ pub fn range(
 }
 
 /// Free every node of the tree. The whole tree is walked and verified first (as [`check`]
-/// does), so a corrupt tree frees nothing rather than a block it does not own.
+/// does, though trusting nodes already validated in memory), so a corrupt tree frees nothing
+/// rather than a block it does not own.
 pub fn destroy(store: &mut dyn NodeStore, root: u64) -> Result<()> {
     let mut blocks = Vec::new();
-    check(store, root, &mut |blkno| blocks.push(blkno))?;
+    walk_tree(store, root, false, &mut |blkno| blocks.push(blkno))?;
     blocks.into_iter().try_for_each(|blkno| store.free_node(blkno))
 }
 
-/// fsck's full verification: every node valid and inside its parent's key range, all leaves at
-/// one depth, no block reached twice, an interior root with at least two children.
+/// fsck's full verification: every node valid (validated afresh, whether or not its buffer is
+/// marked verified) and inside its parent's key range, all leaves at one depth, no block
+/// reached twice, an interior root with at least two children.
 /// `visit_block` sees every node's block number so fsck can cross-check block ownership.
 pub fn check(store: &mut dyn NodeStore, root: u64, visit_block: &mut dyn FnMut(u64)) -> Result<CheckStats> {
+    walk_tree(store, root, true, visit_block)
+}
+
+fn walk_tree(store: &mut dyn NodeStore, root: u64, full: bool, visit_block: &mut dyn FnMut(u64)) -> Result<CheckStats> {
     let mut stats = CheckStats::default();
     if root == 0 {
         return Ok(stats);
     }
-    let top = load(store, root, None, ALL_KEYS)?;
+    let top = load(store, root, None, ALL_KEYS, full)?;
     if top.level > 0 && top.nkeys < 2 {
         return Err(corrupt(root, "interior root with a single child"));
     }
     stats.depth = u32::from(top.level) + 1;
     let mut seen = HashSet::from([root]);
-    walk(store, top, &mut seen, &mut stats, visit_block)?;
+    walk(store, top, full, &mut seen, &mut stats, visit_block)?;
     Ok(stats)
 }
 
 fn walk(
     store: &mut dyn NodeStore,
     node: Step,
+    full: bool,
     seen: &mut HashSet<u64>,
     stats: &mut CheckStats,
     visit_block: &mut dyn FnMut(u64),
@@ -294,8 +320,8 @@ fn walk(
         if !seen.insert(child) {
             return Err(corrupt(node.buf.blkno, format!("child {child} is reached twice")));
         }
-        let step = load(store, child, Some(node.level - 1), bounds)?;
-        walk(store, step, seen, stats, visit_block)?;
+        let step = load(store, child, Some(node.level - 1), bounds, full)?;
+        walk(store, step, full, seen, stats, visit_block)?;
     }
     Ok(())
 }
@@ -312,86 +338,196 @@ struct Bounds {
 
 const ALL_KEYS: Bounds = Bounds { lo: 0, hi: None };
 
-/// A validated node on a root-to-leaf path, and (for interior nodes) the child taken.
+/// A validated node on a root-to-leaf path. For an interior node, also the child the descent
+/// took, as read under the same lock: its index, block and key range.
 struct Step {
     buf: BufRef,
     level: u8,
     nkeys: usize,
     bounds: Bounds,
     idx: usize,
+    child: u64,
+    child_bounds: Bounds,
 }
 
-/// Read and validate a node. `level` is the level its parent implies (None for the root).
-fn load(store: &mut dyn NodeStore, blkno: u64, level: Option<u8>, bounds: Bounds) -> Result<Step> {
-    let buf = store.read_node(blkno)?;
-    let (level, nkeys) = {
-        let b = buf.read();
-        validate(&b[..], blkno, level, bounds)?;
-        (b[OFF_LEVEL], nkeys_of(&b[..]))
-    };
-    Ok(Step { buf, level, nkeys, bounds, idx: 0 })
+/// A root-to-leaf path, held in place (no heap): a descent is at most MAX_DEPTH nodes long,
+/// since every step goes exactly one level down from a root level below MAX_DEPTH.
+struct Path {
+    steps: [Option<Step>; MAX_DEPTH],
+    len: usize,
 }
 
-/// The path from the root to the leaf whose key range holds `key`.
-fn path_to(store: &mut dyn NodeStore, root: u64, key: u64) -> Result<Vec<Step>> {
-    let mut path = Vec::with_capacity(MAX_DEPTH);
-    path.push(load(store, root, None, ALL_KEYS)?);
-    descend(store, &mut path, key)?;
-    Ok(path)
-}
+impl Path {
+    fn new() -> Path {
+        Path { steps: [const { None }; MAX_DEPTH], len: 0 }
+    }
 
-/// Route `key` from the last node of `path` down to a leaf, pushing every node on the way.
-/// Bounded: each step goes one level down and the root level is below MAX_DEPTH.
-fn descend(store: &mut dyn NodeStore, path: &mut Vec<Step>, key: u64) -> Result<()> {
-    loop {
-        let top = path.last_mut().expect("a path starts at the root");
-        if top.level == 0 {
-            return Ok(());
-        }
-        let (child, bounds) = {
-            let b = top.buf.read();
-            top.idx = route(&b[..], top.nkeys, key);
-            (interior_child(&b[..], top.idx), child_bounds(&b[..], top.nkeys, top.idx, top.bounds))
-        };
-        let level = top.level - 1;
-        path.push(load(store, child, Some(level), bounds)?);
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push(&mut self, step: Step) {
+        // Unreachable: the level checks bound every path (see above).
+        assert!(self.len < MAX_DEPTH, "btree path deeper than MAX_DEPTH");
+        self.steps[self.len] = Some(step);
+        self.len += 1;
+    }
+
+    fn pop(&mut self) {
+        self.len -= 1;
+        self.steps[self.len] = None;
+    }
+
+    fn get(&self, i: usize) -> &Step {
+        assert!(i < self.len);
+        self.steps[i].as_ref().expect("steps below len are set")
+    }
+
+    fn last(&self) -> Option<&Step> {
+        self.len.checked_sub(1).map(|i| self.get(i))
+    }
+
+    fn last_mut(&mut self) -> Option<&mut Step> {
+        let i = self.len.checked_sub(1)?;
+        self.steps[i].as_mut()
+    }
+
+    fn leaf(&self) -> &Step {
+        self.last().expect("a path ends at a leaf")
     }
 }
 
-fn leaf_of(path: &[Step]) -> &Step {
-    path.last().expect("a path ends at a leaf")
+/// A few values on the stack (fresh nodes of one insert, blocks one removal frees).
+struct Few<T, const N: usize> {
+    items: [Option<T>; N],
+    len: usize,
 }
 
-/// Drop the finished leaf and every ancestor whose last child it finished; the separator of the
-/// next child of the deepest remaining ancestor is where the next leaf starts.
-fn next_separator(path: &mut Vec<Step>) -> Option<u64> {
+impl<T, const N: usize> Few<T, N> {
+    fn new() -> Self {
+        Few { items: [const { None }; N], len: 0 }
+    }
+
+    fn push(&mut self, item: T) {
+        assert!(self.len < N, "more than {N} items");
+        self.items[self.len] = Some(item);
+        self.len += 1;
+    }
+
+    fn pop(&mut self) -> T {
+        self.len -= 1;
+        self.items[self.len].take().expect("items below len are set")
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.items[..self.len].iter().map(|i| i.as_ref().expect("items below len are set"))
+    }
+}
+
+/// Read node `blkno` (at the level and inside the key range its parent implies; None for the
+/// root), check it, and under the same read lock either route `key` through it (interior) or
+/// run the leaf action on it (leaf; `at_leaf` is taken, a descent reaches one leaf).
+fn visit<R, F>(
+    store: &mut dyn NodeStore,
+    blkno: u64,
+    level: Option<u8>,
+    bounds: Bounds,
+    key: u64,
+    at_leaf: &mut Option<F>,
+) -> Result<(Step, Option<R>)>
+where
+    F: FnOnce(&[u8], usize, Bounds) -> Result<R>,
+{
+    let owner = store.owner();
+    let buf = store.read_node(blkno)?;
+    let (level, nkeys, idx, child, child_bounds, done) = {
+        let b = buf.read();
+        let (level, n) = check_node(&buf, &b[..], owner, level, bounds, false)?;
+        if level == 0 {
+            let f = at_leaf.take().expect("a descent reaches one leaf");
+            (0, n, 0, 0, bounds, Some(f(&b[..], n, bounds)?))
+        } else {
+            let idx = route(&b[..], n, key);
+            (level, n, idx, interior_child(&b[..], idx), child_bounds(&b[..], n, idx, bounds), None)
+        }
+    };
+    Ok((Step { buf, level, nkeys, bounds, idx, child, child_bounds }, done))
+}
+
+/// Route `key` from the root down to its leaf without keeping the path, and return what
+/// `at_leaf(leaf bytes, nkeys, leaf bounds)` makes of the leaf (run under its read lock).
+/// Bounded: each step goes one level down and the root level is below MAX_DEPTH.
+fn find_leaf<R>(
+    store: &mut dyn NodeStore,
+    root: u64,
+    key: u64,
+    at_leaf: impl FnOnce(&[u8], usize, Bounds) -> Result<R>,
+) -> Result<R> {
+    let mut at_leaf = Some(at_leaf);
+    let (mut blkno, mut level, mut bounds) = (root, None, ALL_KEYS);
+    loop {
+        let (step, done) = visit(store, blkno, level, bounds, key, &mut at_leaf)?;
+        if let Some(r) = done {
+            return Ok(r);
+        }
+        (blkno, level, bounds) = (step.child, Some(step.level - 1), step.child_bounds);
+    }
+}
+
+/// Route `key` from the last node of `path` (already routed; from the root if `path` is
+/// empty) down to a leaf, pushing every node on the way, and return what `at_leaf` makes of
+/// the leaf (run under its read lock). Bounded like [`find_leaf`].
+fn descend<R>(
+    store: &mut dyn NodeStore,
+    path: &mut Path,
+    root: u64,
+    key: u64,
+    at_leaf: impl FnOnce(&[u8], usize, Bounds) -> Result<R>,
+) -> Result<R> {
+    let mut at_leaf = Some(at_leaf);
+    loop {
+        let (blkno, level, bounds) = match path.last() {
+            None => (root, None, ALL_KEYS),
+            Some(top) => {
+                debug_assert!(top.level > 0, "descending from a leaf");
+                (top.child, Some(top.level - 1), top.child_bounds)
+            }
+        };
+        let (step, done) = visit(store, blkno, level, bounds, key, &mut at_leaf)?;
+        path.push(step);
+        if let Some(r) = done {
+            return Ok(r);
+        }
+    }
+}
+
+/// Read and check a node without routing through it.
+fn load(store: &mut dyn NodeStore, blkno: u64, level: Option<u8>, bounds: Bounds, full: bool) -> Result<Step> {
+    let owner = store.owner();
+    let buf = store.read_node(blkno)?;
+    let (level, nkeys) = check_node(&buf, &buf.read()[..], owner, level, bounds, full)?;
+    Ok(Step { buf, level, nkeys, bounds, idx: 0, child: 0, child_bounds: bounds })
+}
+
+/// Drop the finished leaf and every ancestor whose last child it finished; move the deepest
+/// remaining ancestor on to its next child, whose separator is where the next leaf starts.
+fn next_separator(path: &mut Path) -> Option<u64> {
     path.pop();
-    while let Some(top) = path.last() {
+    while let Some(top) = path.last_mut() {
         if top.idx + 1 < top.nkeys {
-            return Some(interior_key(&top.buf.read()[..], top.idx + 1));
+            top.idx += 1;
+            let b = top.buf.read();
+            top.child = interior_child(&b[..], top.idx);
+            top.child_bounds = child_bounds(&b[..], top.nkeys, top.idx, top.bounds);
+            return Some(top.child_bounds.lo);
         }
         path.pop();
     }
     None
 }
 
-/// Copy out the leaf's entries with key >= `from`, so the range callback runs with no buffer
-/// lock held (it may well go through the buffer cache itself).
-fn copy_entries_from(leaf: &Step, from: u64, entries: &mut Vec<(u64, Range<usize>)>, bytes: &mut Vec<u8>) {
-    entries.clear();
-    bytes.clear();
-    let b = leaf.buf.read();
-    let first = partition_point(0, leaf.nkeys, |i| leaf_key(&b[..], i) < from);
-    for i in first..leaf.nkeys {
-        let start = bytes.len();
-        bytes.extend_from_slice(leaf_value(&b[..], i));
-        entries.push((leaf_key(&b[..], i), start..bytes.len()));
-    }
-}
-
-fn leaf_entry(leaf: &Step, i: usize) -> (u64, Vec<u8>) {
-    let b = leaf.buf.read();
-    (leaf_key(&b[..], i), leaf_value(&b[..], i).to_vec())
+fn leaf_entry(b: &[u8], i: usize) -> (u64, Vec<u8>) {
+    (leaf_key(b, i), leaf_value(b, i).to_vec())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -405,26 +541,29 @@ struct Placement<'v> {
     value: &'v [u8],
 }
 
+/// New nodes of one insert.
+type Fresh = Few<BufRef, MAX_NEW_NODES_PER_INSERT>;
+
 /// Insert into a leaf that has no room: split it, push the new separator up, split every full
 /// ancestor on the way, and grow a new root if the old one split.
-fn insert_splitting(store: &mut dyn NodeStore, root: &mut u64, path: &[Step], new: Placement) -> Result<()> {
-    let (leaf, ancestors) = path.split_last().expect("a path ends at a leaf");
-    let full = ancestors.iter().rev().take_while(|s| s.nkeys == INTERIOR_MAX_CHILDREN).count();
-    let grows = full == ancestors.len();
-    if grows && usize::from(path[0].level) + 1 >= MAX_DEPTH {
+fn insert_splitting(store: &mut dyn NodeStore, root: &mut u64, path: &Path, new: Placement) -> Result<()> {
+    let depth = path.len();
+    let full = (0..depth - 1).rev().take_while(|&i| path.get(i).nkeys == INTERIOR_MAX_CHILDREN).count();
+    let grows = full == depth - 1;
+    if grows && usize::from(path.get(0).level) + 1 >= MAX_DEPTH {
         // Unreachable in practice: ~126^15 splits are needed to get here.
         return Err(Error::NoSpace);
     }
     let mut fresh = alloc_nodes(store, 1 + full + usize::from(grows))?;
-    let mut carry = split_leaf(store, leaf, fresh.pop().expect("allocated"), new);
-    for parent in ancestors.iter().rev() {
-        match add_child(store, parent, carry, &mut fresh) {
+    let mut carry = split_leaf(store, path.leaf(), fresh.pop(), new);
+    for i in (0..depth - 1).rev() {
+        match add_child(store, path.get(i), carry, &mut fresh) {
             Some(up) => carry = up,
             None => return Ok(()),
         }
     }
-    let new_root = fresh.pop().expect("allocated");
-    let level = path[0].level + 1;
+    let new_root = fresh.pop();
+    let level = path.get(0).level + 1;
     build_interior(&mut new_root.write()[..], level, &[(0, *root), carry]);
     finish(store, &new_root, level, ALL_KEYS);
     *root = new_root.blkno;
@@ -432,8 +571,8 @@ fn insert_splitting(store: &mut dyn NodeStore, root: &mut u64, path: &[Step], ne
 }
 
 /// `count` new nodes with their block header written; on failure none stay allocated.
-fn alloc_nodes(store: &mut dyn NodeStore, count: usize) -> Result<Vec<BufRef>> {
-    let mut nodes: Vec<BufRef> = Vec::with_capacity(count);
+fn alloc_nodes(store: &mut dyn NodeStore, count: usize) -> Result<Fresh> {
+    let mut nodes = Fresh::new();
     for _ in 0..count {
         match store.new_node() {
             Ok(buf) => {
@@ -449,37 +588,52 @@ fn alloc_nodes(store: &mut dyn NodeStore, count: usize) -> Result<Vec<BufRef>> {
     Ok(nodes)
 }
 
+/// The entries of a leaf with one entry placed (inserted or replacing), read by index.
+struct Merged<'a> {
+    old: &'a [u8],
+    pos: usize,
+    replace: bool,
+    key: u64,
+    value: &'a [u8],
+}
+
+impl<'a> Merged<'a> {
+    fn get(&self, j: usize) -> (u64, &'a [u8]) {
+        if j == self.pos {
+            return (self.key, self.value);
+        }
+        let i = if j < self.pos || self.replace { j } else { j - 1 };
+        (leaf_key(self.old, i), leaf_value(self.old, i))
+    }
+}
+
 /// Split a full leaf while placing `new`; returns (separator, new right node) for the parent.
 fn split_leaf(store: &mut dyn NodeStore, leaf: &Step, right: BufRef, new: Placement) -> (u64, u64) {
     let old: Block = **leaf.buf.read();
-    let mut entries: Vec<(u64, &[u8])> = (0..leaf.nkeys).map(|i| (leaf_key(&old, i), leaf_value(&old, i))).collect();
-    if new.replace {
-        entries[new.pos] = (new.key, new.value);
-    } else {
-        entries.insert(new.pos, (new.key, new.value));
-    }
-    let sizes: Vec<usize> = entries.iter().map(|(_, v)| LEAF_SLOT + v.len()).collect();
+    let merged = Merged { old: &old, pos: new.pos, replace: new.replace, key: new.key, value: new.value };
+    let total = if new.replace { leaf.nkeys } else { leaf.nkeys + 1 };
     // Appending past the last key of the whole tree is how extent maps grow: keep the old leaf
     // full and start a new one, instead of leaving a trail of half-empty leaves.
     let appending = leaf.bounds.hi.is_none() && !new.replace && new.pos == leaf.nkeys;
-    let cut = if appending { entries.len() - 1 } else { balanced_cut(&sizes) };
-    let sep = entries[cut].0;
-    build_leaf(&mut leaf.buf.write()[..], entries[..cut].iter().copied());
-    build_leaf(&mut right.write()[..], entries[cut..].iter().copied());
+    let cut = if appending { total - 1 } else { balanced_cut(total, |j| LEAF_SLOT + merged.get(j).1.len()) };
+    let sep = merged.get(cut).0;
+    build_leaf(&mut leaf.buf.write()[..], (0..cut).map(|j| merged.get(j)));
+    build_leaf(&mut right.write()[..], (cut..total).map(|j| merged.get(j)));
     finish(store, &leaf.buf, 0, Bounds { lo: leaf.bounds.lo, hi: Some(sep) });
     finish(store, &right, 0, Bounds { lo: sep, hi: leaf.bounds.hi });
     (sep, right.blkno)
 }
 
-/// The cut (1..len) minimising the larger half. `sizes` holds at most one leaf's worth of
-/// bytes plus one entry of at most LEAF_SLOT + MAX_VALUE, so the longest prefix that fits a
-/// leaf leaves less than two max entries behind: a cut where both halves fit always exists.
-fn balanced_cut(sizes: &[usize]) -> usize {
-    let total: usize = sizes.iter().sum();
+/// The cut (1..len) minimising the larger half of entries `0..len` sized by `size`. They hold
+/// at most one leaf's worth of bytes plus one entry of at most LEAF_SLOT + MAX_VALUE, so the
+/// longest prefix that fits a leaf leaves less than two max entries behind: a cut where both
+/// halves fit always exists.
+fn balanced_cut(len: usize, size: impl Fn(usize) -> usize) -> usize {
+    let total: usize = (0..len).map(&size).sum();
     let mut left = 0;
     let mut best = (usize::MAX, 1);
-    for cut in 1..sizes.len() {
-        left += sizes[cut - 1];
+    for cut in 1..len {
+        left += size(cut - 1);
         let larger = left.max(total - left);
         if larger < best.0 {
             best = (larger, cut);
@@ -491,19 +645,28 @@ fn balanced_cut(sizes: &[usize]) -> usize {
 
 /// Add `(sep, child)` right after the child `parent` routed through. Returns what the parent's
 /// own parent must add if `parent` had to split.
-fn add_child(store: &mut dyn NodeStore, parent: &Step, carry: (u64, u64), fresh: &mut Vec<BufRef>) -> Option<(u64, u64)> {
-    let mut entries = interior_entries(&parent.buf.read()[..], parent.nkeys);
-    entries.insert(parent.idx + 1, carry);
-    if entries.len() <= INTERIOR_MAX_CHILDREN {
-        build_interior(&mut parent.buf.write()[..], parent.level, &entries);
+fn add_child(store: &mut dyn NodeStore, parent: &Step, carry: (u64, u64), fresh: &mut Fresh) -> Option<(u64, u64)> {
+    let (n, at) = (parent.nkeys, parent.idx + 1);
+    if n < INTERIOR_MAX_CHILDREN {
+        interior_insert(&mut parent.buf.write()[..], n, at, carry);
         finish(store, &parent.buf, parent.level, parent.bounds);
         return None;
     }
+    let mut all = [(0u64, 0u64); INTERIOR_MAX_CHILDREN + 1];
+    {
+        let b = parent.buf.read();
+        for (i, e) in all[..n].iter_mut().enumerate() {
+            *e = (interior_key(&b[..], i), interior_child(&b[..], i));
+        }
+    }
+    all.copy_within(at..n, at + 1);
+    all[at] = carry;
+    let entries = &all[..n + 1];
     // Same append rule as leaves: the rightmost node growing at its end keeps itself full.
-    let appending = parent.bounds.hi.is_none() && parent.idx + 1 == parent.nkeys;
-    let cut = if appending { parent.nkeys } else { entries.len() / 2 };
+    let appending = parent.bounds.hi.is_none() && at == n;
+    let cut = if appending { n } else { entries.len() / 2 };
     let sep = entries[cut].0;
-    let right = fresh.pop().expect("allocated");
+    let right = fresh.pop();
     build_interior(&mut parent.buf.write()[..], parent.level, &entries[..cut]);
     build_interior(&mut right.write()[..], parent.level, &entries[cut..]);
     finish(store, &parent.buf, parent.level, Bounds { lo: parent.bounds.lo, hi: Some(sep) });
@@ -511,63 +674,70 @@ fn add_child(store: &mut dyn NodeStore, parent: &Step, carry: (u64, u64), fresh:
     Some((sep, right.blkno))
 }
 
+/// Blocks one removal frees.
+type Doomed = Few<u64, { 2 * MAX_DEPTH }>;
+
 /// The leaf at the end of `path` lost its last entry: free it and every ancestor it leaves
 /// childless, remove the link from the first ancestor that keeps children, and collapse a
 /// root left with one child.
-fn unlink_empty_leaf(store: &mut dyn NodeStore, root: &mut u64, path: &[Step]) -> Result<()> {
-    let ancestors = &path[..path.len() - 1];
-    let mut doomed: Vec<u64> = Vec::with_capacity(MAX_DEPTH);
-    let Some(keep) = ancestors.iter().rposition(|s| s.nkeys > 1) else {
-        doomed.extend(path.iter().map(|s| s.buf.blkno));
+fn unlink_empty_leaf(store: &mut dyn NodeStore, root: &mut u64, path: &Path) -> Result<()> {
+    let depth = path.len();
+    let mut doomed = Doomed::new();
+    let Some(keep) = (0..depth - 1).rev().find(|&i| path.get(i).nkeys > 1) else {
+        (0..depth).for_each(|i| doomed.push(path.get(i).buf.blkno));
         *root = 0;
-        return doomed.into_iter().try_for_each(|blkno| store.free_node(blkno));
+        return free_all(store, &doomed);
     };
-    doomed.extend(path[keep + 1..].iter().map(|s| s.buf.blkno));
-    let parent = &path[keep];
+    (keep + 1..depth).for_each(|i| doomed.push(path.get(i).buf.blkno));
+    let parent = path.get(keep);
     if keep == 0 && parent.nkeys == 2 {
-        let (new_root, skipped) = surviving_root(store, parent)?;
-        doomed.push(parent.buf.blkno);
-        doomed.extend(skipped);
+        let new_root = surviving_root(store, parent, &mut doomed)?;
         *root = new_root;
     } else {
-        let mut entries = interior_entries(&parent.buf.read()[..], parent.nkeys);
-        entries.remove(parent.idx);
-        build_interior(&mut parent.buf.write()[..], parent.level, &entries);
+        interior_remove(&mut parent.buf.write()[..], parent.nkeys, parent.idx);
         finish(store, &parent.buf, parent.level, parent.bounds);
     }
-    doomed.into_iter().try_for_each(|blkno| store.free_node(blkno))
+    free_all(store, &doomed)
+}
+
+fn free_all(store: &mut dyn NodeStore, doomed: &Doomed) -> Result<()> {
+    doomed.iter().try_for_each(|&blkno| store.free_node(blkno))
 }
 
 /// The root keeps only the child it did not route through: that child becomes the root, or
-/// rather the first node below it that is a leaf or has two children. Returns the new root and
-/// the one-child interiors skipped on the way (to be freed). Only reads.
-fn surviving_root(store: &mut dyn NodeStore, root: &Step) -> Result<(u64, Vec<u64>)> {
+/// rather the first node below it that is a leaf or has two children. Returns the new root
+/// and adds the old root and the one-child interiors skipped on the way to `doomed`. Only
+/// reads (so on error nothing has changed; `doomed` is then dropped).
+fn surviving_root(store: &mut dyn NodeStore, root: &Step, doomed: &mut Doomed) -> Result<u64> {
     let (mut blkno, bounds) = {
         let b = root.buf.read();
         let other = 1 - root.idx;
         (interior_child(&b[..], other), child_bounds(&b[..], root.nkeys, other, root.bounds))
     };
-    let mut skipped = Vec::new();
+    doomed.push(root.buf.blkno);
     let mut level = root.level - 1;
     loop {
         // A one-child node's child has the same key range, so `bounds` carries down unchanged.
-        let node = load(store, blkno, Some(level), bounds)?;
+        let node = load(store, blkno, Some(level), bounds, false)?;
         if node.level == 0 || node.nkeys > 1 {
-            return Ok((blkno, skipped));
+            return Ok(blkno);
         }
-        skipped.push(blkno);
+        doomed.push(blkno);
         blkno = interior_child(&node.buf.read()[..], 0);
         level -= 1;
     }
 }
 
-/// Record a node the tree just wrote. Debug builds first hold it to the rules a read enforces.
+/// Record a node the tree just wrote, and mark it verified: the tree only writes valid nodes.
+/// Debug builds first hold it to every rule a read enforces.
 fn finish(store: &mut dyn NodeStore, buf: &BufRef, level: u8, bounds: Bounds) {
     if cfg!(debug_assertions) {
-        if let Err(e) = validate(&buf.read()[..], buf.blkno, Some(level), bounds) {
+        let owner = store.owner();
+        if let Err(e) = validate(&buf.read()[..], buf.blkno, owner, Some(level), bounds) {
             panic!("btree wrote an invalid node: {e}");
         }
     }
+    buf.set_verified(true);
     store.dirty(buf);
 }
 
@@ -578,22 +748,81 @@ fn corrupt(blkno: u64, detail: impl Into<String>) -> Error {
     Error::corrupt("btree node", blkno, detail)
 }
 
-/// Everything a node must satisfy before any other code here looks at it. `level` is what the
-/// parent implies (None for a root), `bounds` the key range the parent gives it.
-fn validate(b: &[u8], blkno: u64, level: Option<u8>, bounds: Bounds) -> Result<()> {
-    let found = b[OFF_LEVEL];
-    if usize::from(found) >= MAX_DEPTH || level.is_some_and(|l| l != found) {
-        return Err(corrupt(blkno, format!("level {found}, expected {level:?}")));
+/// The checks of a node read at `buf.blkno`, before any other code here looks at it: its own
+/// structure if the buffer is not marked verified yet (or `full`), then marks it; its place in
+/// the tree every time. Returns (level, nkeys).
+fn check_node(buf: &BufRef, b: &[u8], owner: u64, level: Option<u8>, bounds: Bounds, full: bool) -> Result<(u8, usize)> {
+    check_header(b, buf.blkno, owner)?;
+    if full || !buf.is_verified() {
+        check_structure(b, buf.blkno).map_err(|detail| corrupt(buf.blkno, detail))?;
+        buf.set_verified(true);
     }
-    if b[OFF_RESERVED_A] != 0 || b[OFF_RESERVED_B..NODE_HDR_END].iter().any(|&x| x != 0) {
-        return Err(corrupt(blkno, "reserved header bytes set"));
-    }
-    let n = nkeys_of(b);
-    let checked = if found == 0 { check_leaf(b, n, bounds) } else { check_interior(b, blkno, n, bounds) };
-    checked.map_err(|detail| corrupt(blkno, detail))
+    check_place(b, level, bounds).map_err(|detail| corrupt(buf.blkno, detail))?;
+    Ok((b[OFF_LEVEL], nkeys_of(b)))
 }
 
-fn check_leaf(b: &[u8], n: usize, bounds: Bounds) -> std::result::Result<(), String> {
+/// Everything a node must satisfy. `level` is what the parent implies (None for a root),
+/// `bounds` the key range the parent gives it.
+fn validate(b: &[u8], blkno: u64, owner: u64, level: Option<u8>, bounds: Bounds) -> Result<()> {
+    check_header(b, blkno, owner)?;
+    check_structure(b, blkno).map_err(|detail| corrupt(blkno, detail))?;
+    check_place(b, level, bounds).map_err(|detail| corrupt(blkno, detail))
+}
+
+/// The store checks the block header when it reads a block from disk; a cached block reached
+/// through another tree's (corrupt) pointer must not pass for one of this tree's nodes.
+fn check_header(b: &[u8], blkno: u64, owner: u64) -> Result<()> {
+    if header_magic(b) != MAGIC_BTREE || header_owner(b) != owner {
+        return Err(corrupt(blkno, format!("not a btree node of owner {owner}")));
+    }
+    Ok(())
+}
+
+/// What a node must satisfy on its own, whatever its parent: validated once per buffer.
+fn check_structure(b: &[u8], blkno: u64) -> std::result::Result<(), String> {
+    let level = b[OFF_LEVEL];
+    if usize::from(level) >= MAX_DEPTH {
+        return Err(format!("level {level} beyond the depth limit"));
+    }
+    if b[OFF_RESERVED_A] != 0 || b[OFF_RESERVED_B..NODE_HDR_END].iter().any(|&x| x != 0) {
+        return Err("reserved header bytes set".into());
+    }
+    let n = nkeys_of(b);
+    if level == 0 {
+        check_leaf(b, n)
+    } else {
+        check_interior(b, blkno, n)
+    }
+}
+
+/// What depends on the parent: the level it implies and the key range it gives. O(1): the
+/// structure check proved the keys ascend, so the first and the last bound them all.
+fn check_place(b: &[u8], level: Option<u8>, bounds: Bounds) -> std::result::Result<(), String> {
+    let found = b[OFF_LEVEL];
+    if level.is_some_and(|l| l != found) {
+        return Err(format!("level {found}, expected {level:?}"));
+    }
+    let n = nkeys_of(b);
+    let (first, last) = if found == 0 {
+        // Leaf keys may equal the lower bound.
+        (leaf_key(b, 0), leaf_key(b, n - 1))
+    } else if n >= 2 {
+        // Separators must leave the child before them a non-empty range.
+        let first = interior_key(b, 1);
+        if first == bounds.lo {
+            return Err(format!("separator {first} at the lower bound of {bounds:?}"));
+        }
+        (first, interior_key(b, n - 1))
+    } else {
+        return Ok(());
+    };
+    if first < bounds.lo || bounds.hi.is_some_and(|hi| last >= hi) {
+        return Err(format!("keys {first}..={last} outside {bounds:?}"));
+    }
+    Ok(())
+}
+
+fn check_leaf(b: &[u8], n: usize) -> std::result::Result<(), String> {
     if n == 0 || n > LEAF_MAX_ENTRIES {
         return Err(format!("leaf with {n} entries"));
     }
@@ -620,10 +849,10 @@ fn check_leaf(b: &[u8], n: usize, bounds: Bounds) -> std::result::Result<(), Str
         }
         end = off + len;
     }
-    check_keys((0..n).map(|i| leaf_key(b, i)), bounds, false)
+    check_ascending((0..n).map(|i| leaf_key(b, i)))
 }
 
-fn check_interior(b: &[u8], blkno: u64, n: usize, bounds: Bounds) -> std::result::Result<(), String> {
+fn check_interior(b: &[u8], blkno: u64, n: usize) -> std::result::Result<(), String> {
     if n == 0 || n > INTERIOR_MAX_CHILDREN {
         return Err(format!("interior node with {n} children"));
     }
@@ -637,29 +866,25 @@ fn check_interior(b: &[u8], blkno: u64, n: usize, bounds: Bounds) -> std::result
     if let Some(i) = (0..n).find(|&i| interior_child(b, i) == 0 || interior_child(b, i) == blkno) {
         return Err(format!("child {i} points to block {}", interior_child(b, i)));
     }
-    check_keys((1..n).map(|i| interior_key(b, i)), bounds, true)
+    check_ascending((1..n).map(|i| interior_key(b, i)))
 }
 
-/// Keys strictly ascending, inside `bounds`; `lo_exclusive` for interior separators, which must
-/// leave the child before them a non-empty range.
-fn check_keys(keys: impl Iterator<Item = u64>, bounds: Bounds, lo_exclusive: bool) -> std::result::Result<(), String> {
-    let mut prev: Option<u64> = None;
+/// Keys strictly ascending.
+fn check_ascending(mut keys: impl Iterator<Item = u64>) -> std::result::Result<(), String> {
+    let Some(mut prev) = keys.next() else {
+        return Ok(());
+    };
     for key in keys {
-        let above_prev = match prev {
-            Some(p) => key > p,
-            None if lo_exclusive => key > bounds.lo,
-            None => key >= bounds.lo,
-        };
-        if !above_prev || bounds.hi.is_some_and(|hi| key >= hi) {
-            return Err(format!("key {key} out of order or outside {bounds:?}"));
+        if key <= prev {
+            return Err(format!("key {key} after {prev}"));
         }
-        prev = Some(key);
+        prev = key;
     }
     Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
-// Node access. Readers assume a node that passed `validate`.
+// Node access. Readers assume a node that passed `check_node`.
 
 fn nkeys_of(b: &[u8]) -> usize {
     usize::from(get_u16(b, OFF_NKEYS))
@@ -729,6 +954,19 @@ fn leaf_room(b: &[u8], n: usize) -> usize {
     LEAF_SPACE - live
 }
 
+/// Whether a new entry with a `len`-byte value fits (`leaf_room >= LEAF_SLOT + len`): at once
+/// if it fits the gap between slots and values, else counting the garbage compaction frees.
+fn put_fits(b: &[u8], n: usize, len: usize) -> bool {
+    value_start_of(b) >= slot(n + 1) + len || leaf_room(b, n) >= LEAF_SLOT + len
+}
+
+/// Whether entry `i`'s value can be replaced by a `len`-byte one (`leaf_room` plus the old
+/// value `>= len`): at once if it is no longer or fits the gap, else counting the garbage.
+fn replace_fits(b: &[u8], n: usize, i: usize, len: usize) -> bool {
+    let old = value_span(b, i).1;
+    len <= old || value_start_of(b) >= slot(n) + len || leaf_room(b, n) + old >= len
+}
+
 /// Drop slot `i`; its value bytes become garbage until the next compaction.
 fn leaf_delete(b: &mut [u8], n: usize, i: usize) {
     b.copy_within(slot(i + 1)..slot(n), slot(i));
@@ -736,7 +974,7 @@ fn leaf_delete(b: &mut [u8], n: usize, i: usize) {
     put_u16(b, OFF_NKEYS, (n - 1) as u16);
 }
 
-/// Insert a slot at `i`; the caller has checked `leaf_room >= LEAF_SLOT + value.len()`.
+/// Insert a slot at `i`; the caller has checked `put_fits`.
 fn leaf_put(b: &mut [u8], n: usize, i: usize, key: u64, value: &[u8]) {
     if value_start_of(b) < slot(n + 1) + value.len() {
         compact_leaf(b, n);
@@ -746,6 +984,28 @@ fn leaf_put(b: &mut [u8], n: usize, i: usize, key: u64, value: &[u8]) {
     b.copy_within(slot(i)..slot(n), slot(i + 1));
     write_slot(b, i, key, off, value.len());
     put_u16(b, OFF_NKEYS, (n + 1) as u16);
+    put_u16(b, OFF_VALUE_START, off as u16);
+}
+
+/// Replace slot `i`'s value; the caller has checked `replace_fits`. A value no longer than the
+/// old one is written over it (the old one's tail becomes garbage); a longer one goes below
+/// the value area, which is compacted first (without the old value) if it has no room.
+fn leaf_replace(b: &mut [u8], n: usize, i: usize, value: &[u8]) {
+    let (off, len) = value_span(b, i);
+    let key = leaf_key(b, i);
+    if value.len() <= len {
+        b[off..off + value.len()].copy_from_slice(value);
+        write_slot(b, i, key, off, value.len());
+        return;
+    }
+    if value_start_of(b) - slot(n) < value.len() {
+        // The old value is dead: an empty value at the same offset drops it from compaction.
+        write_slot(b, i, key, off, 0);
+        compact_leaf(b, n);
+    }
+    let off = value_start_of(b) - value.len();
+    b[off..off + value.len()].copy_from_slice(value);
+    write_slot(b, i, key, off, value.len());
     put_u16(b, OFF_VALUE_START, off as u16);
 }
 
@@ -794,8 +1054,21 @@ fn route(b: &[u8], n: usize, key: u64) -> usize {
     partition_point(1, n, |i| interior_key(b, i) <= key) - 1
 }
 
-fn interior_entries(b: &[u8], n: usize) -> Vec<(u64, u64)> {
-    (0..n).map(|i| (interior_key(b, i), interior_child(b, i))).collect()
+/// Insert `(sep, child)` as entry `at` (>= 1) of an interior node with `n` < capacity entries.
+fn interior_insert(b: &mut [u8], n: usize, at: usize, (sep, child): (u64, u64)) {
+    debug_assert!(at >= 1 && n < INTERIOR_MAX_CHILDREN);
+    b.copy_within(entry(at)..entry(n), entry(at + 1));
+    put_u64(b, entry(at), sep);
+    put_u64(b, entry(at) + 8, child);
+    put_u16(b, OFF_NKEYS, (n + 1) as u16);
+}
+
+/// Remove entry `i` of an interior node with `n` > 1 entries; the first key stays 0.
+fn interior_remove(b: &mut [u8], n: usize, i: usize) {
+    b.copy_within(entry(i + 1)..entry(n), entry(i));
+    b[entry(n - 1)..entry(n)].fill(0);
+    put_u64(b, entry(0), 0);
+    put_u16(b, OFF_NKEYS, (n - 1) as u16);
 }
 
 /// Write an interior node; the first key is stored as 0 whatever `entries` says, since it
@@ -857,8 +1130,16 @@ mod tests {
             changed.map(|(&n, _)| n).filter(|n| !self.dirtied.contains(n)).collect()
         }
 
+        /// Change a block behind the tree's back, as a bad disk would. Like a block read
+        /// afresh, it is handed out unverified, so the tree validates it again.
+        fn tamper(&self, blkno: u64, change: impl FnOnce(&mut [u8])) {
+            let buf = &self.blocks[&blkno];
+            change(&mut buf.write()[..]);
+            buf.set_verified(false);
+        }
+
         fn corrupt_byte(&self, blkno: u64, off: usize, xor: u8) {
-            self.blocks[&blkno].write()[off] ^= xor;
+            self.tamper(blkno, |b| b[off] ^= xor);
         }
     }
 
@@ -1376,12 +1657,16 @@ mod tests {
         exercise(store, root, &mut rng);
     }
 
+    fn set_u8(store: &MemStore, blkno: u64, off: usize, v: u8) {
+        store.tamper(blkno, |b| b[off] = v);
+    }
+
     fn set_u16(store: &MemStore, blkno: u64, off: usize, v: u16) {
-        put_u16(&mut store.blocks[&blkno].write()[..], off, v);
+        store.tamper(blkno, |b| put_u16(b, off, v));
     }
 
     fn set_u64(store: &MemStore, blkno: u64, off: usize, v: u64) {
-        put_u64(&mut store.blocks[&blkno].write()[..], off, v);
+        store.tamper(blkno, |b| put_u64(b, off, v));
     }
 
     #[test]
@@ -1400,8 +1685,8 @@ mod tests {
             ("leaf nkeys over capacity", |s, _, c| set_u16(s, c, OFF_NKEYS, LEAF_MAX_ENTRIES as u16 + 1)),
             ("value past the block end", |s, _, c| set_u16(s, c, slot(0) + 8, BLOCK_SIZE as u16 - 1)),
             ("value start inside the slots", |s, _, c| set_u16(s, c, OFF_VALUE_START, NODE_HDR_END as u16)),
-            ("level mismatch", |s, _, c| s.blocks[&c].write()[OFF_LEVEL] = 3),
-            ("root level too deep", |s, r, _| s.blocks[&r].write()[OFF_LEVEL] = MAX_DEPTH as u8),
+            ("level mismatch", |s, _, c| set_u8(s, c, OFF_LEVEL, 3)),
+            ("root level too deep", |s, r, _| set_u8(s, r, OFF_LEVEL, MAX_DEPTH as u8)),
             ("separator out of order", |s, r, _| set_u64(s, r, entry(1), u64::MAX)),
         ];
         for (what, damage) in cases {
@@ -1426,7 +1711,7 @@ mod tests {
                 let last = nkeys_of(&s.blocks[&c].read()[..]) - 1;
                 set_u64(s, c, slot(last), hi);
             }),
-            ("reserved byte set", |s, _, c| s.blocks[&c].write()[OFF_RESERVED_B + 3] = 1),
+            ("reserved byte set", |s, _, c| set_u8(s, c, OFF_RESERVED_B + 3, 1)),
             ("interior value_start set", |s, r, _| set_u16(s, r, OFF_VALUE_START, 100)),
         ];
         for (what, damage) in cases {
@@ -1461,5 +1746,80 @@ mod tests {
         let right = interior_child(&store.read_node(root).unwrap().read()[..], 1);
         set_u64(&store, right, slot(0), 0);
         expect_corrupt(&mut store, root);
+    }
+
+    fn verified_blocks(store: &MemStore) -> HashSet<u64> {
+        store.blocks.iter().filter(|(_, b)| b.is_verified()).map(|(&n, _)| n).collect()
+    }
+
+    #[test]
+    fn nodes_the_tree_writes_are_marked_verified() {
+        let (mut store, mut root, _) = build(3000, 61, 600);
+        let all: HashSet<u64> = store.blocks.keys().copied().collect();
+        assert_eq!(verified_blocks(&store), all);
+        // Splits, in-place changes and a collapse keep every node marked.
+        let mut rng = StdRng::seed_from_u64(62);
+        for _ in 0..2000 {
+            let key = rng.gen_range(0..1_000_000);
+            if rng.gen_bool(0.5) {
+                insert(&mut store, &mut root, key, &value(key, 4, rng.gen_range(0..=MAX_VALUE))).unwrap();
+            } else {
+                remove(&mut store, &mut root, key).unwrap();
+            }
+        }
+        let all: HashSet<u64> = store.blocks.keys().copied().collect();
+        assert_eq!(verified_blocks(&store), all);
+    }
+
+    #[test]
+    fn structure_is_validated_once_per_buffer() {
+        let (pristine, root, model) = build(1500, 51, 700);
+        // As if every block had just been read from disk: nothing is marked.
+        let mut store = pristine.deep_clone();
+        assert!(verified_blocks(&store).is_empty());
+        let key = *model.keys().next().unwrap();
+        assert_eq!(lookup(&mut store, root, key).unwrap().as_ref(), model.get(&key));
+        let depth = check(&mut pristine.deep_clone(), root, &mut |_| ()).unwrap().depth;
+        let leaf = interior_child(&store.blocks[&root].read()[..], 0);
+        assert_eq!(verified_blocks(&store), HashSet::from([root, leaf]), "only the path was validated");
+        assert_eq!(depth, 2);
+        // A marked node is trusted: structure damage that bypasses the mark (a bad disk cannot,
+        // a block read afresh is unmarked) goes unseen by lookups, which check only placement,
+        // while fsck's check validates every node afresh.
+        store.blocks[&leaf].write()[OFF_RESERVED_B] = 1;
+        assert_eq!(lookup(&mut store, root, key).unwrap().as_ref(), model.get(&key));
+        assert!(matches!(check(&mut store, root, &mut |_| ()), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn placement_is_checked_on_every_access() {
+        let (store, root, child) = two_levels();
+        assert_eq!(check(&mut store.deep_clone(), root, &mut |_| ()).unwrap().depth, 2);
+        let right = interior_child(&store.blocks[&root].read()[..], 1);
+        let in_right = get_u64(&store.blocks[&right].read()[..], slot(1));
+        // Damage that only the parent can see, kept marked verified: every access catches it.
+        let cases: [(&str, u64, usize, u64); 2] = [("level", child, OFF_LEVEL, 1), ("key below range", right, slot(0), 0)];
+        for (what, blkno, off, v) in cases {
+            let (mut store, _, _) = two_levels();
+            assert!(store.blocks[&blkno].is_verified());
+            let key = if blkno == child { 0 } else { in_right };
+            assert!(lookup(&mut store, root, key).is_ok());
+            {
+                let mut b = store.blocks[&blkno].write();
+                if off == OFF_LEVEL {
+                    b[off] = v as u8;
+                } else {
+                    put_u64(&mut b[..], off, v);
+                }
+            }
+            assert!(store.blocks[&blkno].is_verified());
+            for _ in 0..2 {
+                assert!(matches!(lookup(&mut store, root, key), Err(Error::Corrupt { .. })), "{what}: lookup");
+                assert!(matches!(floor(&mut store, root, key), Err(Error::Corrupt { .. })), "{what}: floor");
+                assert!(matches!(collect_range(&mut store, root, key, 1), Err(Error::Corrupt { .. })), "{what}: range");
+                assert!(matches!(insert(&mut store, &mut { root }, key, b"x"), Err(Error::Corrupt { .. })), "{what}: insert");
+                assert!(matches!(remove(&mut store, &mut { root }, key), Err(Error::Corrupt { .. })), "{what}: remove");
+            }
+        }
     }
 }

@@ -37,6 +37,8 @@ pub enum Error {
     NotSupported,
     #[error("operation not permitted")]
     NotPermitted,
+    #[error("no data past this offset")]
+    NoData,
     #[error("too many levels of symbolic links")]
     Loop,
     #[error("stale file handle")]
@@ -77,6 +79,7 @@ impl Error {
             Error::FileTooBig => libc::EFBIG,
             Error::NotSupported => libc::EOPNOTSUPP,
             Error::NotPermitted => libc::EPERM,
+            Error::NoData => libc::ENXIO,
             Error::Loop => libc::ELOOP,
             Error::Stale => libc::ESTALE,
             Error::Busy(_) => libc::EBUSY,

@@ -1,1 +1,1620 @@
-//! Offline consistency check and repair (placeholder until the checker lands).
+//! Offline consistency check and repair (`ferrofs fsck`), with e2fsck's exit codes.
+//!
+//! # What is trusted
+//! The superblock (or its backup), the log, the directory tree reachable from the root and the
+//! orphan tables are the primary records. Everything else is derived from them and checked
+//! against what they imply: allocation bitmaps, link counts, directory sizes, inode block
+//! counts, `..` pointers, entry file types, AG headers and superblock copies.
+//!
+//! # Passes
+//! 1. Superblock: the primary decodes (else the backup is used); every AG's copy matches it.
+//! 2. Log: replayed first, as a mount would: onto the device when repairing, into memory
+//!    otherwise (`-n` never writes).
+//! 3. AG metadata: every AG header, bitmap and orphan-table block verifies (checksum, magic,
+//!    self address, owner); a header's geometry matches the superblock.
+//! 4. Tree walk from the root, iterative: each directory is scanned once, so a second name for
+//!    one (a hard-linked directory, or a cycle) is an error, never a loop. Every reachable
+//!    inode decodes and has its entry's file type; a directory's `..` is the directory naming
+//!    it and its size is its entry count; names are valid and sit in their hash range; every
+//!    B+tree passes `btree::check`; extents are sorted, disjoint and inside data areas; an
+//!    inode's `blocks` is the data blocks plus tree nodes it owns.
+//! 5. Orphan tables: a slot names an allocated inode of its AG whose `orphan_slot` points
+//!    back; an inode that says it is on a slot is named by it.
+//! 6. Link counts: one per name, or 2 + subdirectories for a directory; 0 for an orphan no
+//!    name reaches.
+//! 7. Inode bitmaps against the live inodes (reachable, or pending on an orphan list).
+//! 8. Block ownership: AG metadata, the log and everything live inodes own. A block claimed
+//!    twice is a cross-link; the block bitmaps must match the claims exactly.
+//!
+//! # Repair
+//! The checker always builds the repaired image in memory, so `-n` reports exactly what a
+//! repair would do; with `repair` it then writes it (blocks resealed, inodes re-encoded) and
+//! flushes. Fixed: bitmaps (rebuilt from the claims, freeing leaks and marking in-use blocks
+//! and inodes), link counts, directory sizes, `blocks`, `..`, symlink sizes, bad orphan slots
+//! and slot fields, entries naming nothing (removed), entries with the wrong file type
+//! (retyped), extra names of a directory (removed), leaked inodes (freed, not reconnected:
+//! there is no lost+found yet), AG headers and superblock copies (rebuilt from the
+//! superblock), bitmap and orphan blocks that fail verification (rebuilt), and a log that
+//! cannot be replayed (reset: whatever it held is lost). Left alone, exit 4: whatever would
+//! need a guess — a B+tree node, inode or extent that fails verification, a cross-linked
+//! block, a malformed entry, an invalid, misplaced or duplicate name, an unlinked directory
+//! that still has entries.
+//!
+//! Once anything could not be read, ownership is incomplete: the unreadable structure may own
+//! any block or inode that looks leaked. Repair then only marks blocks and inodes used and only
+//! raises link counts; leaks are neither reported nor freed.
+//!
+//! An entry naming an inode the inode bitmap calls free is trusted when the inode decodes: the
+//! bitmap is the derived record. If it does not decode, or its slot is all zeros (never
+//! written, whatever the bitmap says: what a lost checkpoint leaves), the entry names nothing
+//! and goes. An allocated inode with a damaged image is left alone.
+//!
+//! # Orphans
+//! An inode on an orphan list was unlinked while open, or was being truncated, at the crash.
+//! The next read-write mount finishes the job with the engine's own journaled code, so fsck
+//! reports valid orphans as notes, not errors, and leaves them even when repairing (doing the
+//! job here would duplicate that code without a journal). Their blocks count as in use.
+//!
+//! # Bounds
+//! Geometry is validated before it sizes anything and every other count read from disk is
+//! checked before use. Memory is proportional to the metadata present: one bit per block and
+//! inode, a few words per live inode and per extent or tree node. B+trees are at most
+//! `btree::MAX_DEPTH` deep; the walk visits each inode once; at most [`MAX_MESSAGES`] messages
+//! are kept (the counts stay exact). Corrupt input yields findings, never a panic; only device
+//! errors and an unreadable superblock end a check early (an `Err`: exit 8).
+
+use std::collections::btree_map::Entry as MapEntry;
+use std::collections::{hash_map, BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt;
+use std::io;
+use std::ops::Range;
+
+use parking_lot::Mutex;
+
+use crate::btree::{self, NodeStore};
+use crate::buf::{Block, Buf, BufRef};
+use crate::dev::BlockDevice;
+use crate::dir;
+use crate::error::{Error, Result};
+use crate::file::MAX_FILE_BLOCKS;
+use crate::format::inode::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK};
+use crate::format::log::{LogHeader, LOG_HEADER_BLOCKS};
+use crate::format::{
+    self, agh, ino_ag, ino_index, make_ino, AgLayout, DiskInode, Extent, Fork, Geometry, Superblock, BITMAP_BITS, BLOCK_SIZE, HDR_SIZE, INODE_SIZE,
+    MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE, MAGIC_ORPHAN, NAME_MAX, ORPHAN_SLOTS_PER_BLOCK, ROOT_INO,
+};
+use crate::fs::SYMLINK_MAX;
+use crate::journal;
+use crate::mount;
+use crate::xattr::XATTR_VALUE_MAX;
+
+/// Most messages a report keeps; later ones are counted, not stored.
+pub const MAX_MESSAGES: usize = 1000;
+
+/// Exit codes, e2fsck's bits: 5 means some errors were fixed and some were left.
+pub const EXIT_CLEAN: i32 = 0;
+pub const EXIT_FIXED: i32 = 1;
+pub const EXIT_UNCORRECTED: i32 = 4;
+/// `check` returned an error: the device failed, or no superblock could be read.
+pub const EXIT_OPERATIONAL: i32 = 8;
+
+const BS: u64 = BLOCK_SIZE as u64;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsckOptions {
+    /// Write the repairs. `false` is `-n`: the device is never written, not even by log replay.
+    pub repair: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FsckReport {
+    pub errors_found: u64,
+    /// Errors repaired; always 0 without `repair`.
+    pub errors_fixed: u64,
+    /// One finding per line: errors ("inode 7: nlink 3 but 2 names", tagged "[fixed]" or
+    /// "[not fixed]" when repairing) and notes ("note: ..."). At most [`MAX_MESSAGES`] plus a
+    /// last line counting the ones left out.
+    pub messages: Vec<String>,
+    /// Live inodes: reachable from the root, or pending on an orphan list.
+    pub inodes: u64,
+    /// Reachable directories, the root included.
+    pub dirs: u64,
+    /// Blocks in use: AG metadata, the log and everything live inodes own.
+    pub blocks_used: u64,
+    pub log_records_replayed: u64,
+}
+
+impl FsckReport {
+    /// e2fsck's convention: 0 clean, bit 1 errors fixed, bit 4 errors left. ([`EXIT_OPERATIONAL`]
+    /// is for a `check` that returned an error.)
+    pub fn exit_code(&self) -> i32 {
+        let mut code = EXIT_CLEAN;
+        if self.errors_fixed > 0 {
+            code |= EXIT_FIXED;
+        }
+        if self.errors_found > self.errors_fixed {
+            code |= EXIT_UNCORRECTED;
+        }
+        code
+    }
+
+    pub fn is_clean(&self) -> bool {
+        self.errors_found == 0
+    }
+}
+
+/// Check the image on `dev`, and repair it if `opts.repair`. `progress(phase, done, total)`
+/// reports advancement. `dev` is a plain reference, not the `Arc` that `dev::OverlayDevice`
+/// wants: `-n` replays the log into a private overlay instead. Returns `Err` only for an
+/// operational failure (device I/O, no usable superblock); findings go into the report.
+pub fn check(dev: &dyn BlockDevice, opts: &FsckOptions, progress: &dyn Fn(&str, u64, u64)) -> Result<FsckReport> {
+    let sb = mount::read_superblock(dev)?;
+    let overlay = ReplayOverlay::new(dev);
+    let view: &dyn BlockDevice = if opts.repair { dev } else { &overlay };
+    let mut c = Checker::new(view, sb, opts.repair, progress);
+    c.check_primary_superblock()?;
+    c.replay_log()?;
+    c.check_ags()?;
+    c.walk_tree()?;
+    c.check_orphans()?;
+    c.check_link_counts()?;
+    c.check_inode_maps()?;
+    c.check_block_maps()?;
+    if opts.repair {
+        c.write_repairs()?;
+    }
+    Ok(c.into_report())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Findings
+
+#[derive(Default)]
+struct Findings {
+    messages: Vec<String>,
+    unshown: u64,
+    errors: u64,
+    fixable: u64,
+    repair: bool,
+}
+
+impl Findings {
+    /// An error the repair fixes; the caller registers the fix in the same step.
+    fn fixable(&mut self, msg: impl fmt::Display) {
+        self.error(true, msg);
+    }
+
+    /// An error the repair leaves alone.
+    fn unfixable(&mut self, msg: impl fmt::Display) {
+        self.error(false, msg);
+    }
+
+    fn error(&mut self, fixable: bool, msg: impl fmt::Display) {
+        self.errors += 1;
+        self.fixable += u64::from(fixable);
+        let outcome = match (self.repair, fixable) {
+            (false, _) => "",
+            (true, true) => " [fixed]",
+            (true, false) => " [not fixed]",
+        };
+        self.push(format!("{msg}{outcome}"));
+    }
+
+    /// Something worth saying that is not an error (a pending orphan, a replayed log).
+    fn note(&mut self, msg: impl fmt::Display) {
+        self.push(format!("note: {msg}"));
+    }
+
+    fn push(&mut self, msg: String) {
+        if self.messages.len() < MAX_MESSAGES {
+            self.messages.push(msg);
+        } else {
+            self.unshown += 1;
+        }
+    }
+}
+
+/// Device I/O failures end the check; any other error is a finding about the image.
+fn finding(e: Error) -> Result<Error> {
+    match e {
+        Error::Io(_) => Err(e),
+        other => Ok(other),
+    }
+}
+
+/// A verification failure's text, without the engine's "corrupt X at block N" framing.
+fn detail(e: &Error) -> String {
+    match e {
+        Error::Corrupt { detail, .. } => detail.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A B+tree failure: which node, and what is wrong with it.
+fn node_detail(e: &Error) -> String {
+    match e {
+        Error::Corrupt { block, detail, .. } => format!("node {block}: {detail}"),
+        other => other.to_string(),
+    }
+}
+
+fn blocks_desc(start: u64, len: u64) -> String {
+    match len {
+        1 => format!("block {start}"),
+        _ => format!("blocks {}-{}", start, start + len - 1),
+    }
+}
+
+/// "1 name", "2 names".
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The 4-bit type a directory entry stores for an inode of this mode.
+fn ftype_of(mode: u16) -> u8 {
+    ((mode & S_IFMT) >> 12) as u8
+}
+
+fn kind_name(mode: u16) -> &'static str {
+    match mode & S_IFMT {
+        S_IFDIR => "directory",
+        S_IFREG => "regular file",
+        S_IFLNK => "symlink",
+        S_IFCHR => "character device",
+        S_IFBLK => "block device",
+        S_IFIFO => "fifo",
+        S_IFSOCK => "socket",
+        _ => "inode of unknown type",
+    }
+}
+
+/// Read and decode an inode; returns it with the lsn its image carries.
+fn read_inode(dev: &dyn BlockDevice, geo: &Geometry, ino: u64) -> Result<(DiskInode, u64)> {
+    let mut img = [0u8; INODE_SIZE];
+    dev.read_at(&mut img, geo.inode_offset(ino)?)?;
+    Ok((DiskInode::decode(&img, ino, geo)?, format::get_u64(&img, 16)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device access: the `-n` overlay and the B+tree node stores
+
+/// Where `-n` replays the log: recovery's writes land in memory and reads see them, so the
+/// check sees the recovered image while the device is never written.
+struct ReplayOverlay<'a> {
+    dev: &'a dyn BlockDevice,
+    blocks: Mutex<HashMap<u64, Box<Block>>>,
+}
+
+impl<'a> ReplayOverlay<'a> {
+    fn new(dev: &'a dyn BlockDevice) -> Self {
+        ReplayOverlay { dev, blocks: Mutex::new(HashMap::new()) }
+    }
+}
+
+/// The per-block pieces of a byte range: (block, offset in the block, range in the buffer).
+fn block_pieces(off: u64, len: usize) -> impl Iterator<Item = (u64, usize, Range<usize>)> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        (at < len).then(|| {
+            let pos = off + at as u64;
+            let in_block = (pos % BS) as usize;
+            let n = (BLOCK_SIZE - in_block).min(len - at);
+            let piece = (pos / BS, in_block, at..at + n);
+            at += n;
+            piece
+        })
+    })
+}
+
+impl BlockDevice for ReplayOverlay<'_> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        self.dev.read_at(buf, off)?;
+        let blocks = self.blocks.lock();
+        for (blkno, in_block, piece) in block_pieces(off, buf.len()) {
+            if let Some(b) = blocks.get(&blkno) {
+                let n = piece.len();
+                buf[piece].copy_from_slice(&b[in_block..in_block + n]);
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        if off.checked_add(buf.len() as u64).is_none_or(|end| end > self.size()) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "write past the end of the device"));
+        }
+        let mut blocks = self.blocks.lock();
+        for (blkno, in_block, piece) in block_pieces(off, buf.len()) {
+            let b = match blocks.entry(blkno) {
+                hash_map::Entry::Occupied(e) => e.into_mut(),
+                hash_map::Entry::Vacant(e) => {
+                    let mut b = Box::new([0u8; BLOCK_SIZE]);
+                    self.dev.read_at(&mut b[..], blkno * BS)?;
+                    e.insert(b)
+                }
+            };
+            b[in_block..in_block + piece.len()].copy_from_slice(&buf[piece]);
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+}
+
+/// Read-only access to one inode's B+tree nodes, verified as the engine verifies them: the
+/// pointer lies in a data area, and checksum, magic, self address and owner all match.
+struct DevStore<'a> {
+    dev: &'a dyn BlockDevice,
+    geo: &'a Geometry,
+    owner: u64,
+}
+
+impl<'a> DevStore<'a> {
+    fn new(dev: &'a dyn BlockDevice, geo: &'a Geometry, owner: u64) -> Self {
+        DevStore { dev, geo, owner }
+    }
+}
+
+impl NodeStore for DevStore<'_> {
+    fn read_node(&mut self, blkno: u64) -> Result<BufRef> {
+        if !self.geo.is_data_range(blkno, 1) {
+            return Err(Error::corrupt("btree node", blkno, "pointer outside the data area"));
+        }
+        let mut b = Box::new([0u8; BLOCK_SIZE]);
+        self.dev.read_at(&mut b[..], blkno * BS)?;
+        format::verify_block(&b[..], "btree node", MAGIC_BTREE, blkno, Some(self.owner))?;
+        Ok(Buf::new(blkno, b))
+    }
+    fn new_node(&mut self) -> Result<BufRef> {
+        Err(Error::ReadOnly)
+    }
+    fn free_node(&mut self, _blkno: u64) -> Result<()> {
+        Err(Error::ReadOnly)
+    }
+    fn dirty(&mut self, _buf: &BufRef) {
+        debug_assert!(false, "fsck changed a node through a read-only store");
+    }
+    fn owner(&self) -> u64 {
+        self.owner
+    }
+}
+
+/// A directory tree under repair: each node is read once, then edited in memory. The repair
+/// writes the edited nodes; the freed ones are released.
+struct EditStore<'a> {
+    dev: DevStore<'a>,
+    nodes: HashMap<u64, BufRef>,
+    dirty: BTreeSet<u64>,
+    freed: Vec<u64>,
+}
+
+impl NodeStore for EditStore<'_> {
+    fn read_node(&mut self, blkno: u64) -> Result<BufRef> {
+        if let Some(b) = self.nodes.get(&blkno) {
+            return Ok(b.clone());
+        }
+        let b = self.dev.read_node(blkno)?;
+        self.nodes.insert(blkno, b.clone());
+        Ok(b)
+    }
+    /// Repairs only rewrite entries in place or remove them: a tree never grows.
+    fn new_node(&mut self) -> Result<BufRef> {
+        Err(Error::NoSpace)
+    }
+    fn free_node(&mut self, blkno: u64) -> Result<()> {
+        self.freed.push(blkno);
+        Ok(())
+    }
+    fn dirty(&mut self, buf: &BufRef) {
+        self.dirty.insert(buf.blkno);
+    }
+    fn owner(&self) -> u64 {
+        self.dev.owner
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// On-disk tables: bitmaps and orphan tables
+
+/// A plain set of `0..len`.
+struct BitSet {
+    words: Vec<u64>,
+}
+
+impl BitSet {
+    fn new(len: u64) -> BitSet {
+        BitSet { words: vec![0; len.div_ceil(64) as usize] }
+    }
+    fn get(&self, i: u64) -> bool {
+        self.words[(i / 64) as usize] >> (i % 64) & 1 == 1
+    }
+    fn insert(&mut self, i: u64) {
+        self.words[(i / 64) as usize] |= 1 << (i % 64);
+    }
+    fn len(&self) -> u64 {
+        self.words.iter().map(|w| u64::from(w.count_ones())).sum()
+    }
+}
+
+/// One AG's run of header-checked blocks (a bitmap, or the orphan table), held in memory so
+/// repairs edit it in place. A block that fails verification is rebuilt: its header is
+/// rewritten on write-back and its old contents are never trusted.
+struct Table {
+    magic: u32,
+    agno: u32,
+    first: u64,
+    blocks: Vec<Box<Block>>,
+    valid: Vec<bool>,
+    dirty: Vec<bool>,
+}
+
+/// Where bit `i` of a bitmap lives: (block, byte, mask).
+fn bit_pos(i: u64) -> (usize, usize, u8) {
+    ((i / BITMAP_BITS) as usize, HDR_SIZE + (i % BITMAP_BITS / 8) as usize, 1 << (i % 8))
+}
+
+/// Where orphan slot `s` lives: (block, byte offset).
+fn slot_pos(s: u32) -> (usize, usize) {
+    let s = u64::from(s);
+    ((s / ORPHAN_SLOTS_PER_BLOCK) as usize, HDR_SIZE + 8 * (s % ORPHAN_SLOTS_PER_BLOCK) as usize)
+}
+
+impl Table {
+    fn load(dev: &dyn BlockDevice, what: &'static str, magic: u32, l: &AgLayout, (first, count): (u64, u64), out: &mut Findings) -> Result<Table> {
+        let mut t = Table { magic, agno: l.agno, first, blocks: Vec::new(), valid: Vec::new(), dirty: Vec::new() };
+        for blkno in first..first + count {
+            let mut b = Box::new([0u8; BLOCK_SIZE]);
+            dev.read_at(&mut b[..], blkno * BS)?;
+            let verified = format::verify_block(&b[..], what, magic, blkno, Some(u64::from(l.agno)));
+            if let Err(e) = &verified {
+                out.fixable(format!("AG {} {what} block {blkno}: {}", l.agno, detail(e)));
+            }
+            t.blocks.push(b);
+            t.valid.push(verified.is_ok());
+            t.dirty.push(verified.is_err());
+        }
+        Ok(t)
+    }
+
+    fn capacity_bits(&self) -> u64 {
+        self.blocks.len() as u64 * BITMAP_BITS
+    }
+
+    fn bit(&self, i: u64) -> bool {
+        let (b, byte, mask) = bit_pos(i);
+        self.blocks[b][byte] & mask != 0
+    }
+
+    fn set_bit(&mut self, i: u64, used: bool) {
+        let (b, byte, mask) = bit_pos(i);
+        if (self.blocks[b][byte] & mask != 0) != used {
+            self.blocks[b][byte] ^= mask;
+            self.dirty[b] = true;
+        }
+    }
+
+    /// Whether bit `i` comes from a block that verified (else it means nothing).
+    fn bit_verified(&self, i: u64) -> bool {
+        self.valid[bit_pos(i).0]
+    }
+
+    fn count_bits(&self, len: u64) -> u64 {
+        (0..len).filter(|&i| self.bit(i)).count() as u64
+    }
+
+    /// Set every bit to `want(i, currently set)`; bits at and past `len` are cleared. Calls
+    /// `changed(start, len, now_set)` for each run of changed bits in verified blocks (a
+    /// rebuilt block's old bits mean nothing, so its changes are not findings). A run never
+    /// spans `len`.
+    fn reconcile(&mut self, len: u64, want: impl Fn(u64, bool) -> bool, mut changed: impl FnMut(u64, u64, bool) -> Result<()>) -> Result<()> {
+        let mut run: Option<(u64, u64, bool)> = None;
+        for i in 0..self.capacity_bits() {
+            let have = self.bit(i);
+            let wanted = i < len && want(i, have);
+            if have == wanted {
+                continue;
+            }
+            self.set_bit(i, wanted);
+            if !self.bit_verified(i) {
+                continue;
+            }
+            match &mut run {
+                Some((start, n, set)) if *start + *n == i && *set == wanted && i != len => *n += 1,
+                _ => {
+                    if let Some((start, n, set)) = run.replace((i, 1, wanted)) {
+                        changed(start, n, set)?;
+                    }
+                }
+            }
+        }
+        match run {
+            Some((start, n, set)) => changed(start, n, set),
+            None => Ok(()),
+        }
+    }
+
+    fn slot(&self, s: u32) -> u64 {
+        let (b, off) = slot_pos(s);
+        format::get_u64(&self.blocks[b][..], off)
+    }
+
+    fn clear_slot(&mut self, s: u32) {
+        let (b, off) = slot_pos(s);
+        format::put_u64(&mut self.blocks[b][..], off, 0);
+        self.dirty[b] = true;
+    }
+
+    /// The occupied slots, in order.
+    fn occupied_slots(&self) -> Vec<(u32, u64)> {
+        let slots = self.blocks.len() as u64 * ORPHAN_SLOTS_PER_BLOCK;
+        (0..slots as u32).map(|s| (s, self.slot(s))).filter(|&(_, ino)| ino != 0).collect()
+    }
+
+    /// An orphan block that failed verification names no trustworthy inode: start it empty.
+    fn empty_invalid(&mut self) {
+        for (b, valid) in self.blocks.iter_mut().zip(&self.valid) {
+            if !valid {
+                b[HDR_SIZE..].fill(0);
+            }
+        }
+    }
+
+    /// Write back the changed blocks, sealed (rebuilt ones with a fresh header).
+    fn write(&mut self, dev: &dyn BlockDevice) -> Result<()> {
+        for (i, b) in self.blocks.iter_mut().enumerate().filter(|(i, _)| self.dirty[*i]) {
+            let blkno = self.first + i as u64;
+            let lsn = if self.valid[i] { format::header_lsn(&b[..]) } else { 0 };
+            if !self.valid[i] {
+                format::init_header(&mut b[..], self.magic, blkno, u64::from(self.agno));
+            }
+            format::seal_block(&mut b[..], lsn);
+            dev.write_at(&b[..], blkno * BS)?;
+        }
+        Ok(())
+    }
+}
+
+struct AgTables {
+    block_map: Table,
+    inode_map: Table,
+    orphans: Table,
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the walk records
+
+/// Who a block belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Owner {
+    AgMetadata(u32),
+    Log,
+    Inode(u64),
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Owner::AgMetadata(agno) => write!(f, "AG {agno} metadata"),
+            Owner::Log => write!(f, "the log"),
+            Owner::Inode(ino) => write!(f, "inode {ino}"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Claim {
+    start: u64,
+    len: u64,
+    owner: Owner,
+}
+
+impl Claim {
+    fn end(&self) -> u64 {
+        self.start + self.len
+    }
+}
+
+/// What the walk learned about one live inode.
+struct Tally {
+    mode: u16,
+    nlink: u32,
+    orphan_slot: u32,
+    /// Reached through a name (or the root); false for a pending orphan no name reaches.
+    reachable: bool,
+    names: u32,
+    subdirs: u32,
+}
+
+impl Tally {
+    fn new(di: &DiskInode, reachable: bool) -> Tally {
+        Tally { mode: di.mode, nlink: di.nlink, orphan_slot: di.orphan_slot, reachable, names: 0, subdirs: 0 }
+    }
+
+    fn is_dir(&self) -> bool {
+        self.mode & S_IFMT == S_IFDIR
+    }
+
+    /// "." and the parent's entry plus each subdirectory's "..", or one link per name; none
+    /// for an orphan nothing names.
+    fn expected_nlink(&self) -> u32 {
+        match (self.reachable, self.is_dir()) {
+            (false, _) => 0,
+            (true, true) => self.subdirs.saturating_add(2),
+            (true, false) => self.names,
+        }
+    }
+
+    /// Why `expected_nlink` is what it is.
+    fn link_basis(&self) -> String {
+        match (self.reachable, self.is_dir()) {
+            (false, _) => "no name reaches it".into(),
+            (true, true) => format!("expected {} (2 + {})", self.expected_nlink(), count(self.subdirs.into(), "subdirectory", "subdirectories")),
+            (true, false) => count(self.names.into(), "name", "names"),
+        }
+    }
+}
+
+/// One directory entry being checked: `ino u64 | file type u8 | name` (see `dir`).
+struct DirEntryRef<'v> {
+    dir: u64,
+    key: u64,
+    value: &'v [u8],
+    ino: u64,
+    ftype: u8,
+    name: &'v [u8],
+}
+
+impl<'v> DirEntryRef<'v> {
+    fn parse(dir: u64, key: u64, value: &'v [u8]) -> Option<Self> {
+        (value.len() >= 10 && value.len() <= 9 + NAME_MAX).then(|| DirEntryRef { dir, key, value, ino: format::get_u64(value, 0), ftype: value[8], name: &value[9..] })
+    }
+}
+
+impl fmt::Display for DirEntryRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "directory {} entry {:?}", self.dir, String::from_utf8_lossy(self.name))
+    }
+}
+
+/// What an entry's inode number leads to.
+enum Target {
+    /// Nothing: the entry goes. The string says why.
+    Nothing(String),
+    /// An allocated inode that does not decode.
+    Unreadable(Error),
+    /// An inode the walk has already seen.
+    Live,
+    /// An inode seen for the first time.
+    New(Box<DiskInode>),
+}
+
+/// What scanning one directory's entries found.
+#[derive(Default)]
+struct DirScan {
+    entries: u64,
+    /// Keys of the entries the repair removes.
+    remove: Vec<u64>,
+    /// Entries the repair rewrites with the right file type.
+    retype: Vec<(u64, Vec<u8>)>,
+    /// The hash bucket being scanned and the names seen in it (entries arrive in key order).
+    bucket: u64,
+    bucket_names: HashSet<Vec<u8>>,
+}
+
+/// The repaired copy of an inode, written back by the repair.
+struct InodeFix {
+    di: DiskInode,
+    lsn: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checker
+
+struct Checker<'a> {
+    /// The image being checked: the device when repairing, the replay overlay otherwise.
+    dev: &'a dyn BlockDevice,
+    sb: Superblock,
+    geo: Geometry,
+    progress: &'a dyn Fn(&str, u64, u64),
+    out: Findings,
+    ags: Vec<AgTables>,
+    /// Live inodes: reachable from the root, or pending on an orphan list.
+    inodes: BTreeMap<u64, Tally>,
+    /// Directories found but not scanned yet: the walk's explicit stack.
+    pending_dirs: Vec<(u64, DiskInode)>,
+    claims: Vec<Claim>,
+    /// Tree nodes the repair frees (entries removed), with the inode that owned them.
+    released: HashSet<(u64, Owner)>,
+    /// Everything was readable: what nothing claims really is leaked.
+    complete: bool,
+    inode_fixes: BTreeMap<u64, InodeFix>,
+    /// Whole-block rewrites: edited tree nodes, AG headers, superblock copies, a reset log.
+    block_writes: BTreeMap<u64, Box<Block>>,
+    allocated_inodes: u64,
+    blocks_used: u64,
+    log_records: u64,
+}
+
+impl<'a> Checker<'a> {
+    fn new(dev: &'a dyn BlockDevice, sb: Superblock, repair: bool, progress: &'a dyn Fn(&str, u64, u64)) -> Self {
+        Checker {
+            dev,
+            geo: sb.geo,
+            sb,
+            progress,
+            out: Findings { repair, ..Findings::default() },
+            ags: Vec::new(),
+            inodes: BTreeMap::new(),
+            pending_dirs: Vec::new(),
+            claims: Vec::new(),
+            released: HashSet::new(),
+            complete: true,
+            inode_fixes: BTreeMap::new(),
+            block_writes: BTreeMap::new(),
+            allocated_inodes: 0,
+            blocks_used: 0,
+            log_records: 0,
+        }
+    }
+
+    fn read_block(&self, blkno: u64) -> Result<Box<Block>> {
+        let mut b = Box::new([0u8; BLOCK_SIZE]);
+        self.dev.read_at(&mut b[..], blkno * BS)?;
+        Ok(b)
+    }
+
+    fn claim(&mut self, start: u64, len: u64, owner: Owner) {
+        self.claims.push(Claim { start, len, owner });
+    }
+
+    /// Change the repaired copy of an inode (read on first use).
+    fn fix_inode(&mut self, ino: u64, f: impl FnOnce(&mut DiskInode)) -> Result<()> {
+        let fix = match self.inode_fixes.entry(ino) {
+            MapEntry::Occupied(e) => e.into_mut(),
+            MapEntry::Vacant(e) => {
+                let (di, lsn) = read_inode(self.dev, &self.geo, ino)?;
+                e.insert(InodeFix { di, lsn })
+            }
+        };
+        f(&mut fix.di);
+        Ok(())
+    }
+
+    /// Whether the inode bitmap marks a (valid) inode number in use. A bitmap block that failed
+    /// verification says nothing, so the answer is then yes: the safe side.
+    fn inode_allocated(&self, ino: u64) -> bool {
+        let map = &self.ags[ino_ag(ino) as usize].inode_map;
+        let i = u64::from(ino_index(ino));
+        !map.bit_verified(i) || map.bit(i)
+    }
+
+    // ---- superblock, log, AG metadata ----------------------------------------------------
+
+    fn check_primary_superblock(&mut self) -> Result<()> {
+        let b = self.read_block(0)?;
+        if let Err(e) = Superblock::decode(&b[..], 0) {
+            self.out.fixable(format!("superblock (block 0): {}; using the copy in AG 1", detail(&e)));
+            self.block_writes.insert(0, self.sb.encode(0));
+        }
+        Ok(())
+    }
+
+    /// Replay the log as a mount would. A repair first replays into memory (`recover` writes
+    /// the items it replays to whatever device it is given) to learn whether there is anything
+    /// to replay, so that repairing a cleanly unmounted image writes nothing, not even a new
+    /// log header.
+    fn replay_log(&mut self) -> Result<()> {
+        (self.progress)("log", 0, 1);
+        let probe = ReplayOverlay::new(self.dev);
+        let target: &dyn BlockDevice = if self.out.repair { &probe } else { self.dev };
+        match journal::recover(target, &self.geo, false) {
+            Ok(r) if r.records > 0 => {
+                let records = count(r.records, "record", "records");
+                if self.out.repair {
+                    journal::recover(self.dev, &self.geo, true)?;
+                    self.out.note(format!("log: replayed {records}"));
+                } else {
+                    self.out.note(format!("log: replayed {records} in memory only; the next mount replays them on disk"));
+                }
+                self.log_records = r.records;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let e = finding(e)?;
+                self.out.fixable(format!("log: cannot be replayed ({e}); resetting it loses the changes it held"));
+                self.reset_log()?;
+            }
+        }
+        (self.progress)("log", 1, 1);
+        Ok(())
+    }
+
+    /// Empty log headers, as mkfs writes them, in an epoch after any the old headers name (so
+    /// no stale record can replay), and an empty first ring block.
+    fn reset_log(&mut self) -> Result<()> {
+        let log = self.geo.ag_layout(0).log;
+        let mut epoch = 0u64;
+        for blkno in log..log + LOG_HEADER_BLOCKS {
+            // The headers failed verification: read their epoch field raw, best effort.
+            epoch = epoch.max(format::get_u64(&self.read_block(blkno)?[..], 40));
+        }
+        for gen in 0..LOG_HEADER_BLOCKS {
+            let h = LogHeader { gen, epoch: epoch.wrapping_add(1), tail_off: 0, tail_seq: 1 };
+            self.block_writes.insert(log + gen, h.encode(log + gen));
+        }
+        self.block_writes.insert(log + LOG_HEADER_BLOCKS, Box::new([0u8; BLOCK_SIZE]));
+        Ok(())
+    }
+
+    fn check_ags(&mut self) -> Result<()> {
+        for agno in 0..self.geo.ag_count {
+            (self.progress)("allocation groups", u64::from(agno) + 1, u64::from(self.geo.ag_count));
+            let l = self.geo.ag_layout(agno);
+            if agno > 0 {
+                self.check_superblock_copy(&l)?;
+            }
+            self.check_ag_header(&l)?;
+            let tables = self.load_tables(&l)?;
+            self.allocated_inodes += tables.inode_map.count_bits(u64::from(self.geo.inodes_per_ag));
+            self.ags.push(tables);
+            self.claim_ag_metadata(&l);
+        }
+        Ok(())
+    }
+
+    fn check_superblock_copy(&mut self, l: &AgLayout) -> Result<()> {
+        let b = self.read_block(l.start)?;
+        let problem = match Superblock::decode(&b[..], l.start) {
+            Err(e) => detail(&e),
+            Ok(copy) if copy != self.sb => "differs from the primary".into(),
+            Ok(_) => return Ok(()),
+        };
+        self.out.fixable(format!("AG {} superblock copy (block {}): {problem}", l.agno, l.start));
+        self.block_writes.insert(l.start, self.sb.encode(l.start));
+        Ok(())
+    }
+
+    /// The AG header is static geometry, so the one to compare with is the one mkfs writes.
+    fn check_ag_header(&mut self, l: &AgLayout) -> Result<()> {
+        let b = self.read_block(l.header)?;
+        let mut want = agh::build(l.header, l.agno, l.blocks, self.geo.inodes_per_ag, self.geo.orphan_slots_per_ag);
+        let problem = match format::verify_block(&b[..], "AG header", MAGIC_AGH, l.header, Some(u64::from(l.agno))) {
+            Err(e) => detail(&e),
+            Ok(()) if b[HDR_SIZE..] != want[HDR_SIZE..] => "geometry disagrees with the superblock".into(),
+            Ok(()) => return Ok(()),
+        };
+        self.out.fixable(format!("AG {} header (block {}): {problem}", l.agno, l.header));
+        format::seal_block(&mut want[..], 0);
+        self.block_writes.insert(l.header, want);
+        Ok(())
+    }
+
+    fn load_tables(&mut self, l: &AgLayout) -> Result<AgTables> {
+        let block_map = Table::load(self.dev, "block bitmap", MAGIC_BITMAP, l, (l.block_bitmap, l.block_bitmap_blocks), &mut self.out)?;
+        let inode_map = Table::load(self.dev, "inode bitmap", MAGIC_BITMAP, l, (l.inode_bitmap, l.inode_bitmap_blocks), &mut self.out)?;
+        let mut orphans = Table::load(self.dev, "orphan table", MAGIC_ORPHAN, l, (l.orphan_table, l.orphan_blocks), &mut self.out)?;
+        orphans.empty_invalid();
+        Ok(AgTables { block_map, inode_map, orphans })
+    }
+
+    fn claim_ag_metadata(&mut self, l: &AgLayout) {
+        if l.log_blocks > 0 {
+            self.claim(l.start, l.log - l.start, Owner::AgMetadata(l.agno));
+            self.claim(l.log, l.log_blocks, Owner::Log);
+        } else {
+            self.claim(l.start, l.data_start - l.start, Owner::AgMetadata(l.agno));
+        }
+    }
+
+    // ---- the tree walk -------------------------------------------------------------------
+
+    fn walk_tree(&mut self) -> Result<()> {
+        let root = match read_inode(self.dev, &self.geo, ROOT_INO) {
+            Ok((di, _)) if di.is_dir() => di,
+            Ok((di, _)) => {
+                self.lose_root(&format!("is a {}, not a directory", kind_name(di.mode)));
+                return Ok(());
+            }
+            Err(e) => {
+                let e = finding(e)?;
+                self.lose_root(&detail(&e));
+                return Ok(());
+            }
+        };
+        self.inodes.insert(ROOT_INO, Tally::new(&root, true));
+        if root.parent != ROOT_INO {
+            self.out.fixable(format!("directory {ROOT_INO} (root): '..' is {}, not itself", root.parent));
+            self.fix_inode(ROOT_INO, |d| d.parent = ROOT_INO)?;
+        }
+        self.pending_dirs.push((ROOT_INO, root));
+        self.drain_dirs()
+    }
+
+    /// Without a root nothing is reachable, so nothing can be called a leak.
+    fn lose_root(&mut self, why: &str) {
+        self.out.unfixable(format!("root inode {ROOT_INO}: {why}"));
+        self.complete = false;
+    }
+
+    fn drain_dirs(&mut self) -> Result<()> {
+        while let Some((ino, di)) = self.pending_dirs.pop() {
+            self.check_dir(ino, &di)?;
+            (self.progress)("inodes", self.inodes.len() as u64, self.allocated_inodes);
+        }
+        Ok(())
+    }
+
+    fn check_dir(&mut self, ino: u64, di: &DiskInode) -> Result<()> {
+        let xattr_nodes = self.check_xattrs(ino, di)?;
+        let root = dir::root_of(di);
+        let Some(nodes) = self.check_tree(ino, "directory", root)? else {
+            return Ok(());
+        };
+        if root != 0 && self.inodes.get(&ino).is_some_and(|t| !t.reachable) {
+            self.out.unfixable(format!("directory {ino}: unlinked, but still has entries"));
+            self.complete = false; // they may be the only names of other inodes
+            return Ok(());
+        }
+        let scan = self.scan_entries(ino, root)?;
+        let freed = self.edit_entries(ino, root, &scan)?;
+        if di.size != scan.entries {
+            self.out.fixable(format!("directory {ino}: size {} but {}", di.size, count(scan.entries, "entry", "entries")));
+        }
+        if let Some(owned) = xattr_nodes.map(|x| nodes + x).filter(|&owned| owned != di.blocks) {
+            self.out.fixable(format!("inode {ino}: blocks {} but owns {owned}", di.blocks));
+        }
+        // What the entry removals leave (the removed entries and freed nodes were counted).
+        let size = scan.entries - scan.remove.len() as u64;
+        let blocks = xattr_nodes.map(|x| nodes + x - freed);
+        if di.size != size || blocks.is_some_and(|b| b != di.blocks) {
+            self.fix_inode(ino, |d| {
+                d.size = size;
+                d.blocks = blocks.unwrap_or(d.blocks);
+            })?;
+        }
+        Ok(())
+    }
+
+    fn scan_entries(&mut self, dir: u64, root: u64) -> Result<DirScan> {
+        let mut scan = DirScan::default();
+        let (dev, geo) = (self.dev, self.geo);
+        btree::range(&mut DevStore::new(dev, &geo, dir), root, 0, &mut |key, value| {
+            self.check_entry(dir, key, value, &mut scan)?;
+            Ok(true)
+        })?;
+        Ok(scan)
+    }
+
+    fn check_entry(&mut self, dir: u64, key: u64, value: &[u8], scan: &mut DirScan) -> Result<()> {
+        scan.entries += 1;
+        let Some(e) = DirEntryRef::parse(dir, key, value) else {
+            self.out.unfixable(format!("directory {dir}: entry {key:#x} is malformed ({} bytes)", value.len()));
+            self.complete = false; // it may be the only name of some inode
+            return Ok(());
+        };
+        self.check_entry_name(&e, scan);
+        match self.resolve(e.ino)? {
+            Target::Nothing(why) => {
+                self.out.fixable(format!("{e}: {why}"));
+                scan.remove.push(key);
+            }
+            Target::Unreadable(err) => {
+                self.out.unfixable(format!("{e}: inode {}: {}", e.ino, detail(&err)));
+                self.complete = false;
+            }
+            Target::Live => self.add_name(&e, scan),
+            Target::New(di) => {
+                self.inodes.insert(e.ino, Tally::new(&di, true));
+                self.add_name(&e, scan);
+                self.reach(dir, e.ino, *di)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_entry_name(&mut self, e: &DirEntryRef, scan: &mut DirScan) {
+        if dir::check_name(e.name).is_err() {
+            self.out.unfixable(format!("{e}: invalid name"));
+        }
+        let bucket = e.key >> 16;
+        if bucket != dir::name_hash(e.name) {
+            self.out.unfixable(format!("{e}: key {:#x} is outside its name's hash range (lookups cannot find it)", e.key));
+        }
+        if bucket != scan.bucket {
+            scan.bucket = bucket;
+            scan.bucket_names.clear();
+        }
+        if !scan.bucket_names.insert(e.name.to_vec()) {
+            self.out.unfixable(format!("{e}: duplicate name"));
+        }
+    }
+
+    /// What an entry's inode number leads to. An inode that does not decode is only trusted
+    /// to exist if the bitmap allocates it and its slot holds something: an all-zero slot was
+    /// never written, so dropping the entry loses nothing.
+    fn resolve(&self, ino: u64) -> Result<Target> {
+        let Ok(offset) = self.geo.inode_offset(ino) else {
+            return Ok(Target::Nothing(format!("inode {ino} is outside the image")));
+        };
+        if self.inodes.contains_key(&ino) {
+            return Ok(Target::Live);
+        }
+        let mut img = [0u8; INODE_SIZE];
+        self.dev.read_at(&mut img, offset)?;
+        Ok(match DiskInode::decode(&img, ino, &self.geo) {
+            Ok(di) => Target::New(Box::new(di)),
+            Err(_) if img.iter().all(|&b| b == 0) => Target::Nothing(format!("inode {ino} was never written")),
+            Err(e) if !self.inode_allocated(ino) => Target::Nothing(format!("inode {ino} is free and does not decode ({})", detail(&e))),
+            Err(e) => Target::Unreadable(e),
+        })
+    }
+
+    /// Count a name of a live inode. A directory keeps only its first: any other is removed.
+    fn add_name(&mut self, e: &DirEntryRef, scan: &mut DirScan) {
+        let Some(t) = self.inodes.get_mut(&e.ino) else { return };
+        if t.is_dir() && (t.names > 0 || e.ino == ROOT_INO) {
+            self.out.fixable(format!("{e}: directory {} already has a name (a hard-linked directory or a cycle)", e.ino));
+            scan.remove.push(e.key);
+            return;
+        }
+        t.names = t.names.saturating_add(1);
+        let (want, is_dir, kind) = (ftype_of(t.mode), t.is_dir(), kind_name(t.mode));
+        if e.ftype != want {
+            self.out.fixable(format!("{e}: file type {} but inode {} is a {kind}", e.ftype, e.ino));
+            let mut v = e.value.to_vec();
+            v[8] = want;
+            scan.retype.push((e.key, v));
+        }
+        if is_dir {
+            if let Some(parent) = self.inodes.get_mut(&e.dir) {
+                parent.subdirs = parent.subdirs.saturating_add(1);
+            }
+        }
+    }
+
+    /// First sight of a reachable inode, named in `dir`.
+    fn reach(&mut self, dir: u64, ino: u64, di: DiskInode) -> Result<()> {
+        if !di.is_dir() {
+            return self.check_file(ino, &di);
+        }
+        if di.parent != dir {
+            self.out.fixable(format!("directory {ino}: '..' is {}, but it is named in directory {dir}", di.parent));
+            self.fix_inode(ino, |d| d.parent = dir)?;
+        }
+        self.pending_dirs.push((ino, di));
+        Ok(())
+    }
+
+    /// Apply a directory's entry repairs to an in-memory copy of its tree; the repair writes the
+    /// edited nodes. Returns how many nodes the removals freed.
+    fn edit_entries(&mut self, dir: u64, root: u64, scan: &DirScan) -> Result<u64> {
+        if scan.remove.is_empty() && scan.retype.is_empty() {
+            return Ok(0);
+        }
+        let geo = self.geo;
+        let mut store = EditStore { dev: DevStore::new(self.dev, &geo, dir), nodes: HashMap::new(), dirty: BTreeSet::new(), freed: Vec::new() };
+        let mut new_root = root;
+        for (key, value) in &scan.retype {
+            btree::insert(&mut store, &mut new_root, *key, value)?;
+        }
+        for &key in &scan.remove {
+            btree::remove(&mut store, &mut new_root, key)?;
+        }
+        for (&blkno, node) in store.dirty.iter().filter(|b| !store.freed.contains(b)).filter_map(|b| store.nodes.get_key_value(b)) {
+            let mut img = Box::new(**node.read());
+            let lsn = format::header_lsn(&img[..]);
+            format::seal_block(&mut img[..], lsn);
+            self.block_writes.insert(blkno, img);
+        }
+        for &blkno in &store.freed {
+            self.release(dir, blkno);
+        }
+        if new_root != root {
+            self.fix_inode(dir, |d| dir::set_root(d, new_root))?;
+        }
+        Ok(store.freed.len() as u64)
+    }
+
+    /// A node of `dir` the repair freed: no longer claimed, and free in the block bitmap.
+    fn release(&mut self, dir: u64, blkno: u64) {
+        self.released.insert((blkno, Owner::Inode(dir)));
+        let l = self.geo.ag_layout(self.geo.block_ag(blkno));
+        self.ags[l.agno as usize].block_map.set_bit(blkno - l.start, false);
+    }
+
+    // ---- inodes and what they own --------------------------------------------------------
+
+    /// A live inode that is not a directory: parent, symlink target, xattrs, data blocks.
+    fn check_file(&mut self, ino: u64, di: &DiskInode) -> Result<()> {
+        if di.parent != 0 {
+            self.out.fixable(format!("inode {ino}: a {} with parent {}", kind_name(di.mode), di.parent));
+            self.fix_inode(ino, |d| d.parent = 0)?;
+        }
+        if di.is_symlink() {
+            self.check_symlink(ino, di)?;
+        }
+        let xattr_nodes = self.check_xattrs(ino, di)?;
+        let data = self.check_data(ino, di)?;
+        if let (Some(x), Some(d)) = (xattr_nodes, data) {
+            if di.blocks != x + d {
+                self.out.fixable(format!("inode {ino}: blocks {} but owns {}", di.blocks, x + d));
+                self.fix_inode(ino, |f| f.blocks = x + d)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_symlink(&mut self, ino: u64, di: &DiskInode) -> Result<()> {
+        match di.fork {
+            Fork::Inline { len, .. } if di.size != u64::from(len) => {
+                self.out.fixable(format!("inode {ino}: symlink size {} but its inline target has {len} bytes", di.size));
+                self.fix_inode(ino, |d| d.size = u64::from(len))?;
+            }
+            Fork::Inline { .. } => {}
+            _ if di.size == 0 || di.size > SYMLINK_MAX as u64 => self.out.unfixable(format!("inode {ino}: symlink target of {} bytes", di.size)),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Verify one of `ino`'s B+trees and claim its nodes. Returns how many it has, or None
+    /// (reported) if it is damaged: then what it owns is unknown.
+    fn check_tree(&mut self, ino: u64, what: &str, root: u64) -> Result<Option<u64>> {
+        let mut nodes = Vec::new();
+        let checked = btree::check(&mut DevStore::new(self.dev, &self.geo, ino), root, &mut |b| nodes.push(b));
+        for b in nodes {
+            self.claim(b, 1, Owner::Inode(ino));
+        }
+        match checked {
+            Ok(stats) => Ok(Some(stats.nodes)),
+            Err(e) => {
+                self.out.unfixable(format!("inode {ino}: {what} B+tree {}", node_detail(&finding(e)?)));
+                self.complete = false;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Verify the xattr tree and its records; returns the nodes it owns (None if damaged).
+    fn check_xattrs(&mut self, ino: u64, di: &DiskInode) -> Result<Option<u64>> {
+        let nodes = self.check_tree(ino, "xattr", di.xattr_root)?;
+        if nodes.is_some() {
+            let (dev, geo) = (self.dev, self.geo);
+            btree::range(&mut DevStore::new(dev, &geo, ino), di.xattr_root, 0, &mut |key, v| {
+                if let Some(why) = xattr_record_problem(key, v) {
+                    self.out.unfixable(format!("inode {ino}: xattr record {key:#x}: {why}"));
+                }
+                Ok(true)
+            })?;
+        }
+        Ok(nodes)
+    }
+
+    /// Claim a file's data blocks and extent-tree nodes; returns how many (None if damaged).
+    fn check_data(&mut self, ino: u64, di: &DiskInode) -> Result<Option<u64>> {
+        match &di.fork {
+            Fork::Extents { n, ext } => {
+                let (mut prev_end, mut ok) = (0, true);
+                for e in &ext[..*n as usize] {
+                    ok &= self.claim_extent(ino, e, &mut prev_end);
+                }
+                Ok(ok.then(|| ext[..*n as usize].iter().map(|e| u64::from(e.len)).sum()))
+            }
+            Fork::Btree(root) => self.check_extent_tree(ino, *root),
+            Fork::Empty | Fork::Inline { .. } | Fork::Device(_) => Ok(Some(0)),
+        }
+    }
+
+    fn check_extent_tree(&mut self, ino: u64, root: u64) -> Result<Option<u64>> {
+        let Some(nodes) = self.check_tree(ino, "extent map", root)? else {
+            return Ok(None);
+        };
+        let (mut blocks, mut prev_end, mut ok) = (nodes, 0u64, true);
+        let (dev, geo) = (self.dev, self.geo);
+        btree::range(&mut DevStore::new(dev, &geo, ino), root, 0, &mut |lblk, v| {
+            let Ok(raw) = <[u8; 8]>::try_from(v) else {
+                self.out.unfixable(format!("inode {ino}: extent map entry at file block {lblk} has {} bytes", v.len()));
+                self.complete = false;
+                ok = false;
+                return Ok(true);
+            };
+            let e = Extent::unpack(lblk, u64::from_le_bytes(raw));
+            if self.claim_extent(ino, &e, &mut prev_end) {
+                blocks += u64::from(e.len);
+            } else {
+                ok = false;
+            }
+            Ok(true)
+        })?;
+        Ok(ok.then_some(blocks))
+    }
+
+    /// Check one extent of `ino` (extents come in file order) and claim its blocks. A bad one
+    /// is reported and leaves the file's ownership unknown.
+    fn claim_extent(&mut self, ino: u64, e: &Extent, prev_end: &mut u64) -> bool {
+        let end = e.lblk.checked_add(u64::from(e.len)).filter(|&end| end <= MAX_FILE_BLOCKS);
+        let problem = match end {
+            _ if e.len == 0 => "is empty",
+            None => "ends past the largest file",
+            Some(_) if e.lblk < *prev_end => "overlaps the extent before it",
+            Some(_) if !self.geo.is_data_range(e.pblk, u64::from(e.len)) => "lies outside the data area",
+            Some(end) => {
+                *prev_end = end;
+                self.claim(e.pblk, u64::from(e.len), Owner::Inode(ino));
+                return true;
+            }
+        };
+        self.out.unfixable(format!("inode {ino}: extent at file block {} ({} at block {}) {problem}", e.lblk, count(e.len.into(), "block", "blocks"), e.pblk));
+        self.complete = false;
+        false
+    }
+
+    // ---- orphans and link counts ---------------------------------------------------------
+
+    fn check_orphans(&mut self) -> Result<()> {
+        for agno in 0..self.geo.ag_count {
+            for (slot, ino) in self.ags[agno as usize].orphans.occupied_slots() {
+                self.check_orphan_slot(agno, slot, ino)?;
+            }
+        }
+        self.drain_dirs()?;
+        self.check_orphan_fields()
+    }
+
+    fn check_orphan_slot(&mut self, agno: u32, slot: u32, ino: u64) -> Result<()> {
+        let at = format!("AG {agno} orphan slot {slot}");
+        let problem = if ino_ag(ino) != agno || self.geo.inode_offset(ino).is_err() {
+            format!("inode {ino} is not an inode of this AG")
+        } else if !self.inode_allocated(ino) {
+            format!("names free inode {ino}")
+        } else if let Some(t) = self.inodes.get(&ino) {
+            if t.orphan_slot == slot + 1 {
+                self.out.note(format!("{at}: inode {ino}: truncate pending; the next read-write mount finishes it"));
+                return Ok(());
+            }
+            format!("inode {ino} does not point back at it (its orphan slot field is {})", t.orphan_slot)
+        } else {
+            match read_inode(self.dev, &self.geo, ino) {
+                Err(e) => {
+                    self.out.unfixable(format!("{at}: inode {ino}: {}", detail(&finding(e)?)));
+                    self.complete = false;
+                    return Ok(());
+                }
+                Ok((di, _)) if di.orphan_slot == slot + 1 => {
+                    self.out.note(format!("{at}: inode {ino}: unlinked while open; the next read-write mount frees it"));
+                    return self.adopt_orphan(ino, di);
+                }
+                Ok((di, _)) => format!("inode {ino} does not point back at it (its orphan slot field is {})", di.orphan_slot),
+            }
+        };
+        self.out.fixable(format!("{at}: {problem}"));
+        self.ags[agno as usize].orphans.clear_slot(slot);
+        Ok(())
+    }
+
+    /// A valid pending orphan that no name reaches: live, and what it owns is in use.
+    fn adopt_orphan(&mut self, ino: u64, di: DiskInode) -> Result<()> {
+        self.inodes.insert(ino, Tally::new(&di, false));
+        if di.is_dir() {
+            self.pending_dirs.push((ino, di));
+            return Ok(());
+        }
+        self.check_file(ino, &di)
+    }
+
+    /// A live inode that says it is on an orphan slot must be named by that slot.
+    fn check_orphan_fields(&mut self) -> Result<()> {
+        let on_lists: Vec<(u64, u32)> = self.inodes.iter().filter(|(_, t)| t.orphan_slot != 0).map(|(&ino, t)| (ino, t.orphan_slot - 1)).collect();
+        for (ino, slot) in on_lists {
+            let agno = ino_ag(ino);
+            if self.ags[agno as usize].orphans.slot(slot) != ino {
+                self.out.fixable(format!("inode {ino}: says it is on AG {agno} orphan slot {slot}, which does not name it"));
+                self.fix_inode(ino, |d| d.orphan_slot = 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_link_counts(&mut self) -> Result<()> {
+        let wrong: Vec<(u64, u32, u32, String)> =
+            self.inodes.iter().filter(|(_, t)| t.nlink != t.expected_nlink()).map(|(&ino, t)| (ino, t.nlink, t.expected_nlink(), t.link_basis())).collect();
+        for (ino, have, want, basis) in wrong {
+            // With part of the tree unreadable some names may be missing: never lower a count.
+            let fixable = self.complete || want > have;
+            self.out.error(fixable, format!("inode {ino}: nlink {have} but {basis}"));
+            if fixable {
+                self.fix_inode(ino, |d| d.nlink = want)?;
+            }
+        }
+        Ok(())
+    }
+
+    // ---- allocation maps -----------------------------------------------------------------
+
+    /// The inodes an AG's bitmap must mark: the live ones, and inode 0 ("no inode") in AG 0.
+    fn expected_inodes(&self, agno: u32) -> BitSet {
+        let mut set = BitSet::new(u64::from(self.geo.inodes_per_ag));
+        if agno == 0 {
+            set.insert(0);
+        }
+        for (&ino, _) in self.inodes.range(make_ino(agno, 0)..=make_ino(agno, u32::MAX)) {
+            set.insert(u64::from(ino_index(ino)));
+        }
+        set
+    }
+
+    fn check_inode_maps(&mut self) -> Result<()> {
+        let (dev, geo, complete) = (self.dev, self.geo, self.complete);
+        for agno in 0..geo.ag_count {
+            let expected = self.expected_inodes(agno);
+            let Checker { ags, out, .. } = &mut *self;
+            let want = |i: u64, used: bool| expected.get(i) || (!complete && used);
+            ags[agno as usize].inode_map.reconcile(u64::from(geo.inodes_per_ag), want, |first, n, used| {
+                let what = format!("AG {agno} inode bitmap");
+                if first >= u64::from(geo.inodes_per_ag) {
+                    out.fixable(format!("{what}: bits past the last inode are set"));
+                    return Ok(());
+                }
+                for ino in (first..first + n).map(|i| make_ino(agno, i as u32)) {
+                    if used {
+                        out.fixable(format!("{what}: inode {ino} is in use but marked free"));
+                    } else {
+                        out.fixable(format!("{what}: inode {ino} is allocated but neither reachable nor on an orphan list (leaked {})", describe_inode(dev, &geo, ino)?));
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Cross-links, then each AG's block bitmap against the claims.
+    fn check_block_maps(&mut self) -> Result<()> {
+        let released = &self.released;
+        self.claims.retain(|c| !(c.len == 1 && released.contains(&(c.start, c.owner))));
+        self.claims.sort_by_key(|c| c.start); // stable: ties keep walk order, so messages repeat
+        self.report_cross_links();
+        for agno in 0..self.geo.ag_count {
+            (self.progress)("block map", u64::from(agno) + 1, u64::from(self.geo.ag_count));
+            self.check_block_map(self.geo.ag_layout(agno))?;
+        }
+        Ok(())
+    }
+
+    fn report_cross_links(&mut self) {
+        let mut furthest: Option<Claim> = None;
+        for c in &self.claims {
+            if let Some(f) = furthest.filter(|f| c.start < f.end()) {
+                self.out.unfixable(format!("{}: claimed by both {} and {}", blocks_desc(c.start, c.end().min(f.end()) - c.start), f.owner, c.owner));
+            }
+            if furthest.is_none_or(|f| c.end() > f.end()) {
+                furthest = Some(*c);
+            }
+        }
+    }
+
+    fn check_block_map(&mut self, l: AgLayout) -> Result<()> {
+        let lo = self.claims.partition_point(|c| c.start < l.start);
+        let hi = self.claims.partition_point(|c| c.start < l.start + l.blocks);
+        let claims = &self.claims[lo..hi];
+        let mut expected = BitSet::new(l.blocks);
+        for b in claims.iter().flat_map(|c| c.start..c.end()) {
+            expected.insert(b - l.start);
+        }
+        self.blocks_used += expected.len();
+        let complete = self.complete;
+        let out = &mut self.out;
+        let what = format!("AG {} block bitmap", l.agno);
+        let want = |i: u64, used: bool| expected.get(i) || (!complete && used);
+        self.ags[l.agno as usize].block_map.reconcile(l.blocks, want, |first, n, used| {
+            let blocks = blocks_desc(l.start + first, n);
+            match (first >= l.blocks, used) {
+                (true, _) => out.fixable(format!("{what}: bits past the end of the AG are set")),
+                (false, true) => out.fixable(format!("{what}: {blocks} in use by {} but marked free", owner_of(claims, l.start + first))),
+                (false, false) => out.fixable(format!("{what}: {blocks} used but not referenced (leaked)")),
+            }
+            Ok(())
+        })
+    }
+
+    // ---- repair and report ---------------------------------------------------------------
+
+    fn write_repairs(&mut self) -> Result<()> {
+        (self.progress)("repair", 0, 1);
+        let dev = self.dev;
+        for (&blkno, img) in &self.block_writes {
+            dev.write_at(&img[..], blkno * BS)?;
+        }
+        for ag in &mut self.ags {
+            ag.block_map.write(dev)?;
+            ag.inode_map.write(dev)?;
+            ag.orphans.write(dev)?;
+        }
+        for (&ino, fix) in &self.inode_fixes {
+            let mut img = [0u8; INODE_SIZE];
+            fix.di.encode(ino, fix.lsn, &mut img);
+            dev.write_at(&img, self.geo.inode_offset(ino)?)?;
+        }
+        dev.flush()?;
+        (self.progress)("repair", 1, 1);
+        Ok(())
+    }
+
+    fn into_report(mut self) -> FsckReport {
+        if !self.complete {
+            self.out.note("some structures could not be read, so unreferenced blocks and inodes were neither reported nor freed (they may belong to them)");
+        }
+        let mut messages = self.out.messages;
+        if self.out.unshown > 0 {
+            messages.push(format!("... and {} more messages", self.out.unshown));
+        }
+        FsckReport {
+            errors_found: self.out.errors,
+            errors_fixed: if self.out.repair { self.out.fixable } else { 0 },
+            messages,
+            inodes: self.inodes.len() as u64,
+            dirs: self.inodes.values().filter(|t| t.reachable && t.is_dir()).count() as u64,
+            blocks_used: self.blocks_used,
+            log_records_replayed: self.log_records,
+        }
+    }
+}
+
+/// Who claims block `b`, which some claim holds (claims sorted by start: the nearest one
+/// before `b` holds it unless claims overlap).
+fn owner_of(claims: &[Claim], b: u64) -> String {
+    let before = claims.partition_point(|c| c.start <= b);
+    claims[..before].iter().rev().find(|c| c.end() > b).map_or_else(|| "an unknown owner".into(), |c| c.owner.to_string())
+}
+
+/// What a leaked inode is, for the message.
+fn describe_inode(dev: &dyn BlockDevice, geo: &Geometry, ino: u64) -> Result<String> {
+    Ok(match read_inode(dev, geo, ino) {
+        Ok((di, _)) => format!("{}, nlink {}, {}", kind_name(di.mode), di.nlink, count(di.blocks, "block", "blocks")),
+        Err(e) => format!("inode that does not decode: {}", detail(&finding(e)?)),
+    })
+}
+
+/// What is wrong with an xattr tree record (`name_len u8 | name | value`, keyed by name hash).
+fn xattr_record_problem(key: u64, v: &[u8]) -> Option<String> {
+    let nl = usize::from(v.first().copied().unwrap_or(0));
+    if nl == 0 || v.len() <= nl {
+        return Some(format!("malformed ({} bytes)", v.len()));
+    }
+    if key >> 16 != dir::name_hash(&v[1..1 + nl]) {
+        return Some("key outside its name's hash range".into());
+    }
+    let value_len = v.len() - 1 - nl;
+    (value_len > XATTR_VALUE_MAX).then(|| format!("value of {value_len} bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::MemDevice;
+
+    #[test]
+    fn block_pieces_split_at_block_boundaries() {
+        let pieces: Vec<_> = block_pieces(4090, 10_000).collect();
+        assert_eq!(pieces, [(0, 4090, 0..6), (1, 0, 6..4102), (2, 0, 4102..8198), (3, 0, 8198..10_000)]);
+        assert_eq!(block_pieces(BS, 0).count(), 0);
+    }
+
+    #[test]
+    fn overlay_shows_its_writes_and_never_writes_through() {
+        let dev = MemDevice::new(4 * BS);
+        dev.write_at(&[1u8; 100], 5000).unwrap();
+        let before = dev.to_bytes();
+        let overlay = ReplayOverlay::new(&dev);
+        overlay.write_at(&[2u8; 10], 5005).unwrap();
+        overlay.write_at(&[3u8; 2], BS - 1).unwrap();
+        let mut b = [0u8; 20];
+        overlay.read_at(&mut b, 4995).unwrap();
+        assert_eq!(b, [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]);
+        let mut edge = [0u8; 4];
+        overlay.read_at(&mut edge, BS - 2).unwrap();
+        assert_eq!(edge, [0, 3, 3, 0]);
+        assert!(overlay.write_at(&[0; 2], 4 * BS - 1).is_err(), "writes past the end fail");
+        assert!(dev.to_bytes() == before, "the device was written");
+    }
+
+    /// A bitmap at blocks 10.. whose verified blocks have their header (as loaded from disk).
+    fn bitmap(valid: &[bool]) -> Table {
+        let block = |i: u64| {
+            let mut b = Box::new([0u8; BLOCK_SIZE]);
+            format::init_header(&mut b[..], MAGIC_BITMAP, 10 + i, 0);
+            b
+        };
+        let blocks = (0..valid.len() as u64).map(block).collect();
+        Table { magic: MAGIC_BITMAP, agno: 0, first: 10, blocks, valid: valid.to_vec(), dirty: vec![false; valid.len()] }
+    }
+
+    fn runs(t: &mut Table, len: u64, want: impl Fn(u64) -> bool) -> Vec<(u64, u64, bool)> {
+        let mut runs = Vec::new();
+        t.reconcile(len, |i, _| want(i), |start, n, set| {
+            runs.push((start, n, set));
+            Ok(())
+        })
+        .unwrap();
+        runs
+    }
+
+    #[test]
+    fn reconcile_reports_runs_and_never_spans_the_end() {
+        let mut t = bitmap(&[true]);
+        for i in [5, 6, 7, 998, 999, 1000, 1001] {
+            t.set_bit(i, true);
+        }
+        let want = |i| (10..13).contains(&i) || i == 999;
+        assert_eq!(runs(&mut t, 1000, want), [(5, 3, false), (10, 3, true), (998, 1, false), (1000, 2, false)]);
+        assert!((0..BITMAP_BITS).all(|i| t.bit(i) == (i < 1000 && want(i))));
+        assert!(t.dirty[0]);
+        assert_eq!(runs(&mut t, 1000, want), [], "a reconciled bitmap has nothing left to report");
+    }
+
+    #[test]
+    fn reconcile_rebuilds_unverified_blocks_silently() {
+        let mut t = bitmap(&[true, false]);
+        t.set_bit(BITMAP_BITS + 3, true);
+        assert_eq!(runs(&mut t, 2 * BITMAP_BITS, |i| i == BITMAP_BITS + 7), []);
+        assert!(!t.bit(BITMAP_BITS + 3) && t.bit(BITMAP_BITS + 7));
+        assert_eq!(t.dirty, [false, true]);
+    }
+
+    #[test]
+    fn orphan_slots_read_clear_and_empty_when_unverified() {
+        let mut t = Table { magic: MAGIC_ORPHAN, ..bitmap(&[true, false]) };
+        for (s, ino) in [(3, 7), (ORPHAN_SLOTS_PER_BLOCK as u32 + 1, 9)] {
+            let (b, off) = slot_pos(s);
+            format::put_u64(&mut t.blocks[b][..], off, ino);
+        }
+        assert_eq!(t.occupied_slots(), [(3, 7), (ORPHAN_SLOTS_PER_BLOCK as u32 + 1, 9)]);
+        t.empty_invalid();
+        assert_eq!(t.occupied_slots(), [(3, 7)]);
+        t.clear_slot(3);
+        assert_eq!(t.occupied_slots(), []);
+        assert_eq!(t.dirty, [true, false]);
+    }
+
+    #[test]
+    fn table_write_back_seals_and_rebuilds_headers() {
+        let dev = MemDevice::new(16 * BS);
+        let mut t = bitmap(&[true, false]);
+        t.blocks[1][..HDR_SIZE].fill(0xee);
+        t.set_bit(1, true);
+        t.set_bit(BITMAP_BITS + 1, true);
+        t.write(&dev).unwrap();
+        for (i, blkno) in [10u64, 11].into_iter().enumerate() {
+            let mut b = [0u8; BLOCK_SIZE];
+            dev.read_at(&mut b, blkno * BS).unwrap();
+            format::verify_block(&b, "bitmap", MAGIC_BITMAP, blkno, Some(0)).unwrap();
+            assert_eq!(b[HDR_SIZE], 2, "block {i} keeps its bits");
+        }
+    }
+
+    #[test]
+    fn messages_are_capped_but_every_error_counts() {
+        let mut out = Findings { repair: true, ..Findings::default() };
+        for i in 0..MAX_MESSAGES + 500 {
+            out.error(i % 2 == 0, format!("error {i}"));
+        }
+        assert_eq!((out.messages.len(), out.unshown, out.errors, out.fixable), (MAX_MESSAGES, 500, 1500, 750));
+        assert_eq!(out.messages[..2], ["error 0 [fixed]", "error 1 [not fixed]"]);
+    }
+
+    #[test]
+    fn exit_codes_follow_e2fsck() {
+        let report = |errors_found, errors_fixed| FsckReport { errors_found, errors_fixed, ..FsckReport::default() };
+        assert_eq!(report(0, 0).exit_code(), EXIT_CLEAN);
+        assert_eq!(report(3, 3).exit_code(), EXIT_FIXED);
+        assert_eq!(report(3, 0).exit_code(), EXIT_UNCORRECTED);
+        assert_eq!(report(3, 2).exit_code(), EXIT_FIXED | EXIT_UNCORRECTED);
+        assert!(report(0, 0).is_clean() && !report(1, 1).is_clean());
+    }
+}

@@ -18,11 +18,15 @@ pub struct MkfsOptions {
     pub log_blocks: Option<u64>,
     /// Orphan slots: one per this many inodes (default 8).
     pub inodes_per_orphan_slot: u64,
+    /// Owner and permission bits of the root directory (mke2fs `-E root_owner`).
+    pub root_uid: u32,
+    pub root_gid: u32,
+    pub root_mode: u16,
 }
 
 impl Default for MkfsOptions {
     fn default() -> Self {
-        MkfsOptions { ag_count: None, bytes_per_inode: 8192, log_blocks: None, inodes_per_orphan_slot: 8 }
+        MkfsOptions { ag_count: None, bytes_per_inode: 8192, log_blocks: None, inodes_per_orphan_slot: 8, root_uid: 0, root_gid: 0, root_mode: 0o755 }
     }
 }
 
@@ -70,7 +74,7 @@ pub fn mkfs(dev: &dyn BlockDevice, o: &MkfsOptions, progress: &dyn Fn(u64, u64))
         progress(agno as u64 + 1, geo.ag_count as u64);
     }
     write_log(dev, &geo)?;
-    write_root(dev, &geo, t)?;
+    write_root(dev, &geo, o, t)?;
     dev.flush()?;
     Ok(sb)
 }
@@ -126,8 +130,8 @@ fn write_log(dev: &dyn BlockDevice, geo: &Geometry) -> Result<()> {
     Ok(())
 }
 
-fn write_root(dev: &dyn BlockDevice, geo: &Geometry, t: Timespec) -> Result<()> {
-    let mut root = DiskInode::new(S_IFDIR | 0o755, 0, 0, t, 1);
+fn write_root(dev: &dyn BlockDevice, geo: &Geometry, o: &MkfsOptions, t: Timespec) -> Result<()> {
+    let mut root = DiskInode::new(S_IFDIR | (o.root_mode & 0o7777), o.root_uid, o.root_gid, t, 1);
     root.nlink = 2;
     root.parent = ROOT_INO;
     let mut img = [0u8; INODE_SIZE];

@@ -1,0 +1,341 @@
+//! `ferrofs bench`: the embedded-mode metadata benchmark. For each thread count, threads
+//! create, stat and remove their share of N empty files, each in its own directory (and,
+//! with --shared-dir, all in one); then one directory grows to a million entries. Reports
+//! ops/s, memory per cached inode, journal and lock statistics.
+
+mod names;
+mod phase;
+mod process;
+mod report;
+mod scratch;
+
+use crate::failure::{CliResult, Context};
+use crate::progress;
+use clap::{Args, ValueEnum};
+use ferrofs::format::{BLOCK_SIZE, ROOT_INO};
+use ferrofs::{lockstat, Cred, FileSystem, MountOptions};
+use indicatif::ProgressBar;
+use names::NameTable;
+use phase::{Phase, Share, Timing};
+use report::{Cycle, Growth, ImageReport, JournalReport, MemoryReport, PhaseStats, Report};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+const CRED: Cred = Cred { uid: 0, gid: 0 };
+const FILE_MODE: u16 = 0o644;
+const DIR_MODE: u16 = 0o755;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// What to drive: `embedded` runs the engine inside this process (no kernel, no FUSE).
+    #[arg(value_enum, default_value_t = Mode::Embedded)]
+    pub mode: Mode,
+    /// Put the benchmark image here (a new file; deleted afterwards). Default: a sparse
+    /// file in /dev/shm, or the temporary directory if there is no /dev/shm.
+    #[arg(long, conflicts_with = "mem")]
+    pub image: Option<PathBuf>,
+    /// Keep the image in process memory (RSS figures then include the image's pages).
+    #[arg(long)]
+    pub mem: bool,
+    /// Files each run creates, split evenly over the threads.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub files: u64,
+    /// Thread counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,8,48", value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub threads: Vec<u64>,
+    /// Also run every thread count with all threads in one shared directory.
+    #[arg(long)]
+    pub shared_dir: bool,
+    /// Files in the one-big-directory phase (single thread); 0 skips it.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
+    pub big_dir: u64,
+    /// Runs per thread count; the report gives the median and the min-max range.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub runs: u64,
+    /// Also write every figure as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Measure lock wait and hold times (two clock reads per lock acquisition: slows the
+    /// engine a little). Counts and contentions are always measured.
+    #[arg(long)]
+    pub lock_timing: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Embedded,
+}
+
+/// Where a run's threads put their files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// Each thread in a directory of its own.
+    Private,
+    /// All threads in one directory.
+    Shared,
+}
+
+impl Layout {
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Private => "private",
+            Layout::Shared => "shared",
+        }
+    }
+}
+
+/// Times of one create/stat/remove run, and the memory its create phase added.
+struct RunTimes {
+    create: Timing,
+    stat: Timing,
+    remove: Timing,
+    growth: Growth,
+}
+
+/// The mounted benchmark file system and what every run needs.
+struct Bench<'a> {
+    fs: &'a FileSystem,
+    names: &'a NameTable,
+    bar: &'a ProgressBar,
+}
+
+pub fn run(args: &BenchArgs) -> CliResult<()> {
+    let report = measure(args)?;
+    report.print();
+    match &args.json {
+        Some(path) => write_json(path, &report),
+        None => Ok(()),
+    }
+}
+
+/// Make the image, run every phase, unmount; the image is gone when this returns.
+fn measure(args: &BenchArgs) -> CliResult<Report> {
+    let (files, big_dir, runs) = (
+        args.files as usize,
+        args.big_dir as usize,
+        args.runs as usize,
+    );
+    let threads: Vec<usize> = args.threads.iter().map(|&t| t as usize).collect();
+    let max_threads = threads.iter().copied().max().unwrap_or(1);
+    lockstat::set_timing(args.lock_timing);
+    let names = NameTable::new(files.max(big_dir));
+    let size = scratch::image_size((names.len() + 2 * max_threads) as u64);
+    let image = scratch::create(
+        args.image.as_deref(),
+        args.mem,
+        size,
+        scratch::mkfs_options(max_threads),
+    )?;
+    let fs = FileSystem::mount_device(image.dev.clone(), &MountOptions::default())
+        .context(|| "mount the benchmark image".to_string())?;
+    let bar = progress::counter(true, 0, "");
+    let bench = Bench {
+        fs: &fs,
+        names: &names,
+        bar: &bar,
+    };
+    lockstat::reset();
+    let mut cycles = Vec::new();
+    for layout in layouts(args.shared_dir) {
+        for &t in &threads {
+            cycles.push(bench.cycle(&format!("{} {t}t", layout.name()), layout, t, files, runs)?);
+        }
+    }
+    let big = if big_dir > 0 {
+        Some(bench.cycle("one directory", Layout::Shared, 1, big_dir, 1)?)
+    } else {
+        None
+    };
+    bar.finish_and_clear();
+    gather(&fs, &image, args, cycles, big)
+}
+
+fn layouts(shared_dir: bool) -> Vec<Layout> {
+    if shared_dir {
+        vec![Layout::Private, Layout::Shared]
+    } else {
+        vec![Layout::Private]
+    }
+}
+
+/// Collect the counters, then unmount (timed: the final checkpoint and write-back).
+fn gather(
+    fs: &FileSystem,
+    image: &scratch::Scratch,
+    args: &BenchArgs,
+    cycles: Vec<Cycle>,
+    big_dir: Option<Cycle>,
+) -> CliResult<Report> {
+    let m = fs.mount();
+    // The first create run is the only one on a heap that never held inodes: later runs
+    // reuse memory their predecessors freed, which would hide part of the growth.
+    let memory = match cycles.first() {
+        Some(c) => MemoryReport::new(
+            format!("first create run, {} files", c.files),
+            c.first_growth,
+        ),
+        None => MemoryReport::new("nothing created".to_string(), Growth::default()),
+    };
+    let journal = JournalReport::from(&m.journal.stats);
+    let ag_alloc_retries = m.ags.iter().map(|ag| ag.alloc_retries.load(Relaxed)).sum();
+    let locks = lockstat::snapshot();
+    let started = Instant::now();
+    fs.unmount()
+        .context(|| "unmount the benchmark image".to_string())?;
+    Ok(Report {
+        mode: "embedded",
+        image: ImageReport {
+            path: image.path.as_ref().map(|p| p.display().to_string()),
+            size_bytes: m.geo.block_count * BLOCK_SIZE as u64,
+            ag_count: m.geo.ag_count,
+            inodes: m.geo.total_inodes(),
+            log_bytes: m.geo.log_blocks * BLOCK_SIZE as u64,
+        },
+        files: args.files as usize,
+        runs: args.runs as usize,
+        lock_timing: args.lock_timing,
+        cycles,
+        big_dir,
+        memory,
+        journal,
+        ag_alloc_retries,
+        unmount_seconds: started.elapsed().as_secs_f64(),
+        locks,
+    })
+}
+
+fn write_json(path: &Path, report: &Report) -> CliResult<()> {
+    let what = || format!("write {}", path.display());
+    let text = serde_json::to_string_pretty(report).context(what)?;
+    std::fs::write(path, text + "\n").context(what)
+}
+
+impl Bench<'_> {
+    /// `runs` create/stat/remove runs of `files` files over `threads` threads; `title`
+    /// names them on the progress bar and in directory names.
+    fn cycle(
+        &self,
+        title: &str,
+        layout: Layout,
+        threads: usize,
+        files: usize,
+        runs: usize,
+    ) -> CliResult<Cycle> {
+        let mut times = Vec::with_capacity(runs);
+        for run in 0..runs {
+            let label = format!("{title} run {}/{runs}", run + 1);
+            times.push(self.one_run(layout, threads, files, &label)?);
+        }
+        let phase = |name, pick: fn(&RunTimes) -> Timing| {
+            PhaseStats::new(name, files, &times.iter().map(pick).collect::<Vec<_>>())
+        };
+        Ok(Cycle {
+            layout,
+            threads,
+            files,
+            phases: vec![
+                phase("create", |r| r.create),
+                phase("stat", |r| r.stat),
+                phase("remove", |r| r.remove),
+            ],
+            first_growth: times[0].growth,
+        })
+    }
+
+    fn one_run(
+        &self,
+        layout: Layout,
+        threads: usize,
+        files: usize,
+        label: &str,
+    ) -> CliResult<RunTimes> {
+        let fs = self.fs;
+        let dirs = self.make_dirs(layout, threads, label)?;
+        let shares: Vec<Share> = (0..threads)
+            .map(|t| Share {
+                dir: dirs[t % dirs.len()],
+                names: names::share(files, threads, t),
+            })
+            .collect();
+        let before = self.memory_sample();
+        let create = self
+            .phase(label, "create", files, |d, n| {
+                fs.create(d, n, FILE_MODE, CRED).map(drop)
+            })
+            .run(&shares, || fs.sync())?;
+        let after = self.memory_sample();
+        let stat = self
+            .phase(label, "stat", files, |d, n| fs.lookup(d, n).map(drop))
+            .run(&shares, || Ok(()))?;
+        let remove = self
+            .phase(label, "remove", files, |d, n| fs.unlink(d, n))
+            .run(&shares, || fs.sync())?;
+        self.remove_dirs(&dirs, label)?;
+        let growth = Growth {
+            rss_bytes: after.0.saturating_sub(before.0),
+            inodes: after.1.saturating_sub(before.1),
+        };
+        Ok(RunTimes {
+            create,
+            stat,
+            remove,
+            growth,
+        })
+    }
+
+    /// Point the progress bar at a phase and bind its operation.
+    fn phase<F>(&self, label: &str, what: &'static str, files: usize, op: F) -> Phase<'_, F>
+    where
+        F: Fn(u64, &[u8]) -> ferrofs::Result<()> + Sync,
+    {
+        self.bar.reset();
+        self.bar.set_length(files as u64);
+        self.bar.set_message(format!("{label}: {what}"));
+        Phase {
+            what,
+            names: self.names,
+            bar: self.bar,
+            op,
+        }
+    }
+
+    /// (RSS bytes, cached inodes), after handing freed heap back so growth is new memory.
+    fn memory_sample(&self) -> (u64, u64) {
+        process::release_free_heap();
+        (process::rss_bytes(), self.fs.mount().icache.len() as u64)
+    }
+
+    fn make_dirs(&self, layout: Layout, threads: usize, label: &str) -> CliResult<Vec<u64>> {
+        let count = if layout == Layout::Private {
+            threads
+        } else {
+            1
+        };
+        (0..count)
+            .map(|t| {
+                let name = dir_name(label, t);
+                self.fs
+                    .mkdir(ROOT_INO, name.as_bytes(), DIR_MODE, CRED)
+                    .map(|a| a.ino)
+                    .context(|| format!("mkdir {name}"))
+            })
+            .collect()
+    }
+
+    fn remove_dirs(&self, dirs: &[u64], label: &str) -> CliResult<()> {
+        for t in 0..dirs.len() {
+            let name = dir_name(label, t);
+            self.fs
+                .rmdir(ROOT_INO, name.as_bytes())
+                .context(|| format!("rmdir {name}"))?;
+        }
+        Ok(())
+    }
+}
+
+fn dir_name(label: &str, t: usize) -> String {
+    format!("{}.{t}", label.replace([' ', '/'], "-"))
+}

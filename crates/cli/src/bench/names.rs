@@ -1,0 +1,56 @@
+//! File names generated before any timed phase: one flat buffer of fixed-width names, so
+//! the timed loops only slice it (no formatting, no allocation).
+
+use std::ops::Range;
+
+pub struct NameTable {
+    bytes: Vec<u8>,
+    width: usize,
+}
+
+impl NameTable {
+    /// Names `f0000000`, `f0000001`, ...: `count` of them, all of one width.
+    pub fn new(count: usize) -> NameTable {
+        let digits = count.saturating_sub(1).max(1).ilog10() as usize + 1;
+        let width = digits + 1;
+        let mut bytes = Vec::with_capacity(count * width);
+        for i in 0..count {
+            bytes.push(b'f');
+            bytes.extend_from_slice(format!("{i:0digits$}").as_bytes());
+        }
+        NameTable { bytes, width }
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.width
+    }
+
+    pub fn get(&self, i: usize) -> &[u8] {
+        &self.bytes[i * self.width..(i + 1) * self.width]
+    }
+}
+
+/// Thread `t` of `threads` works on this contiguous share of `count` names.
+pub fn share(count: usize, threads: usize, t: usize) -> Range<usize> {
+    count * t / threads..count * (t + 1) / threads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_distinct_and_fixed_width() {
+        let t = NameTable::new(1000);
+        assert_eq!(t.len(), 1000);
+        assert_eq!(t.get(0), b"f000");
+        assert_eq!(t.get(999), b"f999");
+        assert_eq!(NameTable::new(1).get(0), b"f0");
+    }
+
+    #[test]
+    fn shares_cover_everything_once() {
+        let ranges: Vec<_> = (0..3).map(|t| share(10, 3, t)).collect();
+        assert_eq!(ranges, vec![0..3, 3..6, 6..10]);
+    }
+}

@@ -1,0 +1,335 @@
+//! Benchmark results: one structure, printed as a table or written as JSON.
+
+use super::phase::Timing;
+use super::Layout;
+use crate::units::{grouped, human_bytes};
+use ferrofs::journal::JournalStats;
+use ferrofs::lockstat::{self, ClassStats};
+use serde::Serialize;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Lock classes shown in the table (the JSON has them all).
+const LOCK_TABLE_ROWS: usize = 10;
+
+#[derive(Serialize)]
+pub struct Report {
+    pub mode: &'static str,
+    pub image: ImageReport,
+    pub files: usize,
+    pub runs: usize,
+    pub lock_timing: bool,
+    pub cycles: Vec<Cycle>,
+    pub big_dir: Option<Cycle>,
+    pub memory: MemoryReport,
+    pub journal: JournalReport,
+    pub ag_alloc_retries: u64,
+    pub unmount_seconds: f64,
+    pub locks: Vec<ClassStats>,
+}
+
+#[derive(Serialize)]
+pub struct ImageReport {
+    pub path: Option<String>,
+    pub size_bytes: u64,
+    pub ag_count: u32,
+    pub inodes: u64,
+    pub log_bytes: u64,
+}
+
+/// One layout and thread count: every phase over all runs.
+#[derive(Serialize)]
+pub struct Cycle {
+    pub layout: Layout,
+    pub threads: usize,
+    pub files: usize,
+    pub phases: Vec<PhaseStats>,
+    /// Memory growth over the first run's create phase (the report uses the first cycle's).
+    #[serde(skip)]
+    pub first_growth: Growth,
+}
+
+#[derive(Serialize)]
+pub struct PhaseStats {
+    pub phase: &'static str,
+    /// Per run, wall clock.
+    pub ops_per_sec: Vec<f64>,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    /// CPU time of the whole process per operation, per run (microseconds).
+    pub cpu_us_per_op: Vec<f64>,
+    pub cpu_us_per_op_median: f64,
+}
+
+/// RSS and cached inodes added by a create phase.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Growth {
+    pub rss_bytes: u64,
+    pub inodes: u64,
+}
+
+#[derive(Serialize)]
+pub struct MemoryReport {
+    pub peak_rss_bytes: u64,
+    pub measured_over: String,
+    pub rss_growth_bytes: u64,
+    pub inodes_cached: u64,
+    pub rss_per_cached_inode: f64,
+    /// `size_of::<ferrofs::inode::Inode>()`, which embeds the decoded `DiskInode`.
+    pub inode_struct_bytes: usize,
+    pub disk_inode_struct_bytes: usize,
+}
+
+#[derive(Serialize)]
+pub struct JournalReport {
+    pub commits: u64,
+    pub checkpoints: u64,
+    pub background_checkpoints: u64,
+    pub forced_checkpoints: u64,
+    pub items_logged: u64,
+    pub log_bytes: u64,
+    pub log_space_waits: u64,
+    pub commit_throttles: u64,
+    pub ail_pushes: u64,
+    pub items_written_home: u64,
+}
+
+impl PhaseStats {
+    /// Rates of `ops` operations done in each run's `times` (at least one run).
+    pub fn new(phase: &'static str, ops: usize, times: &[Timing]) -> PhaseStats {
+        let ops_per_sec: Vec<f64> = times
+            .iter()
+            .map(|t| ops as f64 / t.wall.as_secs_f64().max(1e-9))
+            .collect();
+        let cpu_us_per_op: Vec<f64> = times
+            .iter()
+            .map(|t| t.cpu.as_secs_f64() * 1e6 / ops.max(1) as f64)
+            .collect();
+        let rates = sorted(&ops_per_sec);
+        PhaseStats {
+            phase,
+            median: median(&rates),
+            min: rates[0],
+            max: rates[rates.len() - 1],
+            cpu_us_per_op_median: median(&sorted(&cpu_us_per_op)),
+            ops_per_sec,
+            cpu_us_per_op,
+        }
+    }
+}
+
+impl MemoryReport {
+    pub fn new(measured_over: String, g: Growth) -> MemoryReport {
+        MemoryReport {
+            peak_rss_bytes: super::process::peak_rss_bytes(),
+            measured_over,
+            rss_growth_bytes: g.rss_bytes,
+            inodes_cached: g.inodes,
+            rss_per_cached_inode: g.rss_bytes as f64 / g.inodes.max(1) as f64,
+            inode_struct_bytes: std::mem::size_of::<ferrofs::inode::Inode>(),
+            disk_inode_struct_bytes: std::mem::size_of::<ferrofs::format::DiskInode>(),
+        }
+    }
+}
+
+impl From<&JournalStats> for JournalReport {
+    fn from(s: &JournalStats) -> JournalReport {
+        JournalReport {
+            commits: s.commits.load(Relaxed),
+            checkpoints: s.checkpoints.load(Relaxed),
+            background_checkpoints: s.background_checkpoints.load(Relaxed),
+            forced_checkpoints: s.forced_checkpoints.load(Relaxed),
+            items_logged: s.items_logged.load(Relaxed),
+            log_bytes: s.log_bytes.load(Relaxed),
+            log_space_waits: s.log_space_waits.load(Relaxed),
+            commit_throttles: s.commit_throttles.load(Relaxed),
+            ail_pushes: s.ail_pushes.load(Relaxed),
+            items_written_home: s.items_written_home.load(Relaxed),
+        }
+    }
+}
+
+impl Report {
+    pub fn print(&self) {
+        self.print_header();
+        self.print_cycles();
+        if let Some(b) = &self.big_dir {
+            let phases: Vec<String> = b
+                .phases
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{} {}/s ({:.2} CPU us/op)",
+                        p.phase,
+                        grouped(p.median as u64),
+                        p.cpu_us_per_op_median
+                    )
+                })
+                .collect();
+            println!(
+                "\none directory, {} files, {} thread: {}",
+                grouped(b.files as u64),
+                b.threads,
+                phases.join(", ")
+            );
+        }
+        self.print_memory();
+        self.print_journal();
+        println!(
+            "\nlocks, top {LOCK_TABLE_ROWS} by wait time{}:",
+            if self.lock_timing {
+                ""
+            } else {
+                " (times are 0 without --lock-timing)"
+            }
+        );
+        print!("{}", lockstat::report_table(&self.locks, LOCK_TABLE_ROWS));
+    }
+
+    fn print_header(&self) {
+        let i = &self.image;
+        let place = i.path.as_deref().unwrap_or("in memory");
+        println!(
+            "ferrofs bench ({}): image {place}, {}, {} AGs, {} inodes, log {}",
+            self.mode,
+            human_bytes(i.size_bytes),
+            i.ag_count,
+            grouped(i.inodes),
+            human_bytes(i.log_bytes)
+        );
+        println!("{} files per run, {} runs: median ops/s [min-max]; create and remove end with sync() (durable)\n", grouped(self.files as u64), self.runs);
+    }
+
+    fn print_cycles(&self) {
+        let Some(first) = self.cycles.first() else {
+            return;
+        };
+        let names: Vec<&str> = first.phases.iter().map(|p| p.phase).collect();
+        let heads: Vec<String> = names
+            .iter()
+            .map(|n| format!("{:>27}", format!("{n} ops/s")))
+            .collect();
+        println!("{:<8} {:>7} {}", "layout", "threads", heads.join(" "));
+        for c in &self.cycles {
+            let cells: Vec<String> = c
+                .phases
+                .iter()
+                .map(|p| format!("{:>27}", rate_cell(p)))
+                .collect();
+            println!(
+                "{:<8} {:>7} {}",
+                c.layout.name(),
+                c.threads,
+                cells.join(" ")
+            );
+        }
+        println!("\nCPU time per operation, us (median; whole process, engine threads included):");
+        let heads: Vec<String> = names.iter().map(|n| format!("{n:>8}")).collect();
+        println!("{:<8} {:>7} {}", "layout", "threads", heads.join(" "));
+        for c in &self.cycles {
+            let cells: Vec<String> = c
+                .phases
+                .iter()
+                .map(|p| format!("{:>8.2}", p.cpu_us_per_op_median))
+                .collect();
+            println!(
+                "{:<8} {:>7} {}",
+                c.layout.name(),
+                c.threads,
+                cells.join(" ")
+            );
+        }
+    }
+
+    fn print_memory(&self) {
+        let m = &self.memory;
+        println!("\nmemory: peak RSS {}", human_bytes(m.peak_rss_bytes));
+        println!(
+            "  {:.0} bytes of RSS per cached inode ({} grown over {} inodes, {}; includes directory blocks and log buffers)",
+            m.rss_per_cached_inode,
+            human_bytes(m.rss_growth_bytes),
+            grouped(m.inodes_cached),
+            m.measured_over
+        );
+        println!(
+            "  size_of: Inode {} bytes (embeds DiskInode {} bytes)",
+            m.inode_struct_bytes, m.disk_inode_struct_bytes
+        );
+    }
+
+    fn print_journal(&self) {
+        let j = &self.journal;
+        println!(
+            "\njournal: {} commits, {} checkpoints ({} background, {} forced)",
+            grouped(j.commits),
+            grouped(j.checkpoints),
+            grouped(j.background_checkpoints),
+            grouped(j.forced_checkpoints)
+        );
+        println!(
+            "  {} logged in {} items; {} log-space waits, {} commit throttles",
+            human_bytes(j.log_bytes),
+            grouped(j.items_logged),
+            grouped(j.log_space_waits),
+            grouped(j.commit_throttles)
+        );
+        println!(
+            "  {} AIL pushes wrote {} items home; unmount took {:.2} s",
+            grouped(j.ail_pushes),
+            grouped(j.items_written_home),
+            self.unmount_seconds
+        );
+        println!(
+            "allocation: {} AG allocation retries",
+            grouped(self.ag_alloc_retries)
+        );
+    }
+}
+
+fn sorted(v: &[f64]) -> Vec<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    let mid = sorted.len() / 2;
+    if sorted.len().is_multiple_of(2) {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    } else {
+        sorted[mid]
+    }
+}
+
+/// `312,456 [301,000-320,000]`
+fn rate_cell(p: &PhaseStats) -> String {
+    format!(
+        "{} [{}-{}]",
+        grouped(p.median as u64),
+        grouped(p.min as u64),
+        grouped(p.max as u64)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn median_min_max() {
+        let secs = |s: &[u64]| {
+            s.iter()
+                .map(|&s| Timing {
+                    wall: Duration::from_secs(s),
+                    cpu: Duration::from_secs(s),
+                })
+                .collect::<Vec<_>>()
+        };
+        let p = PhaseStats::new("create", 100, &secs(&[1, 4, 2]));
+        assert_eq!((p.median, p.min, p.max), (50.0, 25.0, 100.0));
+        assert_eq!(p.cpu_us_per_op_median, 20_000.0);
+        let p = PhaseStats::new("create", 100, &secs(&[1, 2]));
+        assert_eq!(p.median, 75.0);
+    }
+}

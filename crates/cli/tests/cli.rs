@@ -1,0 +1,208 @@
+//! The `ferrofs` binary as a user runs it: exit codes, messages, and what it leaves behind.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn ferrofs(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrofs"))
+        .args(args)
+        .output()
+        .expect("run ferrofs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A fresh scratch directory per test, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("ferrofs-cli-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).display().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A failure reads `ferrofs: <what>: <why>`, never a panic.
+fn assert_clean_failure(o: &Output, why: &str) {
+    assert!(!o.status.success());
+    let err = stderr(o);
+    assert!(err.starts_with("ferrofs: "), "{err}");
+    assert!(err.contains(why), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("internal error"),
+        "{err}"
+    );
+}
+
+#[test]
+fn mkfs_makes_sparse_image_and_refuses_to_overwrite_it() {
+    let s = Scratch::new("mkfs");
+    let img = s.path("a.img");
+    let o = ferrofs(&[
+        "mkfs",
+        &img,
+        "--size",
+        "64M",
+        "--ags",
+        "4",
+        "--bytes-per-inode",
+        "4K",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("4 x 4,096 blocks"), "{}", stdout(&o));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20);
+    assert_clean_failure(&ferrofs(&["mkfs", &img]), "use --force");
+    assert!(ferrofs(&["mkfs", &img, "--force"]).status.success());
+}
+
+#[test]
+fn mkfs_rejects_bad_sizes_without_panicking() {
+    let s = Scratch::new("sizes");
+    assert_clean_failure(
+        &ferrofs(&["mkfs", &s.path("tiny.img"), "--size", "100K"]),
+        "too small",
+    );
+    let o = ferrofs(&["mkfs", &s.path("q.img"), "--size", "12Q"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("unknown size suffix"));
+}
+
+#[test]
+fn info_reports_free_counts_as_json() {
+    let s = Scratch::new("info");
+    let img = s.path("a.img");
+    assert!(ferrofs(&["mkfs", &img, "--size", "64M", "--ags", "4"])
+        .status
+        .success());
+    let o = ferrofs(&["info", &img, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["ag_count"], 4);
+    assert_eq!(v["ags"].as_array().unwrap().len(), 4);
+    // Inode 0 is never used and inode 1 is the root.
+    assert_eq!(
+        v["free_inodes"].as_u64().unwrap(),
+        v["total_inodes"].as_u64().unwrap() - 2
+    );
+    assert_eq!(v["log_records_pending"], 0);
+    assert!(stdout(&ferrofs(&["info", &img])).contains("log                clean"));
+}
+
+#[test]
+fn info_and_fsck_fail_cleanly_on_missing_and_foreign_images() {
+    let s = Scratch::new("foreign");
+    let junk = s.path("junk");
+    std::fs::write(&junk, vec![0xa5u8; 1 << 20]).unwrap();
+    assert_clean_failure(&ferrofs(&["info", &s.path("none.img")]), "No such file");
+    assert_clean_failure(&ferrofs(&["info", &junk]), "superblock");
+    let o = ferrofs(&["fsck", &junk]);
+    assert_eq!(o.status.code(), Some(8));
+    assert_clean_failure(&o, "superblock");
+}
+
+#[test]
+fn fsck_exit_codes_follow_e2fsck() {
+    let s = Scratch::new("fsck");
+    let img = s.path("a.img");
+    assert!(ferrofs(&["mkfs", &img, "--size", "64M", "--ags", "4"])
+        .status
+        .success());
+    assert_eq!(ferrofs(&["fsck", &img]).status.code(), Some(0));
+    let v: serde_json::Value =
+        serde_json::from_slice(&ferrofs(&["info", &img, "--json"]).stdout).unwrap();
+    corrupt_byte(
+        &img,
+        v["ags"][1]["block_bitmap"].as_u64().unwrap() * 4096 + 4000,
+    );
+    let checked = ferrofs(&["fsck", "-n", &img]);
+    assert_eq!(checked.status.code(), Some(4), "{}", stdout(&checked));
+    assert!(stdout(&checked).contains("NOT fixed"));
+    assert_eq!(ferrofs(&["fsck", "-y", &img]).status.code(), Some(1));
+    assert_eq!(ferrofs(&["fsck", "-n", &img]).status.code(), Some(0));
+}
+
+fn corrupt_byte(path: &str, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    f.write_all_at(&[!b[0]], offset).unwrap();
+}
+
+#[test]
+fn bench_reports_every_phase_and_deletes_its_image() {
+    let s = Scratch::new("bench");
+    let (img, json) = (s.path("bench.img"), s.path("bench.json"));
+    let o = ferrofs(&[
+        "bench",
+        "--image",
+        &img,
+        "--files",
+        "300",
+        "--threads",
+        "1,2",
+        "--shared-dir",
+        "--big-dir",
+        "500",
+        "--runs",
+        "2",
+        "--json",
+        &json,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        !std::path::Path::new(&img).exists(),
+        "the benchmark image is left behind"
+    );
+    assert!(stdout(&o).contains("locks, top 10"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let cycles = v["cycles"].as_array().unwrap();
+    assert_eq!(cycles.len(), 4, "private and shared, 1 and 2 threads");
+    for c in cycles {
+        let phases: Vec<&str> = c["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["phase"].as_str().unwrap())
+            .collect();
+        assert_eq!(phases, ["create", "stat", "remove"]);
+        assert_eq!(c["phases"][0]["ops_per_sec"].as_array().unwrap().len(), 2);
+    }
+    assert_eq!(v["big_dir"]["files"], 500);
+    assert_eq!(v["memory"]["inodes_cached"], 300);
+    assert!(v["journal"]["commits"].as_u64().unwrap() >= 3 * 300);
+}
+
+#[test]
+fn bench_refuses_an_existing_image_path() {
+    let s = Scratch::new("bench-exists");
+    let img = s.path("keep.img");
+    std::fs::write(&img, b"precious").unwrap();
+    assert_clean_failure(
+        &ferrofs(&["bench", "--image", &img, "--files", "10"]),
+        "already exists",
+    );
+    assert_eq!(std::fs::read(&img).unwrap(), b"precious");
+}

@@ -1,0 +1,902 @@
+//! Crash harness. A workload runs on a `CrashDevice` (background journal threads off, so the
+//! recorded write/flush sequence is deterministic); after every API call the harness records
+//! the file system's logical state, and after every fsync/fdatasync/sync what was
+//! acknowledged as durable. Then, for each crash point (every flush, and the end) and several
+//! subsets of the unflushed writes (plus torn writes), it builds the crash image, mounts it
+//! (recovery and orphan processing must succeed) and checks it against the history:
+//!
+//! 1. Metadata is atomic and ordered: the recovered tree (names, inode numbers, attributes
+//!    including sizes and times, symlink targets, xattrs) equals the state after some call
+//!    `k` that had started before the crash, and `k` is not older than the last completed
+//!    sync.
+//! 2. fsync(F) is durable: F's metadata (for fdatasync, its size) equals F's metadata in some
+//!    state at or after that fsync.
+//! 3. File data: data is not journaled and an in-place overwrite may reach the disk before
+//!    (or without) the transaction that follows it, and may tear, so each byte of a file
+//!    must equal that byte in one of the states from `k` on; for a file fsynced at state
+//!    `i`, from `max(k, i)` on (so fsynced data never goes back to older contents).
+//! 4. fsck finds nothing wrong, both on the raw crash image and after recovery.
+//! 5. For the "keep everything" and "keep nothing" images of each point: deleting
+//!    everything gives back exactly the free blocks and inodes of a fresh file system (no
+//!    leaks), a second crash anywhere during the recovery mount changes nothing, and a
+//!    read-only mount (log replayed in memory) shows the same tree as the recovered one.
+
+use ferrofs::dev::{crash_image_torn, crash_points, keep_sets, unflushed_epoch, BlockDevice, CrashDevice, MemDevice, Op as DevOp, Tear};
+use ferrofs::journal::JournalConfig;
+use ferrofs::xattr::XATTR_CREATE;
+use ferrofs::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, BTreeSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+const ROOT: u64 = 1;
+const CRED: Cred = Cred { uid: 1000, gid: 1000 };
+const IMAGE_SIZE: u64 = 16 << 20;
+const LOG_BLOCKS: u64 = 64;
+
+/// The outcome of a check: a message saying what is wrong.
+type Checked = std::result::Result<(), String>;
+
+fn mkfs_options() -> MkfsOptions {
+    MkfsOptions { log_blocks: Some(LOG_BLOCKS), ..MkfsOptions::default() }
+}
+
+fn mount_options() -> MountOptions {
+    let mut cfg = JournalConfig::for_log(LOG_BLOCKS - 2);
+    cfg.background = false;
+    // Nothing drains the CIL without background threads but the workload's own syncs, so
+    // the throttle must never wait (the workloads keep each checkpoint small).
+    cfg.cil_max_bytes = u64::MAX;
+    MountOptions { read_only: false, journal: Some(cfg) }
+}
+
+fn mount(dev: Arc<dyn BlockDevice>) -> Result<FileSystem> {
+    FileSystem::mount_device(dev, &mount_options())
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Logical state
+// ---------------------------------------------------------------------------------------
+
+/// Everything the metadata journal must restore atomically about one reachable inode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Meta {
+    kind: FileType,
+    perm: u16,
+    nlink: u32,
+    size: u64,
+    blocks: u64,
+    uid: u32,
+    gid: u32,
+    mtime: (i64, u32),
+    ctime: (i64, u32),
+    entries: Vec<(Vec<u8>, u64)>,
+    target: Vec<u8>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// The whole visible state: metadata of every reachable inode, and the contents of every
+/// reachable or open file (an in-place write to an unlinked-but-open file may reach the
+/// disk while the recovered metadata still has the file's name).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct State {
+    meta: BTreeMap<u64, Meta>,
+    data: BTreeMap<u64, Vec<u8>>,
+}
+
+fn readdir(fs: &FileSystem, ino: u64) -> Result<Vec<DirEntry>> {
+    let mut v = Vec::new();
+    fs.readdir(ino, 0, &mut |e| {
+        v.push(e);
+        true
+    })?;
+    Ok(v)
+}
+
+/// Walk the tree from the root and record everything, plus the data of the `open` files.
+fn snapshot(fs: &FileSystem, open: &[u64]) -> Result<State> {
+    let mut st = State::default();
+    let mut todo = vec![ROOT];
+    while let Some(ino) = todo.pop() {
+        if st.meta.contains_key(&ino) {
+            continue;
+        }
+        let a = fs.getattr(ino)?;
+        let mut m = Meta {
+            kind: a.kind,
+            perm: a.perm,
+            nlink: a.nlink,
+            size: a.size,
+            blocks: a.blocks,
+            uid: a.uid,
+            gid: a.gid,
+            mtime: (a.mtime.sec, a.mtime.nsec),
+            ctime: (a.ctime.sec, a.ctime.nsec),
+            entries: Vec::new(),
+            target: Vec::new(),
+            xattrs: Vec::new(),
+        };
+        match a.kind {
+            FileType::Directory => {
+                for e in readdir(fs, ino)? {
+                    if e.name != b"." && e.name != b".." {
+                        todo.push(e.ino);
+                        m.entries.push((e.name, e.ino));
+                    }
+                }
+                m.entries.sort();
+            }
+            FileType::Symlink => m.target = fs.readlink(ino)?,
+            FileType::RegularFile => {
+                st.data.insert(ino, fs.read(ino, 0, a.size as usize)?);
+            }
+            _ => {}
+        }
+        let mut names = fs.listxattr(ino)?;
+        names.sort();
+        for n in names {
+            let v = fs.getxattr(ino, &n)?;
+            m.xattrs.push((n, v));
+        }
+        st.meta.insert(ino, m);
+    }
+    for &ino in open {
+        let a = fs.getattr(ino)?;
+        if a.kind == FileType::RegularFile && !st.data.contains_key(&ino) {
+            st.data.insert(ino, fs.read(ino, 0, a.size as usize)?);
+        }
+    }
+    Ok(st)
+}
+
+// ---------------------------------------------------------------------------------------
+// Recording a workload
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+enum Durable {
+    /// fsync (`datasync == false`) or fdatasync of one inode.
+    File { ino: u64, datasync: bool },
+    Sync,
+}
+
+/// What a workload did: the state after every call, and the durability acknowledgements.
+struct History {
+    /// (device ops logged when the call started, state after it). `states[0]` is the
+    /// state at mount, which is durable.
+    states: Vec<(usize, State)>,
+    /// (device ops logged when the call returned, index of the state it made durable, what).
+    durable: Vec<(usize, usize, Durable)>,
+    /// Workload calls and their results, for failure messages.
+    calls: Vec<String>,
+}
+
+/// A mounted file system on a recording device, plus the history of what ran on it.
+struct Run {
+    dev: Arc<CrashDevice>,
+    fs: FileSystem,
+    hist: History,
+    /// Set when a durability call failed with a known engine bug: the workload ends there,
+    /// and only device ops before that call are checked.
+    cut: Option<usize>,
+    /// Open handles (inode numbers, one per handle).
+    open: Vec<u64>,
+}
+
+impl Run {
+    fn start(base: &MemDevice) -> Run {
+        let dev = Arc::new(CrashDevice::new(base.snapshot()));
+        let fs = mount(dev.clone()).expect("mounting the base image");
+        let first = snapshot(&fs, &[]).unwrap();
+        let hist = History { states: vec![(dev.op_count(), first)], durable: Vec::new(), calls: Vec::new() };
+        Run { dev, fs, hist, cut: None, open: Vec::new() }
+    }
+
+    /// Run one API call and record the state after it.
+    fn call<T: std::fmt::Debug>(&mut self, what: &str, f: impl FnOnce(&FileSystem) -> Result<T>) -> Result<T> {
+        let start = self.dev.op_count();
+        let r = f(&self.fs);
+        self.hist.calls.push(format!("[ops {start}..{}] {what} -> {}", self.dev.op_count(), match &r {
+            Ok(v) => format!("{v:?}"),
+            Err(e) => format!("error {e}"),
+        }));
+        let st = snapshot(&self.fs, &self.open).unwrap_or_else(|e| panic!("walking the live file system after {what}: {e}"));
+        self.hist.states.push((start, st));
+        r
+    }
+
+    fn fsync(&mut self, ino: u64, datasync: bool) {
+        let start = self.dev.op_count();
+        let r = self.fs.fsync(ino, datasync);
+        self.hist.calls.push(format!("[ops {start}..{}] {}({ino}) -> {r:?}", self.dev.op_count(), if datasync { "fdatasync" } else { "fsync" }));
+        let is_dir = self.fs.getattr(ino).is_ok_and(|a| a.kind == FileType::Directory);
+        if datasync && is_dir && fdatasync_dir_bug() {
+            return; // known engine bug (see the regression test): not counted as durable
+        }
+        match r {
+            Ok(()) => self.hist.durable.push((self.dev.op_count(), self.hist.states.len() - 1, Durable::File { ino, datasync })),
+            Err(e) => self.durability_failed(start, e),
+        }
+    }
+
+    fn sync(&mut self) {
+        let start = self.dev.op_count();
+        let r = self.fs.sync();
+        self.hist.calls.push(format!("[ops {start}..{}] sync -> {r:?}", self.dev.op_count()));
+        match r {
+            Ok(()) => self.hist.durable.push((self.dev.op_count(), self.hist.states.len() - 1, Durable::Sync)),
+            Err(e) => self.durability_failed(start, e),
+        }
+    }
+
+    /// A sync, fsync or unmount failed, which nothing in these workloads should make happen.
+    fn durability_failed(&mut self, start: usize, e: Error) {
+        assert!(matches!(e, Error::Busy(_)) && log_wrap_bug(), "a durability call failed: {e}; calls {:#?}", self.hist.calls);
+        self.cut.get_or_insert(start);
+    }
+
+    fn lookup(&self, path: &str) -> Option<u64> {
+        self.fs.resolve(path).ok().map(|a| a.ino)
+    }
+
+    /// Unmount (its checkpoint and write-back are crash points too) and hand back the log.
+    fn finish(mut self) -> (Vec<DevOp>, History) {
+        if self.cut.is_none() {
+            let start = self.dev.op_count();
+            if let Err(e) = self.fs.unmount() {
+                self.durability_failed(start, e);
+            }
+        }
+        let mut ops = self.dev.ops();
+        drop(self.fs); // after a cut, what a second unmount writes is not looked at
+        if let Some(cut) = self.cut {
+            ops.truncate(cut);
+        }
+        (ops, self.hist)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Checking crash images
+// ---------------------------------------------------------------------------------------
+
+/// How a crash image was made, for messages.
+#[derive(Clone, Debug)]
+struct CrashCase {
+    point: usize,
+    keep: BTreeSet<usize>,
+    tear: Option<Tear>,
+}
+
+/// The free block and inode counts of an empty file system of the test geometry.
+fn fresh_counts() -> (u64, u64) {
+    static C: OnceLock<(u64, u64)> = OnceLock::new();
+    *C.get_or_init(|| {
+        let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
+        FileSystem::mkfs(&*dev, &mkfs_options()).unwrap();
+        let fs = mount(dev).unwrap();
+        let s = fs.statfs();
+        (s.bfree, s.ffree)
+    })
+}
+
+/// Is `got` some state's file data, byte by byte, over the states in `window`?
+fn data_from_states(hist: &History, ino: u64, got: &[u8], window: std::ops::RangeInclusive<usize>) -> Checked {
+    let candidates: Vec<&Vec<u8>> = hist.states[window.clone()].iter().filter_map(|(_, s)| s.data.get(&ino)).collect();
+    for (b, byte) in got.iter().enumerate() {
+        if !candidates.iter().any(|c| c.get(b) == Some(byte)) {
+            let seen: Vec<Option<&u8>> = candidates.iter().map(|c| c.get(b)).collect();
+            return Err(format!("inode {ino} byte {b} is {byte:#x}; states {window:?} have {seen:?} there"));
+        }
+    }
+    Ok(())
+}
+
+/// Mount a crash image and check it against the history (see the module docs).
+fn check_crash(image: MemDevice, case: &CrashCase, hist: &History, thorough: bool) -> Checked {
+    let c = case.point;
+    // Durability acknowledged before the crash: (state index, what).
+    let acked: Vec<(usize, Durable)> = hist.durable.iter().filter(|(done, _, _)| *done <= c).map(|&(_, i, d)| (i, d)).collect();
+    // A call that started at or after the crash point issued none of the writes the image
+    // holds, so the candidate states are those of calls that started before it, and any
+    // state a durability call acknowledged by then (an fsync with nothing to write returns
+    // without touching the device). State 0, the base image, is always one.
+    let last = hist.states.iter().rposition(|(start, _)| *start < c).unwrap_or(0).max(acked.iter().map(|(i, _)| *i).max().unwrap_or(0));
+    let synced = acked.iter().filter(|(_, d)| matches!(d, Durable::Sync)).map(|(i, _)| *i).max().unwrap_or(0);
+
+    fsck_clean(&image).map_err(|e| format!("before recovery: {e}"))?;
+    let read_only = if thorough { Some(read_only_view(&image)?) } else { None };
+    let dev = Arc::new(image);
+    let fs = mount(dev.clone()).map_err(|e| format!("mount after crash failed: {e}"))?;
+    let got = snapshot(&fs, &[]).map_err(|e| format!("walking the recovered tree: {e}"))?;
+    if let Some(ro) = read_only.filter(|ro| *ro != got) {
+        return Err(format!("a read-only mount (log replayed in memory) sees another tree: {}", describe_diff(&ro, &got)));
+    }
+
+    // 1. Metadata is exactly some state from the last sync on.
+    let matching: Vec<usize> = (0..=last).filter(|&k| hist.states[k].1.meta == got.meta).collect();
+    let Some(&k) = matching.iter().find(|&&k| k >= synced) else {
+        let nearest = (0..=last).min_by_key(|&k| meta_distance(&hist.states[k].1, &got)).unwrap();
+        let want = &hist.states[nearest].1;
+        let inos: BTreeSet<&u64> = want.meta.keys().chain(got.meta.keys()).filter(|i| want.meta.get(i) != got.meta.get(i)).collect();
+        let seen: Vec<String> = inos.iter().map(|i| format!("inode {i} as recovered is in states {:?}", (0..hist.states.len()).filter(|&j| hist.states[j].1.meta.get(i) == got.meta.get(i)).collect::<Vec<_>>())).collect();
+        return Err(format!(
+            "recovered metadata matches {} (need one at or after {synced}, the last sync; states 0..={last} possible); closest is state {nearest}: {}; {}",
+            if matching.is_empty() { "no state".to_string() } else { format!("states {matching:?}") },
+            describe_diff(want, &got),
+            seen.join("; ")
+        ));
+    };
+
+    // 2. fsync/fdatasync durability.
+    for &(i, d) in &acked {
+        let Durable::File { ino, datasync } = d else { continue };
+        let view = |s: &State| s.meta.get(&ino).map(|m| if datasync { (m.kind, m.size, None) } else { (m.kind, m.size, Some(m.clone())) });
+        let now = view(&got);
+        if !(i..=last).any(|j| view(&hist.states[j].1) == now) {
+            return Err(format!(
+                "inode {ino} was {} at state {i} (call started at device op {}) but came back as {now:?}, which no state in {i}..={last} had",
+                if datasync { "fdatasynced" } else { "fsynced" },
+                hist.states[i].0
+            ));
+        }
+    }
+
+    // 3. File data.
+    for (&ino, data) in &got.data {
+        let fsynced = acked.iter().filter(|(_, d)| matches!(d, Durable::File { ino: f, .. } if *f == ino)).map(|(i, _)| *i).max().unwrap_or(0);
+        data_from_states(hist, ino, data, k.max(fsynced)..=last)?;
+    }
+
+    // 5. No leaks.
+    if thorough {
+        remove_tree(&fs, ROOT).map_err(|e| format!("deleting everything after recovery: {e}"))?;
+        for name in fs.listxattr(ROOT).map_err(|e| format!("listxattr of the root: {e}"))? {
+            fs.removexattr(ROOT, &name).map_err(|e| format!("removexattr of the root: {e}"))?;
+        }
+        fs.sync().map_err(|e| format!("sync: {e}"))?;
+        let s = fs.statfs();
+        if (s.bfree, s.ffree) != fresh_counts() {
+            return Err(format!("after deleting everything: {} free blocks and {} free inodes, a fresh file system has {:?}", s.bfree, s.ffree, fresh_counts()));
+        }
+    }
+    fs.unmount().map_err(|e| format!("unmount after the checks: {e}"))?;
+    drop(fs);
+    fsck_clean(&*dev).map_err(|e| format!("after recovery and unmount: {e}"))
+}
+
+/// What a read-only mount of `image` shows (it replays the log into memory, writes nothing
+/// and leaves orphans alone, which are unreachable anyway).
+fn read_only_view(image: &MemDevice) -> std::result::Result<State, String> {
+    let opts = MountOptions { read_only: true, ..mount_options() };
+    let fs = FileSystem::mount_device(Arc::new(image.snapshot()), &opts).map_err(|e| format!("read-only mount after crash failed: {e}"))?;
+    snapshot(&fs, &[]).map_err(|e| format!("walking the read-only mount: {e}"))
+}
+
+/// Crash while mounting `image` (log replay, orphan processing) at every flush of the
+/// mount, with all and with none of the unflushed writes: mounting again must give the
+/// same tree and data as the uninterrupted mount.
+fn check_recovery_crashes(image: &MemDevice) -> Checked {
+    let dev = Arc::new(CrashDevice::new(image.snapshot()));
+    let fs = mount(dev.clone()).map_err(|e| format!("mount after crash failed: {e}"))?;
+    let want = snapshot(&fs, &[]).map_err(|e| format!("walking the recovered tree: {e}"))?;
+    let ops = dev.ops();
+    drop(fs);
+    for c in crash_points(&ops) {
+        for keep_all in [true, false] {
+            let again = crash_image_torn(image, &ops, c, &|_| keep_all, None);
+            let fs = mount(Arc::new(again)).map_err(|e| format!("mount after a crash at op {c} of recovery (keep all: {keep_all}) failed: {e}"))?;
+            let got = snapshot(&fs, &[]).map_err(|e| format!("walking the tree after a crash at op {c} of recovery: {e}"))?;
+            if got != want {
+                return Err(format!("a crash at op {c} of {} of recovery (keep all: {keep_all}) changes the result: {}", ops.len(), describe_diff(&want, &got)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The offline checker (read-only: it replays the log into memory) finds nothing wrong.
+fn fsck_clean(dev: &dyn BlockDevice) -> Checked {
+    let report = ferrofs::fsck::check(dev, &ferrofs::fsck::FsckOptions { repair: false }, &|_, _, _| {}).map_err(|e| format!("fsck failed: {e}"))?;
+    if report.is_clean() {
+        Ok(())
+    } else {
+        Err(format!("fsck: {} errors: {:?}", report.errors_found, report.messages))
+    }
+}
+
+fn meta_distance(a: &State, b: &State) -> usize {
+    let inos: BTreeSet<&u64> = a.meta.keys().chain(b.meta.keys()).collect();
+    inos.into_iter().filter(|i| a.meta.get(i) != b.meta.get(i)).count()
+}
+
+fn describe_diff(want: &State, got: &State) -> String {
+    let inos: BTreeSet<&u64> = want.meta.keys().chain(got.meta.keys()).collect();
+    let diffs: Vec<String> = inos
+        .into_iter()
+        .filter(|i| want.meta.get(i) != got.meta.get(i))
+        .take(3)
+        .map(|i| format!("inode {i}: state {:?} / recovered {:?}", want.meta.get(i), got.meta.get(i)))
+        .collect();
+    diffs.join("; ")
+}
+
+fn remove_tree(fs: &FileSystem, dir: u64) -> Result<()> {
+    for e in readdir(fs, dir)? {
+        if e.name == b"." || e.name == b".." {
+            continue;
+        }
+        if e.kind == FileType::Directory {
+            remove_tree(fs, e.ino)?;
+            fs.rmdir(dir, &e.name)?;
+        } else {
+            fs.unlink(dir, &e.name)?;
+        }
+    }
+    Ok(())
+}
+
+/// How many crash images to try per crash point.
+#[derive(Clone, Copy)]
+struct Budget {
+    /// Random keep-subsets per point.
+    random: usize,
+    /// Also every single-write keep-set when the epoch has at most this many writes.
+    singles_up_to: usize,
+    /// Torn variants per point.
+    torn: usize,
+}
+
+/// Check every crash image the budget allows for one recorded workload. Returns the number
+/// of crash states checked and the failures (with everything needed to replay them).
+fn check_all_points(base: &MemDevice, ops: &[DevOp], hist: &History, seed: u64, budget: Budget) -> (usize, Vec<String>) {
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for c in crash_points(ops) {
+        let epoch = unflushed_epoch(ops, c);
+        let mut cases: Vec<CrashCase> = keep_sets(ops, c, seed ^ c as u64, budget.random)
+            .into_iter()
+            .enumerate()
+            .filter(|(i, s)| *i < 2 || epoch.len() <= budget.singles_up_to || s.len() != 1)
+            .map(|(_, keep)| CrashCase { point: c, keep, tear: None })
+            .collect();
+        let writes: Vec<usize> = epoch.clone().filter(|&i| matches!(ops[i], DevOp::Write { .. })).collect();
+        for t in 0..budget.torn.min(writes.len()) {
+            // The last write of the epoch (a log record or a header, typically), then random ones.
+            let op = if t == 0 { *writes.last().unwrap() } else { writes[rng.gen_range(0..writes.len())] };
+            let keep = epoch.clone().filter(|_| t == 0 || rng.gen_bool(0.5)).collect();
+            cases.push(CrashCase { point: c, keep, tear: Some(Tear { op, sectors: rng.gen() }) });
+        }
+        for (n, case) in cases.iter().enumerate() {
+            let image = crash_image_torn(base, ops, c, &|i| case.keep.contains(&i), case.tear);
+            let thorough = n < 2 && case.tear.is_none();
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                if thorough {
+                    check_recovery_crashes(&image)?;
+                }
+                check_crash(image, case, hist, thorough)
+            }))
+            .unwrap_or_else(|p| Err(format!("panic: {}", panic_message(&p))));
+            checked += 1;
+            if let Err(e) = r {
+                failures.push(format!("crash at op {} of {} (keep {:?}, tear {:?}): {e}", c, ops.len(), case.keep, case.tear));
+            }
+        }
+    }
+    (checked, failures)
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------
+// The operation vocabulary of the exhaustive workloads
+// ---------------------------------------------------------------------------------------
+
+/// The image every short workload starts from (made once, unmounted cleanly):
+/// ```text
+/// /d1/f   8192 bytes, xattr user.x      /d1/g  100 bytes       /d2/h  3000 bytes
+/// /d3/    empty                          /d4/   empty           /d5/x  (non-empty dir)
+/// /s -> d1/f
+/// ```
+fn base_image() -> &'static MemDevice {
+    static B: OnceLock<MemDevice> = OnceLock::new();
+    B.get_or_init(|| {
+        let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
+        FileSystem::mkfs(&*dev, &mkfs_options()).unwrap();
+        let fs = mount(dev.clone()).unwrap();
+        for d in ["/d1", "/d2", "/d3", "/d4", "/d5"] {
+            fs.create_dir_all(d, 0o755, CRED).unwrap();
+        }
+        fs.write_file("/d1/f", &pattern(8192, 1), CRED).unwrap();
+        fs.write_file("/d1/g", &pattern(100, 2), CRED).unwrap();
+        fs.write_file("/d2/h", &pattern(3000, 3), CRED).unwrap();
+        fs.write_file("/d5/x", b"x", CRED).unwrap();
+        fs.symlink(ROOT, b"s", b"d1/f", CRED).unwrap();
+        let f = fs.resolve("/d1/f").unwrap().ino;
+        fs.setxattr(f, b"user.x", b"small", 0).unwrap();
+        fs.unmount().unwrap();
+        drop(fs);
+        Arc::try_unwrap(dev).ok().unwrap()
+    })
+}
+
+/// One API call on the base tree; returns the inode to fsync afterwards.
+struct Step {
+    name: &'static str,
+    run: fn(&mut Run) -> u64,
+}
+
+/// The inode at `path`, or the root when an earlier step removed or renamed it (the step
+/// then works on the root, or fails: both are recorded like any other call).
+fn ino_of(r: &Run, path: &str) -> u64 {
+    r.lookup(path).unwrap_or(ROOT)
+}
+
+const STEPS: &[Step] = &[
+    Step { name: "create", run: |r| { let d = ino_of(r, "/d1"); r.call("create /d1/new", |fs| fs.create(d, b"new", 0o644, CRED).map(|a| a.ino)).unwrap_or(ROOT) } },
+    Step { name: "append", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("append 5000 to /d1/f", |fs| { let size = fs.getattr(f)?.size; fs.write(f, size, &pattern(5000, 11)) }); f } },
+    Step { name: "overwrite", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("write 100 at 10 in /d1/f", |fs| fs.write(f, 10, &pattern(100, 12))); f } },
+    Step { name: "overwrite-extend", run: |r| { let f = ino_of(r, "/d2/h"); let _ = r.call("write 8192 at 0 in /d2/h", |fs| fs.write(f, 0, &pattern(8192, 13))); f } },
+    Step { name: "truncate-grow", run: |r| { let f = ino_of(r, "/d1/g"); let _ = r.call("truncate /d1/g to 20000", |fs| fs.setattr(f, &SetAttr { size: Some(20000), ..Default::default() }).map(|a| a.size)); f } },
+    Step { name: "truncate-shrink", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("truncate /d1/f to 100", |fs| fs.setattr(f, &SetAttr { size: Some(100), ..Default::default() }).map(|a| a.size)); f } },
+    Step { name: "link", run: |r| { let (f, d) = (ino_of(r, "/d1/f"), ino_of(r, "/d2")); let _ = r.call("link /d1/f /d2/f2", |fs| fs.link(f, d, b"f2").map(|a| a.nlink)); f } },
+    Step { name: "unlink", run: |r| { let d = ino_of(r, "/d1"); let _ = r.call("unlink /d1/g", |fs| fs.unlink(d, b"g")); d } },
+    Step { name: "rename", run: |r| { let (f, a, b) = (ino_of(r, "/d1/f"), ino_of(r, "/d1"), ino_of(r, "/d2")); let _ = r.call("rename /d1/f /d2/f", |fs| fs.rename(a, b"f", b, b"f", 0)); f } },
+    Step { name: "rename-replace", run: |r| { let (f, a, b) = (ino_of(r, "/d1/g"), ino_of(r, "/d1"), ino_of(r, "/d2")); let _ = r.call("rename /d1/g /d2/h", |fs| fs.rename(a, b"g", b, b"h", 0)); f } },
+    Step { name: "rename-exchange", run: |r| { let (f, a, b) = (ino_of(r, "/d1/f"), ino_of(r, "/d1"), ino_of(r, "/d2")); let _ = r.call("exchange /d1/f /d2/h", |fs| fs.rename(a, b"f", b, b"h", RENAME_EXCHANGE)); f } },
+    Step { name: "rename-dir", run: |r| { let (d, a) = (ino_of(r, "/d3"), ino_of(r, "/d1")); let _ = r.call("rename /d3 /d1/d3", |fs| fs.rename(ROOT, b"d3", a, b"d3", 0)); d } },
+    Step { name: "rename-dir-replace", run: |r| { let d = ino_of(r, "/d4"); let _ = r.call("rename /d4 /d3", |fs| fs.rename(ROOT, b"d4", ROOT, b"d3", 0)); d } },
+    Step { name: "mkdir", run: |r| { let d = ino_of(r, "/d2"); r.call("mkdir /d2/sub", |fs| fs.mkdir(d, b"sub", 0o755, CRED).map(|a| a.ino)).unwrap_or(d) } },
+    Step { name: "rmdir", run: |r| { let _ = r.call("rmdir /d3", |fs| fs.rmdir(ROOT, b"d3")); ROOT } },
+    Step { name: "symlink", run: |r| { let d = ino_of(r, "/d2"); r.call("symlink /d2/s2", |fs| fs.symlink(d, b"s2", &[b'z'; 200], CRED).map(|a| a.ino)).unwrap_or(d) } },
+    Step { name: "setxattr-tree", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("setxattr /d1/f user.big", |fs| fs.setxattr(f, b"user.big", &pattern(900, 14), XATTR_CREATE)); f } },
+    Step { name: "setxattr-inline", run: |r| { let f = ino_of(r, "/d2/h"); let _ = r.call("setxattr /d2/h user.y", |fs| fs.setxattr(f, b"user.y", b"v", 0)); f } },
+    Step { name: "removexattr", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("removexattr /d1/f user.x", |fs| fs.removexattr(f, b"user.x")); f } },
+];
+
+#[derive(Clone, Copy, Debug)]
+enum After {
+    Fsync,
+    Fdatasync,
+    Sync,
+}
+const AFTERS: [After; 3] = [After::Fsync, After::Fdatasync, After::Sync];
+
+/// Run `steps` (each followed by its durability call) from the base image.
+fn run_steps(steps: &[(usize, After)]) -> (Vec<DevOp>, History) {
+    let mut r = Run::start(base_image());
+    for &(s, after) in steps {
+        if r.cut.is_some() {
+            break;
+        }
+        let target = (STEPS[s].run)(&mut r);
+        match after {
+            After::Fsync => r.fsync(target, false),
+            After::Fdatasync => r.fsync(target, true),
+            After::Sync => r.sync(),
+        }
+    }
+    r.finish()
+}
+
+fn describe(steps: &[(usize, After)]) -> String {
+    steps.iter().map(|&(s, a)| format!("{}+{a:?}", STEPS[s].name)).collect::<Vec<_>>().join(", ")
+}
+
+/// Every sequence of `len` steps, spread over the available cores.
+fn exhaustive(len: u32, budget: Budget) {
+    let per = STEPS.len() * AFTERS.len();
+    let total = per.pow(len);
+    let checked = AtomicUsize::new(0);
+    let failures = Mutex::new(Vec::new());
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= total {
+                    return;
+                }
+                let steps: Vec<(usize, After)> = (0..len).map(|i| (n / per.pow(i)) % per).map(|x| (x / AFTERS.len(), AFTERS[x % AFTERS.len()])).collect();
+                let (ops, hist) = run_steps(&steps);
+                let (c, f) = check_all_points(base_image(), &ops, &hist, n as u64, budget);
+                checked.fetch_add(c, Ordering::Relaxed);
+                if !f.is_empty() {
+                    let mut all = failures.lock().unwrap();
+                    all.push(format!("[{}] calls {:?}:\n    {}", describe(&steps), hist.calls, f.join("\n    ")));
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    println!("{total} workloads of {len} steps, {} crash states checked, {} workloads failed", checked.load(Ordering::Relaxed), failures.len());
+    assert!(failures.is_empty(), "{} of {total} workloads failed; first ones:\n{}", failures.len(), failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
+}
+
+#[test]
+fn crash_every_sequence_of_up_to_two_steps() {
+    let budget = Budget { random: 2, singles_up_to: 3, torn: 1 };
+    exhaustive(1, Budget { random: 6, singles_up_to: 64, torn: 3 });
+    exhaustive(2, budget);
+}
+
+#[test]
+#[ignore = "long: every sequence of three steps (run with --ignored --nocapture)"]
+fn crash_every_sequence_of_three_steps() {
+    exhaustive(3, Budget { random: 2, singles_up_to: 3, torn: 1 });
+}
+
+// ---------------------------------------------------------------------------------------
+// A longer random workload with unlinked-open files
+// ---------------------------------------------------------------------------------------
+
+/// `calls` random calls on a small namespace, with open handles kept across unlinks,
+/// fsyncs and syncs mixed in; deterministic per seed.
+fn random_workload(seed: u64, calls: usize) -> (Vec<DevOp>, History) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut r = Run::start(base_image());
+    let names: [&[u8]; 4] = [b"a", b"b", b"c", b"d"];
+    for i in 0..calls {
+        if r.cut.is_some() {
+            break;
+        }
+        let dirs: Vec<u64> = ["/", "/d1", "/d2", "/d5"].iter().filter_map(|p| r.lookup(p)).collect();
+        let d = dirs[rng.gen_range(0..dirs.len())];
+        let d2 = dirs[rng.gen_range(0..dirs.len())];
+        let name = names[rng.gen_range(0..names.len())];
+        let name2 = names[rng.gen_range(0..names.len())];
+        let target = r.fs.lookup(d, name).ok().map(|a| a.ino);
+        let file = if !r.open.is_empty() && rng.gen_bool(0.4) { Some(r.open[rng.gen_range(0..r.open.len())]) } else { target };
+        let seed8 = i as u8;
+        match rng.gen_range(0..16) {
+            0 | 1 => drop(r.call("create", |fs| fs.create(d, name, 0o644, CRED).map(|a| a.ino))),
+            2 => drop(r.call("mkdir", |fs| fs.mkdir(d, name, 0o755, CRED).map(|a| a.ino))),
+            3 | 4 => {
+                if let Some(f) = file {
+                    let (off, len) = ([0u64, 100, 4096, 20000][rng.gen_range(0..4)], [10usize, 3000, 9000][rng.gen_range(0..3)]);
+                    let _ = r.call(&format!("write {len} at {off} to {f}"), |fs| fs.write(f, off, &pattern(len, seed8)));
+                }
+            }
+            5 => {
+                if let Some(f) = file {
+                    let size = [0u64, 50, 5000, 30000][rng.gen_range(0..4)];
+                    let _ = r.call(&format!("truncate {f} to {size}"), |fs| fs.setattr(f, &SetAttr { size: Some(size), ..Default::default() }).map(|a| a.size));
+                }
+            }
+            6 => drop(r.call("unlink", |fs| fs.unlink(d, name))),
+            7 => drop(r.call("rmdir", |fs| fs.rmdir(d, name))),
+            8 => {
+                let flags = [0, 0, RENAME_NOREPLACE, RENAME_EXCHANGE][rng.gen_range(0..4)];
+                let _ = r.call("rename", |fs| fs.rename(d, name, d2, name2, flags));
+            }
+            9 => {
+                if let Some(f) = file {
+                    let _ = r.call("link", |fs| fs.link(f, d2, name2).map(|a| a.nlink));
+                }
+            }
+            10 => {
+                if let Some(f) = target {
+                    if r.fs.open(f).is_ok() {
+                        r.open.push(f);
+                    }
+                }
+            }
+            11 => {
+                if !r.open.is_empty() {
+                    let f = r.open.swap_remove(rng.gen_range(0..r.open.len()));
+                    let _ = r.call(&format!("release {f}"), |fs| fs.release(f));
+                }
+            }
+            12 => {
+                if let Some(f) = file {
+                    let len = [3usize, 300, 1000][rng.gen_range(0..3)];
+                    let _ = r.call("setxattr", |fs| fs.setxattr(f, b"user.r", &pattern(len, seed8), 0));
+                }
+            }
+            _ => {
+                if let Some(f) = file {
+                    r.fsync(f, rng.gen_bool(0.3));
+                }
+            }
+        }
+        if rng.gen_ratio(1, 25) {
+            r.sync();
+        }
+    }
+    r.finish()
+}
+
+/// Random workloads: `CRASH_SEED` picks the first seed (printed), `CRASH_RUNS` how many
+/// consecutive seeds run (default 4), `CRASH_CALLS` the calls per workload (default 400).
+#[test]
+fn crash_random_workload_with_unlinked_open_files() {
+    let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|s| s.parse().ok()).unwrap_or(d);
+    let (first, runs, calls) = (env("CRASH_SEED", 0x5eed_0001), env("CRASH_RUNS", 4), env("CRASH_CALLS", 400));
+    let total = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (first..first + runs)
+            .map(|seed| {
+                let total = &total;
+                s.spawn(move || {
+                    let (ops, hist) = random_workload(seed, calls as usize);
+                    let (checked, failures) = check_all_points(base_image(), &ops, &hist, seed, Budget { random: 2, singles_up_to: 3, torn: 1 });
+                    println!("CRASH_SEED={seed}: {} device ops, {checked} crash states checked", ops.len());
+                    total.fetch_add(checked, Ordering::Relaxed);
+                    assert!(failures.is_empty(), "CRASH_SEED={seed}: {} failures; calls {:#?}\nfirst: {}", failures.len(), hist.calls, failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
+                })
+            })
+            .collect();
+        for h in handles {
+            if let Err(p) = h.join() {
+                std::panic::resume_unwind(p);
+            }
+        }
+    });
+    println!("{} crash states checked in all", total.load(Ordering::Relaxed));
+}
+
+// ---------------------------------------------------------------------------------------
+// Regressions
+// ---------------------------------------------------------------------------------------
+
+/// Unlink /d1/g, fdatasync /d1, crash right after (only flushed writes survive): returns
+/// whether /d1/g is back.
+fn fdatasync_dir_repro() -> bool {
+    let mut r = Run::start(base_image());
+    let d1 = r.lookup("/d1").unwrap();
+    r.call("unlink /d1/g", |fs| fs.unlink(d1, b"g")).unwrap();
+    r.fs.fsync(d1, true).unwrap();
+    let ops = r.dev.ops();
+    let image = crash_image_torn(base_image(), &ops, ops.len(), &|_| false, None);
+    let fs = mount(Arc::new(image)).unwrap();
+    fs.lookup(d1, b"g").is_ok()
+}
+
+/// Whether the engine still has the bug (checked once); the harness then does not count
+/// fdatasync of a directory as durable, so the other checks keep running.
+fn fdatasync_dir_bug() -> bool {
+    static B: OnceLock<bool> = OnceLock::new();
+    *B.get_or_init(fdatasync_dir_repro)
+}
+
+/// fdatasync(2) of a directory must make its entries durable: they are the directory's
+/// data, and the engine even counts them in the directory's size. The engine logs
+/// directory changes as non-data changes (`log_inode(.., false)`), so fdatasync of the
+/// directory forces nothing and the unlinked name is back after a crash.
+#[test]
+#[ignore = "engine bug: fdatasync of a directory does not persist entry changes"]
+fn regression_fdatasync_of_directory_persists_entries() {
+    assert!(!fdatasync_dir_repro(), "/d1/g came back after unlink + fdatasync(/d1) + crash");
+}
+
+
+
+
+/// Creates a file in each of `k` directories per round and syncs, with `k` varying so the
+/// checkpoint records vary in size (background threads off for determinism, so the CIL is
+/// unbounded: see `regression_throttle_without_background_threads`). Returns what went
+/// wrong: a failed sync, or a corrupt image after a clean unmount.
+fn log_wrap_repro() -> Checked {
+    let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
+    FileSystem::mkfs(&*dev, &mkfs_options()).unwrap();
+    let fs = mount(dev.clone()).unwrap();
+    let dirs: Vec<u64> = (0..12).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
+    fs.sync().unwrap();
+    let mut failed = Vec::new();
+    for (round, k) in [3usize, 9, 2, 12, 5, 1, 11, 7, 4, 10, 6, 8].into_iter().cycle().take(24).enumerate() {
+        for d in &dirs[..k] {
+            fs.create(*d, format!("f{round}").as_bytes(), 0o644, CRED).unwrap();
+        }
+        if let Err(e) = fs.sync() {
+            failed.push(format!("round {round} ({k} directories): sync failed: {e}"));
+        }
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    let fsck = fsck_clean(&*dev);
+    if failed.is_empty() && fsck.is_ok() {
+        return Ok(());
+    }
+    Err(format!("{}; after a clean unmount: {:?}", failed.join("; "), fsck))
+}
+
+/// Whether the engine still has the bug (checked once). While it does, a workload whose
+/// sync or fsync fails with EBUSY ends there: nothing after it can be trusted.
+fn log_wrap_bug() -> bool {
+    static B: OnceLock<bool> = OnceLock::new();
+    *B.get_or_init(|| log_wrap_repro().is_err())
+}
+
+/// Two bugs together. (1) `Journal::reserve_log` at the ring's wrap: when the record does
+/// not fit between the head and the ring's end, the blocks skipped there ("waste") are
+/// needed too, but `push_ail(blocks)` is asked only for `blocks`; when that much is free
+/// in total, it writes nothing back and the reservation fails with EBUSY "log full and
+/// nothing to write back" although the AIL holds durable records. (2) The failed
+/// checkpoint has already taken the CIL's items out (`switch`), and they are dropped: the
+/// changes never reach the log or their home, durable_seq and the busy extents are left
+/// behind, and the file system carries on. Later checkpoints relog whole directory blocks
+/// whose new entries point at inodes that were never written: after a clean unmount fsck
+/// finds "inode N: bad magic or version" for every file created in the lost checkpoint.
+#[test]
+#[ignore = "engine bug: checkpoint reservation at log wrap fails with EBUSY and the failed checkpoint's changes are dropped"]
+fn regression_log_wrap_checkpoint() {
+    log_wrap_repro().unwrap();
+}
+
+/// Run `f` on its own thread; `None` if it has not finished after `secs` seconds (the
+/// thread is left behind, blocked).
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs)).ok()
+}
+
+/// With `JournalConfig::background == false` (what tests use for determinism), the first
+/// transaction that finds the CIL over `cil_max_bytes` waits in `Journal::throttle` for a
+/// background push that never comes: the call never returns. 16 creates in 16 directories
+/// (about 70 KiB of CIL, the stock bound of a 64-block log is 63 KiB) are enough.
+#[test]
+#[ignore = "engine bug: with background threads off, Journal::throttle waits forever once the CIL is over cil_max_bytes"]
+fn regression_throttle_without_background_threads() {
+    let finished = within(10, || {
+        let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
+        FileSystem::mkfs(&*dev, &mkfs_options()).unwrap();
+        let mut cfg = JournalConfig::for_log(LOG_BLOCKS - 2);
+        cfg.background = false;
+        let fs = FileSystem::mount_device(dev, &MountOptions { read_only: false, journal: Some(cfg) }).unwrap();
+        let dirs: Vec<u64> = (0..16).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
+        fs.sync().unwrap();
+        for d in dirs {
+            fs.create(d, b"f", 0o644, CRED).unwrap();
+        }
+        fs.sync().unwrap();
+    });
+    assert!(finished.is_some(), "creates with background threads off did not return within 10 s");
+}
+
+/// A crash leaves an unlinked-but-open file with a large extent map (an orphan); the next
+/// mount frees it in several transactions (logging the inode), and the first create after
+/// the mount gets the freed inode number. Returns what fsck says after an unmount.
+fn orphan_reuse_repro() -> Checked {
+    let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
+    FileSystem::mkfs(&*dev, &mkfs_options()).unwrap();
+    let fs = mount(dev.clone()).unwrap();
+    let o = fs.create(ROOT, b"orphan", 0o644, CRED).unwrap().ino;
+    for k in 0..300u64 {
+        fs.write(o, 2 * k * 4096, b"o").unwrap(); // 300 extents: freed in two batches
+    }
+    fs.open(o).unwrap();
+    fs.unlink(ROOT, b"orphan").unwrap();
+    fs.sync().unwrap();
+    let crashed = Arc::new(dev.snapshot());
+    std::mem::forget(fs); // the crash
+    let fs = mount(crashed.clone()).unwrap();
+    let new = fs.create(ROOT, b"new", 0o644, CRED).unwrap().ino;
+    fs.unmount().unwrap();
+    drop(fs);
+    fsck_clean(&*crashed).map_err(|e| format!("orphan was inode {o}, the new file is inode {new}; {e}"))
+}
+
+/// The same root cause as model.rs's `regression_inode_reuse_in_one_checkpoint` (a new
+/// in-memory inode's log version starts at 0, so its image loses to the freed inode's
+/// image in the CIL), reached the most natural way: recovery of an unlinked-open file.
+/// After the unmount the new file's name points at the orphan's stale image (nlink 0,
+/// orphan slot set, extents in freed blocks).
+#[test]
+#[ignore = "engine bug: the first create after orphan processing reuses the inode number and loses its image"]
+fn regression_create_after_orphan_reap() {
+    orphan_reuse_repro().unwrap();
+}
