@@ -1,4 +1,4 @@
-//! `ferrofs`: make, check, inspect and benchmark ferrofs images.
+//! `ferrofs`: make, check, inspect, mount and benchmark ferrofs images.
 
 mod bench;
 mod failure;
@@ -7,6 +7,7 @@ mod geometry;
 mod image;
 mod info;
 mod mkfs;
+mod mount;
 mod progress;
 mod units;
 
@@ -31,6 +32,8 @@ enum Command {
     Fsck(fsck::FsckArgs),
     /// Show the superblock, free space and per-allocation-group layout of an image.
     Info(info::InfoArgs),
+    /// Mount an image through FUSE (foreground unless --daemon).
+    Mount(mount::MountArgs),
     /// Measure metadata performance: create, stat and remove many files.
     Bench(bench::BenchArgs),
 }
@@ -38,11 +41,19 @@ enum Command {
 fn main() -> ExitCode {
     install_panic_report();
     die_quietly_on_closed_pipe();
-    let cli = Cli::parse();
+    let cli = match mount_helper_argv() {
+        Some(Ok(argv)) => Cli::parse_from(argv),
+        Some(Err(why)) => {
+            eprintln!("ferrofs: {why}");
+            return ExitCode::from(1);
+        }
+        None => Cli::parse(),
+    };
     let (result, failure_code) = match &cli.command {
         Command::Mkfs(a) => (mkfs::run(a).map(|()| 0), 1),
         Command::Fsck(a) => (fsck::run(a), fsck::EXIT_OPERATIONAL),
         Command::Info(a) => (info::run(a).map(|()| 0), 1),
+        Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
         Command::Bench(a) => (bench::run(a).map(|()| 0), 1),
     };
     match result {
@@ -52,6 +63,14 @@ fn main() -> ExitCode {
             ExitCode::from(failure_code)
         }
     }
+}
+
+/// Invoked as a mount helper (`mount.fuse.ferrofs`), the command line mount(8) gave us as
+/// `ferrofs mount --daemon ...`.
+fn mount_helper_argv() -> Option<Result<Vec<std::ffi::OsString>, String>> {
+    let argv: Vec<_> = std::env::args_os().collect();
+    let name = std::path::Path::new(argv.first()?).file_name()?.to_str()?;
+    mount::HELPER_NAMES.contains(&name).then(|| mount::helper_argv(argv))
 }
 
 /// `ferrofs info img | head -1` should end quietly, as other Unix tools do, rather than

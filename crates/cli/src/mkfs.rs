@@ -45,6 +45,13 @@ pub struct MkfsArgs {
     pub force: bool,
 }
 
+impl MkfsArgs {
+    /// The defaults, for a new image of `size` bytes (`ferrofs mount --mkfs`).
+    pub fn for_new_image(image: PathBuf, size: u64) -> MkfsArgs {
+        MkfsArgs { image, size: Some(size), ags: None, bytes_per_inode: 8 << 10, log_size: None, force: false }
+    }
+}
+
 /// What is at the image path before mkfs runs.
 enum Target {
     NewFile,

@@ -197,18 +197,20 @@ impl MountError {
     }
 }
 
-/// Mount and serve until unmounted or SIGTERM/SIGINT, then checkpoint the engine.
+/// Mount and serve until unmounted or SIGTERM/SIGINT, then checkpoint the engine. `ready`
+/// runs once the mount point is usable (a daemonising caller tells its parent there).
 ///
 /// On a signal the mount is unmounted; if files are still open there (EBUSY) it is detached
 /// lazily instead and served until the last one is closed. Installing the signal handlers is
 /// process-wide and lasts past the return (the signals are then ignored, not fatal).
-pub fn mount(opts: &MountConfig) -> Result<(), MountError> {
+pub fn mount(opts: &MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
     // Catch the signals before mounting: one arriving mid-mount then unmounts cleanly
     // instead of killing the process and leaving a dead mount behind.
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])
         .map_err(|source| MountError::Session { path: opts.mountpoint.clone(), source })?;
     let signal_handle = signals.handle();
     let handle = spawn_mount(opts)?;
+    ready();
     let unmounter = handle.unmounter.clone();
     let mountpoint = opts.mountpoint.clone();
     let watcher = std::thread::Builder::new()

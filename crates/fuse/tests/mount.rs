@@ -748,7 +748,7 @@ fn child_serves_a_mount() {
     let (image, mnt) = spec.split_once('\n').unwrap();
     let mut cfg = ferrofs_fuse::MountConfig::new(image, mnt);
     cfg.default_permissions = is_root();
-    if let Err(e) = ferrofs_fuse::mount(&cfg) {
+    if let Err(e) = ferrofs_fuse::mount(&cfg, || {}) {
         eprintln!("child mount: {e}");
         std::process::exit(2);
     }

@@ -1,0 +1,182 @@
+//! `ferrofs mount` as a user and mount(8) run it: daemon mode, the mount helper's command
+//! line, one writer per image, a mount right after an unmount, recovery after SIGKILL, and a
+//! damaged image refused without leaving a stale mount. Skips where /dev/fuse or root is
+//! missing.
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferrofs");
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("run ferrofs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Why mounting cannot be tested here, if it cannot.
+fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").err().map(|e| format!("/dev/fuse cannot be opened ({e})"))
+}
+
+fn is_mounted(dir: &Path) -> bool {
+    let canon = dir.canonicalize().unwrap();
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(m) == canon))
+}
+
+/// An image and a mount point, unmounted and removed on drop even when the test fails.
+struct Scratch {
+    dir: PathBuf,
+    image: PathBuf,
+    mnt: PathBuf,
+}
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("ferrofs-mount-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("mnt")).unwrap();
+        Scratch { image: dir.join("fs.img"), mnt: dir.join("mnt"), dir }
+    }
+
+    fn mount(&self, extra: &[&str]) -> Output {
+        run(Command::new(BIN).arg("mount").arg("--daemon").args(extra).arg(&self.image).arg(&self.mnt))
+    }
+
+    fn umount(&self) {
+        assert!(Command::new("umount").arg(&self.mnt).status().unwrap().success());
+    }
+
+    /// Wait until the daemon has released the image (its lock) after an unmount.
+    fn wait_released(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while ferrofs::dev::FileDevice::open(&self.image, false).is_err() {
+            assert!(Instant::now() < deadline, "daemon kept the image locked");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn fsck_clean(&self) {
+        let o = run(Command::new(BIN).arg("fsck").arg("-n").arg(&self.image));
+        assert!(o.status.success(), "fsck: {}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn daemon_mount_serves_until_umount_and_one_writer_per_image() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED daemon_mount: {why}");
+    }
+    let s = Scratch::new("daemon");
+    let o = s.mount(&["--mkfs", "128M", "-o", "noatime,threads=4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(is_mounted(&s.mnt), "ready when the command returns");
+    std::fs::write(s.mnt.join("f"), b"daemon").unwrap();
+    // The image's path is the mount's source, as df and mount show it.
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let canon = s.image.canonicalize().unwrap();
+    assert!(info.lines().any(|l| l.contains(&format!(" - fuse {} ", canon.display()))), "{info}");
+    // A second mount of the same image fails at once, naming the reason.
+    let second_dir = s.dir.join("second");
+    std::fs::create_dir(&second_dir).unwrap();
+    let o = run(Command::new(BIN).args(["mount", "--daemon"]).arg(&s.image).arg(&second_dir));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("already mounted on"), "{}", stderr(&o));
+    assert!(!is_mounted(&second_dir));
+    // Unmount and mount again at once: the new daemon waits for the old one's lock.
+    s.umount();
+    let o = s.mount(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(s.mnt.join("f")).unwrap(), b"daemon");
+    s.umount();
+    s.wait_released();
+    s.fsck_clean();
+}
+
+#[test]
+fn mount_helper_command_line_as_mount8_runs_it() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED mount_helper: {why}");
+    }
+    let s = Scratch::new("helper");
+    let o = run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(&s.image));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let helper = s.dir.join("mount.fuse.ferrofs");
+    symlink(BIN, &helper).unwrap();
+    let o = run(Command::new(&helper).arg(&s.image).arg(&s.mnt).args(["-n", "-o", "rw,noatime,defaults,_netdev"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(s.mnt.join("via-helper"), b"x").unwrap();
+    s.umount();
+    s.wait_released();
+    s.fsck_clean();
+    let o = run(Command::new(&helper).arg(&s.image));
+    assert!(!o.status.success() && stderr(&o).contains("usage"), "{}", stderr(&o));
+}
+
+#[test]
+fn sigkill_then_mount_recovers_the_log() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED sigkill_recovery: {why}");
+    }
+    let s = Scratch::new("sigkill");
+    let o = s.mount(&["--mkfs", "128M"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let f = s.mnt.join("durable");
+    std::fs::write(&f, b"fsynced").unwrap();
+    std::fs::File::open(&f).unwrap().sync_all().unwrap();
+    let pid = daemon_pid(&s.image);
+    // SAFETY: plain kill(2) of the daemon we started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let _ = Command::new("umount").arg("-l").arg(&s.mnt).status();
+    s.wait_released();
+    let o = s.mount(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&f).unwrap(), b"fsynced");
+    s.umount();
+    s.wait_released();
+    s.fsck_clean();
+}
+
+#[test]
+fn damaged_image_is_refused_without_a_stale_mount() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED damaged_image: {why}");
+    }
+    let s = Scratch::new("damaged");
+    std::fs::write(&s.image, vec![0xa5u8; 64 << 20]).unwrap();
+    let o = s.mount(&[]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.starts_with("ferrofs: ") && err.contains("superblock"), "{err}");
+    assert!(!is_mounted(&s.mnt));
+}
+
+/// The daemon holding `image` open (found through /proc, as `fuser` would).
+fn daemon_pid(image: &Path) -> i32 {
+    let canon = image.canonicalize().unwrap();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else { continue };
+        if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == canon)) && pid != std::process::id() as i32 {
+            return pid;
+        }
+    }
+    panic!("no process holds {}", image.display());
+}
