@@ -35,7 +35,7 @@ impl Inode {
     pub fn new(ino: u64, di: DiskInode) -> InodeRef {
         Arc::new(Inode {
             ino,
-            core: RwLock::new(&INODE_LOCK, di),
+            core: RwLock::new_pooled(&INODE_LOCK, di),
             log_version: AtomicU64::new(0),
             last_seq: AtomicU64::new(0),
             last_data_seq: AtomicU64::new(0),

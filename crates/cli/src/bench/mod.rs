@@ -260,13 +260,13 @@ impl Bench<'_> {
                 names: names::share(files, threads, t),
             })
             .collect();
-        let before = self.memory_sample();
+        let before = self.memory_sample()?;
         let create = self
             .phase(label, "create", files, |d, n| {
                 fs.create(d, n, FILE_MODE, CRED).map(drop)
             })
             .run(&shares, || fs.sync())?;
-        let after = self.memory_sample();
+        let after = self.memory_sample()?;
         let stat = self
             .phase(label, "stat", files, |d, n| fs.lookup(d, n).map(drop))
             .run(&shares, || Ok(()))?;
@@ -276,7 +276,8 @@ impl Bench<'_> {
         self.remove_dirs(&dirs, label)?;
         let growth = Growth {
             rss_bytes: after.0.saturating_sub(before.0),
-            inodes: after.1.saturating_sub(before.1),
+            heap_bytes: after.1.saturating_sub(before.1),
+            inodes: after.2.saturating_sub(before.2),
         };
         Ok(RunTimes {
             create,
@@ -302,10 +303,13 @@ impl Bench<'_> {
         }
     }
 
-    /// (RSS bytes, cached inodes), after handing freed heap back so growth is new memory.
-    fn memory_sample(&self) -> (u64, u64) {
+    /// (RSS bytes, heap bytes, cached inodes), once the log is written home (its buffers are bounded by
+    /// the log size, not by the cache) and freed heap is handed back, so growth is the
+    /// caches' own memory.
+    fn memory_sample(&self) -> CliResult<(u64, u64, u64)> {
+        self.fs.mount().journal.quiesce().context(|| "write the log home".into())?;
         process::release_free_heap();
-        (process::rss_bytes(), self.fs.mount().icache.len() as u64)
+        Ok((process::rss_bytes(), process::heap_bytes(), self.fs.mount().icache.len() as u64))
     }
 
     fn make_dirs(&self, layout: Layout, threads: usize, label: &str) -> CliResult<Vec<u64>> {

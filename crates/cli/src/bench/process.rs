@@ -35,6 +35,14 @@ pub fn cpu_time() -> Duration {
     tv(u.ru_utime) + tv(u.ru_stime)
 }
 
+/// Heap bytes in use: allocated and not yet freed, over all of malloc's arenas (what the
+/// program holds, without the allocator's free lists or fragmentation that RSS includes).
+pub fn heap_bytes() -> u64 {
+    // SAFETY: mallinfo2 only reads the allocator's statistics and returns them by value.
+    let m = unsafe { libc::mallinfo2() };
+    (m.uordblks + m.hblkhd) as u64
+}
+
 /// Hand freed heap back to the kernel, so RSS growth measured next counts new memory only
 /// (not memory that earlier phases freed and the allocator kept).
 pub fn release_free_heap() {

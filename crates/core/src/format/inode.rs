@@ -21,7 +21,9 @@ const FORK_BTREE: u8 = 2;
 const FORK_INLINE: u8 = 3;
 const FORK_DEVICE: u8 = 4;
 
+/// Packed to 12 bytes: four of them sit in every cached inode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C, packed(4))]
 pub struct Timespec {
     pub sec: i64,
     pub nsec: u32,

@@ -164,6 +164,11 @@ impl Ail {
                 }
             }
         }
+        // A burst of checkpoints grows the map; give the memory back once writeback drained
+        // it (rarely: only when it is four times larger than it needs to be).
+        if g.latest.capacity() > 4 * g.latest.len().max(1024) {
+            g.latest.shrink_to_fit();
+        }
         out
     }
 
