@@ -19,6 +19,9 @@ pub enum Error {
     NameTooLong,
     #[error("invalid argument: {0}")]
     Invalid(&'static str),
+    /// mkfs options that do not fit the device (the message says which limit).
+    #[error("invalid geometry: {0}")]
+    Geometry(String),
     #[error("no space left on device")]
     NoSpace,
     #[error("too many links")]
@@ -69,7 +72,7 @@ impl Error {
             Error::NotDir => libc::ENOTDIR,
             Error::IsDir => libc::EISDIR,
             Error::NameTooLong => libc::ENAMETOOLONG,
-            Error::Invalid(_) => libc::EINVAL,
+            Error::Invalid(_) | Error::Geometry(_) => libc::EINVAL,
             Error::NoSpace => libc::ENOSPC,
             Error::TooManyLinks => libc::EMLINK,
             Error::ReadOnly => libc::EROFS,

@@ -37,6 +37,9 @@ fn round_up(v: u64, m: u64) -> u64 {
 /// Choose and validate a geometry for a device of `size` bytes.
 pub fn plan(size: u64, o: &MkfsOptions) -> Result<Geometry> {
     let block_count = size / BLOCK_SIZE as u64;
+    if block_count < MIN_AG_BLOCKS {
+        return Err(Error::Geometry(format!("{size} bytes is less than one allocation group ({MIN_AG_BLOCKS} blocks of {BLOCK_SIZE} bytes)")));
+    }
     let ag_count = o.ag_count.unwrap_or_else(|| (block_count / (1 << 18)).clamp(4, 1024) as u32).clamp(1, MAX_AGS);
     let ag_count = ag_count.min((block_count / (MIN_AG_BLOCKS * 4)).max(1) as u32);
     let ag_blocks = block_count.div_ceil(ag_count as u64);
@@ -47,12 +50,10 @@ pub fn plan(size: u64, o: &MkfsOptions) -> Result<Geometry> {
     }
     let inodes_per_ag = round_up((ag_blocks * BLOCK_SIZE as u64 / o.bytes_per_inode).clamp(64, u32::MAX as u64 / 2), INODES_PER_BLOCK);
     let orphan_slots_per_ag = round_up((inodes_per_ag / o.inodes_per_orphan_slot).max(1), ORPHAN_SLOTS_PER_BLOCK);
-    let log_blocks = o.log_blocks.unwrap_or((block_count / 32).clamp(512, 65536)).clamp(MIN_LOG_BLOCKS, ag_blocks / 2);
+    // min/max, not clamp: on a device too small for any log, validate() below says so.
+    let log_blocks = o.log_blocks.unwrap_or((block_count / 32).clamp(512, 65536)).min(ag_blocks / 2).max(MIN_LOG_BLOCKS);
     let geo = Geometry { block_count, ag_count, ag_blocks, inodes_per_ag: inodes_per_ag as u32, orphan_slots_per_ag: orphan_slots_per_ag as u32, log_blocks };
-    geo.validate().map_err(|e| {
-        eprintln!("ferrofs mkfs: {}", e);
-        Error::Invalid("device too small for this geometry (see message)")
-    })?;
+    geo.validate().map_err(Error::Geometry)?;
     Ok(geo)
 }
 
@@ -138,4 +139,25 @@ fn write_root(dev: &dyn BlockDevice, geo: &Geometry, o: &MkfsOptions, t: Timespe
     root.encode(ROOT_INO, 0, &mut img);
     dev.write_at(&img, geo.inode_offset(ROOT_INO)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every size, from nothing up to a few AGs, with any AG count, plans or says why: never
+    /// a panic.
+    #[test]
+    fn plan_fails_cleanly_on_small_devices() {
+        for size in (0..4 << 20).step_by(60_000) {
+            for ag_count in [None, Some(1), Some(3), Some(1000)] {
+                let o = MkfsOptions { ag_count, ..MkfsOptions::default() };
+                match plan(size, &o) {
+                    Ok(g) => assert!(g.validate().is_ok() && g.block_count * BLOCK_SIZE as u64 <= size),
+                    Err(e) => assert_eq!(e.errno(), libc::EINVAL, "{e}"),
+                }
+            }
+        }
+        assert!(plan(100 << 10, &MkfsOptions::default()).unwrap_err().to_string().contains("less than one allocation group"));
+    }
 }
