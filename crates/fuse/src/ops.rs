@@ -135,9 +135,23 @@ fn timespec(t: SystemTime) -> Timespec {
     }
 }
 
+/// A time from a request. fuser 0.18 decodes the kernel's (sec, nsec) before 1970 as
+/// `UNIX_EPOCH - Duration::new(-sec, nsec)`, i.e. with the nanoseconds pointing the wrong way
+/// (`utimensat` to -86400 s + 999999999 ns would land on -86401 s + 1 ns). That encoding is
+/// one-to-one, so undo it exactly: `sec = -whole seconds`, `nsec = the fraction`.
+fn request_time(t: SystemTime) -> Timespec {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(_) => timespec(t),
+        Err(e) => {
+            let d = e.duration();
+            Timespec { sec: -i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() }
+        }
+    }
+}
+
 fn time_or_now(t: TimeOrNow) -> ferrofs::TimeOrNow {
     match t {
-        TimeOrNow::SpecificTime(t) => ferrofs::TimeOrNow::Time(timespec(t)),
+        TimeOrNow::SpecificTime(t) => ferrofs::TimeOrNow::Time(request_time(t)),
         TimeOrNow::Now => ferrofs::TimeOrNow::Now,
     }
 }
@@ -194,6 +208,19 @@ fn negative_attr() -> FileAttr {
         blksize: 0,
         flags: 0,
     }
+}
+
+/// The xattr namespaces ferrofs stores. The kernel hands a FUSE server every name, whatever
+/// its prefix (it checks trusted.* privileges and user.* file types itself); a name outside
+/// these is EOPNOTSUPP and a bare prefix EINVAL, as on Linux's local file systems. Without
+/// this check any string became a stored name ("system.foo", "bogus.x").
+fn check_xattr_name(name: &[u8]) -> Res<()> {
+    for prefix in [&b"user."[..], b"trusted.", b"security."] {
+        if name.starts_with(prefix) {
+            return if name.len() > prefix.len() { Ok(()) } else { Err(Errno::EINVAL) };
+        }
+    }
+    Err(Errno::EOPNOTSUPP)
 }
 
 /// Reply to a getxattr/listxattr: size 0 asks for the length, a short buffer is ERANGE.
@@ -272,7 +299,7 @@ impl fuser::Filesystem for FerroFuse {
             size,
             atime: atime.map(time_or_now),
             mtime: mtime.map(time_or_now),
-            ctime: ctime.map(timespec),
+            ctime: ctime.map(request_time),
         };
         match self.call("setattr", |fs| fs.setattr(ino.0, &sa)) {
             Ok(a) => reply.attr(&self.attr_ttl, &file_attr(&a)),
@@ -432,6 +459,9 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        if let Err(e) = check_xattr_name(name.as_bytes()) {
+            return reply.error(e);
+        }
         match self.call("setxattr", |fs| fs.setxattr(ino.0, name.as_bytes(), value, flags as u32)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -439,6 +469,9 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if let Err(e) = check_xattr_name(name.as_bytes()) {
+            return reply.error(e);
+        }
         reply_xattr(reply, size, self.call("getxattr", |fs| fs.getxattr(ino.0, name.as_bytes())));
     }
 
@@ -454,6 +487,9 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if let Err(e) = check_xattr_name(name.as_bytes()) {
+            return reply.error(e);
+        }
         match self.call("removexattr", |fs| fs.removexattr(ino.0, name.as_bytes())) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -538,6 +574,21 @@ mod tests {
         // Out of range for SystemTime: clamped, not a panic.
         let _ = system_time(Timespec { sec: i64::MAX, nsec: u32::MAX });
         let _ = system_time(Timespec { sec: i64::MIN, nsec: 0 });
+    }
+
+    #[test]
+    fn request_times_before_1970_keep_their_nanoseconds() {
+        // What fuser 0.18 hands us for the kernel's (sec, nsec): see `request_time`.
+        let fuser_decoded = |sec: i64, nsec: u32| {
+            if sec >= 0 {
+                UNIX_EPOCH + Duration::new(sec as u64, nsec)
+            } else {
+                UNIX_EPOCH - Duration::new(sec.unsigned_abs(), nsec)
+            }
+        };
+        for (sec, nsec) in [(-86_400i64, 999_999_999u32), (-1, 1), (-1, 0), (-5, 500_000_000), (0, 7), (1_700_000_000, 123)] {
+            assert_eq!(request_time(fuser_decoded(sec, nsec)), Timespec { sec, nsec });
+        }
     }
 
     #[test]

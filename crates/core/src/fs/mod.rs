@@ -175,6 +175,11 @@ impl FileSystem {
         }
         if let Some(m) = sa.mtime {
             nd.mtime = m.resolve(t);
+        } else if sa.size.is_some() {
+            // truncate(2) marks mtime even when the size does not change (as Linux's local
+            // file systems do), and open(O_TRUNC) of an existing file must: FUSE sends that
+            // as a bare size change and leaves the time to us.
+            nd.mtime = t;
         }
         nd.ctime = sa.ctime.unwrap_or(t);
         let mut tx = Tx::new(&self.m)?;
