@@ -537,6 +537,11 @@ impl FileSystem {
                 if !npd.is_dir() {
                     return Err(Error::NotDir);
                 }
+                // A removed directory that is still open takes no new entries (Linux:
+                // IS_DEADDIR); an entry there would leak with the directory.
+                if npd.nlink == 0 {
+                    return Err(Error::NotFound);
+                }
                 match dir::lookup(&self.m, newparent, &npd, newname)? {
                     Some(e) => Some(self.m.iget(e.ino)?),
                     None => None,
@@ -562,7 +567,12 @@ impl FileSystem {
             let mut set = vec![&op, &np, &src];
             set.extend(dst.as_ref());
             let mut l = Locked::new(&set);
-            if !self.still_points(oldparent, l.get(oldparent), oldname, Some(src.ino))? || !self.still_points(newparent, l.get(newparent), newname, dst.as_ref().map(|d| d.ino))? {
+            // Retry if a name changed or the new parent was removed meanwhile (the retry
+            // then reports ENOENT for it).
+            if !self.still_points(oldparent, l.get(oldparent), oldname, Some(src.ino))?
+                || !self.still_points(newparent, l.get(newparent), newname, dst.as_ref().map(|d| d.ino))?
+                || l.get(newparent).nlink == 0
+            {
                 continue;
             }
             self.rename_locked(&mut l, [&op, &np, &src], dst.as_ref(), oldname, newname, flags)?;
