@@ -10,7 +10,7 @@
 use crate::buf::BufRef;
 use crate::cache::BufCache;
 use crate::error::{Error, Result};
-use crate::format::{self, AgLayout, Geometry, BITMAP_BITS, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK};
+use crate::format::{self, AgLayout, Geometry, BITMAP_BITS, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK, ROOT_INO};
 use crate::lockstat::{LockClass, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -125,7 +125,17 @@ impl Ag {
             }
         }
         let (block_bitmap, blocks) = load_bitmap(cache, l.block_bitmap, l.block_bitmap_blocks, l.blocks, agno as u64)?;
-        let (inode_bitmap, inodes) = load_bitmap(cache, l.inode_bitmap, l.inode_bitmap_blocks, geo.inodes_per_ag as u64, agno as u64)?;
+        let (inode_bitmap, mut inodes) = load_bitmap(cache, l.inode_bitmap, l.inode_bitmap_blocks, geo.inodes_per_ag as u64, agno as u64)?;
+        if agno == 0 {
+            // Inode 0 ("no inode") and the root are never handed out, whatever the on-disk
+            // bitmap says: trusting a bitmap that marks them free would give a new file the
+            // number 0 or the root's number. The bad bits stay for fsck to report.
+            for idx in [0, format::ino_index(ROOT_INO) as u64] {
+                if !inodes.get(idx) {
+                    inodes.set(idx);
+                }
+            }
+        }
         if (0..l.data_start - l.start).any(|i| !blocks.get(i)) {
             return Err(Error::corrupt("bitmap", l.block_bitmap, "AG metadata blocks marked free"));
         }
