@@ -292,6 +292,34 @@ impl Ag {
         out
     }
 
+    /// The first of `[start, start + len)` (absolute) that the on-disk block bitmap marks
+    /// free, if any. Called under the AG lock (`_s`), before a commit frees the range.
+    pub fn first_disk_free(&self, _s: &AgState, start: u64, len: u64) -> Option<u64> {
+        let rel = start - self.layout.start;
+        let mut i = rel;
+        while i < rel + len {
+            let n = (BITMAP_BITS - i % BITMAP_BITS).min(rel + len - i);
+            let (bi, _, _) = disk_bit(&self.block_bitmap, i);
+            let d = self.block_bitmap[bi].read();
+            if let Some(free) = (i..i + n).find(|&j| {
+                let (_, byte, mask) = disk_bit(&self.block_bitmap, j);
+                d[byte] & mask == 0
+            }) {
+                return Some(self.layout.start + free);
+            }
+            i += n;
+        }
+        None
+    }
+
+    /// The on-disk bitmap block holding absolute block `blkno`'s bit (for error reports).
+    pub fn block_bitmap_blkno(&self, blkno: u64) -> u64 {
+        self.block_bitmap[disk_bit(&self.block_bitmap, blkno - self.layout.start).0].blkno
+    }
+
+    /// Flip bits that are known to hold the opposite value: allocations come from the
+    /// in-memory map, which marks everything the disk does, and a commit checks the blocks
+    /// it frees first (`Tx::check_frees`).
     fn set_disk_bits(bufs: &[BufRef], first: u64, n: u64, used: bool) -> BufRef {
         let (bi, _, _) = disk_bit(bufs, first);
         let mut d = bufs[bi].write();

@@ -501,7 +501,6 @@ fn damaged_metadata_gives_clean_errors() {
         assert!(u.mounted && u.errors.is_empty() && u.unclean.is_empty() && u.mutation.is_empty(), "the {name} image: {u:?}");
     }
     let mut failures = Vec::new();
-    let mut known = Vec::new();
     let mut cases = 0;
     let mut mounts = 0;
     for (ti, t) in targets().into_iter().enumerate() {
@@ -517,7 +516,6 @@ fn damaged_metadata_gives_clean_errors() {
             cases += 1;
             let what = format!("{} ({damage:?}, case seed {case_seed})", t.name);
             match r {
-                Err(e) if known_bug(&e) => known.push(format!("{what}: {e}")),
                 Err(e) => failures.push(format!("{what}: {e}")),
                 Ok(u) => {
                     mounts += u.mounted as usize;
@@ -532,10 +530,7 @@ fn damaged_metadata_gives_clean_errors() {
             }
         }
     }
-    println!("{cases} damaged images, {mounts} mounted; {} failures, {} more from known engine bugs", failures.len(), known.len());
-    for k in &known {
-        println!("known engine bug: {k}");
-    }
+    println!("{cases} damaged images, {mounts} mounted; {} failures", failures.len());
     assert!(failures.is_empty(), "CORRUPT_SEED={seed}: {} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
@@ -781,16 +776,6 @@ fn regression_corrupt_inode_blocks_count() {
     with_inode_field(FRAG, 56, 1).unwrap();
 }
 
-/// A failure that a known engine bug explains, while the engine still has it (checked
-/// once per bug): the sweep lists those separately instead of failing on them.
-fn known_bug(failure: &str) -> bool {
-    static BLOCK_BITMAP: OnceLock<bool> = OnceLock::new();
-    if failure.contains("on-disk bit") || failure.contains("already clear") || failure.contains("already set") {
-        return *BLOCK_BITMAP.get_or_init(|| block_bitmap_repro().is_err());
-    }
-    false
-}
-
 /// The clean image with bit `bit` of AG `agno`'s block (`inode == false`) or inode bitmap
 /// cleared, the block re-sealed.
 fn with_bit_cleared(inode: bool, agno: u32, bit: u64) -> MemDevice {
@@ -845,14 +830,14 @@ fn inode_bitmap_repro(bit: u64) -> std::result::Result<Vec<u64>, String> {
     .and_then(|r| r)
 }
 
-/// Ag::load trusts the block bitmap: a data block marked free (with a valid checksum) is
-/// freed again when its file goes: a debug assertion fires (ag.rs, "on-disk bit N already
-/// false"); in release builds the allocator can hand the block to another file meanwhile
-/// (cross-linked data). The free path should report corruption (and shut down) instead.
+/// Ag::load trusts the block bitmap: a data block marked free (with a valid checksum) used
+/// to be freed again when its file went: a debug assertion fired (ag.rs, "on-disk bit N
+/// already false"); in release builds the allocator could then hand the block out twice.
+/// The commit that frees it reports corruption and the file system shuts down instead.
 #[test]
-#[ignore = "engine bug: a block marked free on disk but in use trips a debug assertion (cross-link in release)"]
 fn regression_block_bitmap_bit_cleared() {
-    block_bitmap_repro().unwrap();
+    let errors = block_bitmap_repro().unwrap();
+    assert!(errors.first().is_some_and(|e| e.starts_with("unlink: corrupt block bitmap")), "the double free went unnoticed: {errors:?}");
 }
 
 /// An inode bitmap that marks inode 0 (never used) or the root free: create used to hand
