@@ -10,7 +10,7 @@
 use crate::buf::BufRef;
 use crate::cache::BufCache;
 use crate::error::{Error, Result};
-use crate::format::{self, AgLayout, Geometry, BITMAP_BITS, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK};
+use crate::format::{self, AgLayout, Geometry, BITMAP_BITS, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK, ROOT_INO};
 use crate::lockstat::{LockClass, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -125,7 +125,17 @@ impl Ag {
             }
         }
         let (block_bitmap, blocks) = load_bitmap(cache, l.block_bitmap, l.block_bitmap_blocks, l.blocks, agno as u64)?;
-        let (inode_bitmap, inodes) = load_bitmap(cache, l.inode_bitmap, l.inode_bitmap_blocks, geo.inodes_per_ag as u64, agno as u64)?;
+        let (inode_bitmap, mut inodes) = load_bitmap(cache, l.inode_bitmap, l.inode_bitmap_blocks, geo.inodes_per_ag as u64, agno as u64)?;
+        if agno == 0 {
+            // Inode 0 ("no inode") and the root are never handed out, whatever the on-disk
+            // bitmap says: trusting a bitmap that marks them free would give a new file the
+            // number 0 or the root's number. The bad bits stay for fsck to report.
+            for idx in [0, format::ino_index(ROOT_INO) as u64] {
+                if !inodes.get(idx) {
+                    inodes.set(idx);
+                }
+            }
+        }
         if (0..l.data_start - l.start).any(|i| !blocks.get(i)) {
             return Err(Error::corrupt("bitmap", l.block_bitmap, "AG metadata blocks marked free"));
         }
@@ -282,6 +292,34 @@ impl Ag {
         out
     }
 
+    /// The first of `[start, start + len)` (absolute) that the on-disk block bitmap marks
+    /// free, if any. Called under the AG lock (`_s`), before a commit frees the range.
+    pub fn first_disk_free(&self, _s: &AgState, start: u64, len: u64) -> Option<u64> {
+        let rel = start - self.layout.start;
+        let mut i = rel;
+        while i < rel + len {
+            let n = (BITMAP_BITS - i % BITMAP_BITS).min(rel + len - i);
+            let (bi, _, _) = disk_bit(&self.block_bitmap, i);
+            let d = self.block_bitmap[bi].read();
+            if let Some(free) = (i..i + n).find(|&j| {
+                let (_, byte, mask) = disk_bit(&self.block_bitmap, j);
+                d[byte] & mask == 0
+            }) {
+                return Some(self.layout.start + free);
+            }
+            i += n;
+        }
+        None
+    }
+
+    /// The on-disk bitmap block holding absolute block `blkno`'s bit (for error reports).
+    pub fn block_bitmap_blkno(&self, blkno: u64) -> u64 {
+        self.block_bitmap[disk_bit(&self.block_bitmap, blkno - self.layout.start).0].blkno
+    }
+
+    /// Flip bits that are known to hold the opposite value: allocations come from the
+    /// in-memory map, which marks everything the disk does, and a commit checks the blocks
+    /// it frees first (`Tx::check_frees`).
     fn set_disk_bits(bufs: &[BufRef], first: u64, n: u64, used: bool) -> BufRef {
         let (bi, _, _) = disk_bit(bufs, first);
         let mut d = bufs[bi].write();

@@ -18,7 +18,8 @@ fn decode_value(m: &Mount, ino: u64, lblk: u64, v: &[u8]) -> Result<Extent> {
         return Err(Error::corrupt("extent", ino, format!("value of {} bytes", v.len())));
     }
     let e = Extent::unpack(lblk, get_u64(v, 0));
-    if e.len == 0 || !m.geo.is_data_range(e.pblk, e.len as u64) || e.end() > MAX_FILE_BLOCKS {
+    // `lblk` is a key from disk: compare without computing `end()`, which could overflow.
+    if e.len == 0 || !m.geo.is_data_range(e.pblk, e.len as u64) || e.lblk > MAX_FILE_BLOCKS - e.len as u64 {
         return Err(Error::corrupt("extent", ino, format!("{:?} outside the data area", e)));
     }
     Ok(e)

@@ -6,7 +6,7 @@
 
 use crate::cache::ShardedMap;
 use crate::dev::BlockDevice;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::{DiskInode, Geometry, INODE_SIZE};
 use crate::lockstat::{LockClass, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
@@ -81,6 +81,7 @@ impl InodeCache {
         let mut img = [0u8; INODE_SIZE];
         dev.read_at(&mut img, geo.inode_offset(ino)?)?;
         let di = DiskInode::decode(&img, ino, geo)?;
+        di.check_counts(geo).map_err(|d| Error::corrupt("inode", ino, d))?;
         Ok(self.map.get_or_insert(ino, Inode::new(ino, di)))
     }
 

@@ -19,6 +19,8 @@ use crate::format::{ino_ag, ino_index, make_ino, DiskInode, INODE_SIZE};
 use crate::inode::InodeRef;
 use crate::journal::BusyExtent;
 use crate::mount::Mount;
+use crate::ag::AgState;
+use crate::lockstat::MutexGuard;
 use smallvec::SmallVec;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,6 +184,44 @@ impl<'m> Tx<'m> {
         }
     }
 
+    /// Every block this transaction frees must be in use at that point: allocated earlier in
+    /// the transaction, or else marked used on disk. A block the disk already calls free is
+    /// referenced by a corrupt structure or lost from a corrupt bitmap; freeing it again
+    /// would let the allocator hand it to two owners. Checked under the AG locks before any
+    /// bit changes, so a failing commit changes no bitmap (and, having changed other
+    /// metadata, shuts the file system down when dropped, as XFS does on corruption).
+    fn check_frees(&self, guards: &[(u32, MutexGuard<'_, AgState>)]) -> Result<()> {
+        let m = self.m;
+        for (at, op) in self.ops.iter().enumerate() {
+            let AgOp::BlockFree { start, len, .. } = *op else { continue };
+            // The state of each block as the ops before this one left it: the last of them
+            // that touched it decides, the on-disk bit otherwise.
+            let earlier = &self.ops[..at];
+            let touched = |b: u64| {
+                earlier.iter().rev().find_map(|o| match *o {
+                    AgOp::BlockAlloc { start, len } if (start..start + len).contains(&b) => Some(true),
+                    AgOp::BlockFree { start, len, .. } if (start..start + len).contains(&b) => Some(false),
+                    _ => None,
+                })
+            };
+            let overlaps = earlier.iter().any(|o| match *o {
+                AgOp::BlockAlloc { start: s, len: l } | AgOp::BlockFree { start: s, len: l, .. } => s < start + len && start < s + l,
+                _ => false,
+            });
+            let ag = &m.ags[op.agno(m) as usize];
+            let g = &guards.iter().find(|(a, _)| *a == op.agno(m)).unwrap().1;
+            let free = if overlaps {
+                (start..start + len).find(|&b| !touched(b).unwrap_or_else(|| ag.first_disk_free(g, b, 1).is_none()))
+            } else {
+                ag.first_disk_free(g, start, len)
+            };
+            if let Some(b) = free {
+                return Err(Error::corrupt("block bitmap", ag.block_bitmap_blkno(b), format!("block {b} is being freed but is marked free")));
+            }
+        }
+        Ok(())
+    }
+
     /// Apply the AG operations to the on-disk bitmaps and insert everything into the CIL,
     /// atomically. Returns the CIL sequence that holds the change.
     pub fn commit(mut self) -> Result<u64> {
@@ -191,6 +231,7 @@ impl<'m> Tx<'m> {
         agnos.sort_unstable();
         agnos.dedup();
         let mut guards: SmallVec<[_; 4]> = agnos.iter().map(|&a| (a, m.ags[a as usize].lock())).collect();
+        self.check_frees(&guards)?;
         let mut bufs = std::mem::take(&mut self.bufs);
         let mut busy: SmallVec<[BusyExtent; 2]> = SmallVec::new();
         let mut revoked: SmallVec<[u64; 2]> = SmallVec::new();

@@ -501,7 +501,6 @@ fn damaged_metadata_gives_clean_errors() {
         assert!(u.mounted && u.errors.is_empty() && u.unclean.is_empty() && u.mutation.is_empty(), "the {name} image: {u:?}");
     }
     let mut failures = Vec::new();
-    let mut known = Vec::new();
     let mut cases = 0;
     let mut mounts = 0;
     for (ti, t) in targets().into_iter().enumerate() {
@@ -517,7 +516,6 @@ fn damaged_metadata_gives_clean_errors() {
             cases += 1;
             let what = format!("{} ({damage:?}, case seed {case_seed})", t.name);
             match r {
-                Err(e) if known_bug(&e) => known.push(format!("{what}: {e}")),
                 Err(e) => failures.push(format!("{what}: {e}")),
                 Ok(u) => {
                     mounts += u.mounted as usize;
@@ -532,10 +530,7 @@ fn damaged_metadata_gives_clean_errors() {
             }
         }
     }
-    println!("{cases} damaged images, {mounts} mounted; {} failures, {} more from known engine bugs", failures.len(), known.len());
-    for k in &known {
-        println!("known engine bug: {k}");
-    }
+    println!("{cases} damaged images, {mounts} mounted; {} failures", failures.len());
     assert!(failures.is_empty(), "CORRUPT_SEED={seed}: {} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
@@ -742,12 +737,12 @@ fn failed_writes_during_recovery_leave_a_recoverable_image() {
 // Regressions
 // ---------------------------------------------------------------------------------------
 
-/// The clean image with one field of /a/small's on-disk inode set to `value` (the inode's
-/// checksum made valid again), then mounted, walked, and /a/small truncated to 0.
-fn with_inode_field(off: usize, value: u64) -> std::result::Result<Use, String> {
+/// The clean image with one field of the on-disk inode of `path` set to `value` (the inode's
+/// checksum made valid again), then mounted, walked, and `path` truncated to 0.
+fn with_inode_field(path: &'static str, off: usize, value: u64) -> std::result::Result<Use, String> {
     let dev = images().clean.snapshot();
     let geo = ferrofs::mount::read_superblock(&dev).unwrap().geo;
-    let at = geo.inode_offset(ino_at(&dev, "/a/small")).unwrap();
+    let at = geo.inode_offset(ino_at(&dev, path)).unwrap();
     let mut img = [0u8; INODE_SIZE];
     dev.read_at(&mut img, at).unwrap();
     format::put_u64(&mut img, off, value);
@@ -759,7 +754,7 @@ fn with_inode_field(off: usize, value: u64) -> std::result::Result<Use, String> 
         if let Some(fs) = u.note("mount", mount(Arc::new(dev))) {
             u.mounted = true;
             walk(&fs, &mut u);
-            let truncated = fs.resolve("/a/small").and_then(|a| fs.setattr(a.ino, &SetAttr { size: Some(0), ..Default::default() }));
+            let truncated = fs.resolve(path).and_then(|a| fs.setattr(a.ino, &SetAttr { size: Some(0), ..Default::default() }));
             if let Err(e) = truncated {
                 u.mutation.push(format!("truncate: {e}"));
             }
@@ -768,38 +763,17 @@ fn with_inode_field(off: usize, value: u64) -> std::result::Result<Use, String> 
     })
 }
 
-/// `DiskInode::decode` accepts any `blocks` count (offset 56). Too large, and getattr's
-/// `Attr::from_inode` multiplies it by 8: "attempt to multiply with overflow" (fs/types.rs);
-/// too small for the file's extents, and freeing them (truncate, unlink) does
+/// `DiskInode::decode` used to accept any `blocks` count (offset 56). Too large, and
+/// getattr's `Attr::from_inode` multiplied it by 8: "attempt to multiply with overflow"
+/// (fs/types.rs); too small for the file's extents, and freeing them (truncate, unlink) did
 /// `nd.blocks -= len`: "attempt to subtract with overflow" (fs/mod.rs, `unmap_from`). In
-/// release builds both wrap silently.
+/// release builds both wrapped silently. An extent B+tree's blocks are not counted when the
+/// inode is loaded, so /a/frag's count of 1 is found only when truncating.
 #[test]
-#[ignore = "engine bug: a corrupt inode blocks count panics getattr and truncate (arithmetic overflow)"]
 fn regression_corrupt_inode_blocks_count() {
-    with_inode_field(56, 1 << 62).unwrap();
-    with_inode_field(56, 0).unwrap();
-}
-
-/// A failure that a known engine bug explains, while the engine still has it (checked
-/// once per bug): the sweep lists those separately instead of failing on them.
-fn known_bug(failure: &str) -> bool {
-    static BLOCKS_TOO_LARGE: OnceLock<bool> = OnceLock::new();
-    static BLOCKS_TOO_SMALL: OnceLock<bool> = OnceLock::new();
-    static BLOCK_BITMAP: OnceLock<bool> = OnceLock::new();
-    static INODE_BITMAP: OnceLock<bool> = OnceLock::new();
-    if failure.contains("fs/types.rs") && failure.contains("multiply with overflow") {
-        return *BLOCKS_TOO_LARGE.get_or_init(|| with_inode_field(56, 1 << 62).is_err());
-    }
-    if failure.contains("fs/mod.rs") && failure.contains("subtract with overflow") {
-        return *BLOCKS_TOO_SMALL.get_or_init(|| with_inode_field(56, 0).is_err());
-    }
-    if failure.contains("on-disk bit") || failure.contains("already clear") || failure.contains("already set") {
-        return *BLOCK_BITMAP.get_or_init(|| block_bitmap_repro().is_err());
-    }
-    if failure.contains("mkfs marks inode 0 used") || failure.contains("allocated while cached") {
-        return *INODE_BITMAP.get_or_init(|| inode_bitmap_repro(0).is_err() || inode_bitmap_repro(1).is_err());
-    }
-    false
+    with_inode_field("/a/small", 56, 1 << 62).unwrap();
+    with_inode_field("/a/small", 56, 0).unwrap();
+    with_inode_field(FRAG, 56, 1).unwrap();
 }
 
 /// The clean image with bit `bit` of AG `agno`'s block (`inode == false`) or inode bitmap
@@ -856,22 +830,21 @@ fn inode_bitmap_repro(bit: u64) -> std::result::Result<Vec<u64>, String> {
     .and_then(|r| r)
 }
 
-/// Ag::load trusts the block bitmap: a data block marked free (with a valid checksum) is
-/// freed again when its file goes: a debug assertion fires (ag.rs, "on-disk bit N already
-/// false"); in release builds the allocator can hand the block to another file meanwhile
-/// (cross-linked data). The free path should report corruption (and shut down) instead.
+/// Ag::load trusts the block bitmap: a data block marked free (with a valid checksum) used
+/// to be freed again when its file went: a debug assertion fired (ag.rs, "on-disk bit N
+/// already false"); in release builds the allocator could then hand the block out twice.
+/// The commit that frees it reports corruption and the file system shuts down instead.
 #[test]
-#[ignore = "engine bug: a block marked free on disk but in use trips a debug assertion (cross-link in release)"]
 fn regression_block_bitmap_bit_cleared() {
-    block_bitmap_repro().unwrap();
+    let errors = block_bitmap_repro().unwrap();
+    assert!(errors.first().is_some_and(|e| e.starts_with("unlink: corrupt block bitmap")), "the double free went unnoticed: {errors:?}");
 }
 
-/// Ag::load checks that AG metadata blocks are marked used, but not that inode 0 (never
-/// used) and the root are: with either bit cleared, create hands out inode 0 ("mkfs marks
-/// inode 0 used" debug assertion in trans.rs; "no inode" in release) or the root's number
-/// (its cached inode is replaced: "allocated while cached").
+/// An inode bitmap that marks inode 0 (never used) or the root free: create used to hand
+/// out inode 0 ("mkfs marks inode 0 used" debug assertion in trans.rs; "no inode" in
+/// release) or the root's number (its cached inode was replaced: "allocated while cached").
+/// The allocator must treat both as used whatever the bitmap says.
 #[test]
-#[ignore = "engine bug: an inode bitmap with inode 0 or the root marked free hands out those numbers"]
 fn regression_inode_bitmap_reserved_inodes() {
     inode_bitmap_repro(0).unwrap();
     inode_bitmap_repro(1).unwrap();

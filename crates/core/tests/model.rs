@@ -948,9 +948,6 @@ impl Harness {
             }
             Rename { from, to, flags } => {
                 let (Some((om, oino, old)), Some((nm, nino, new))) = (self.entry(from), self.entry(to)) else { return };
-                if self.model.nodes[nm].links == 0 && self.known_bug(RENAME_INTO_REMOVED_DIR) {
-                    return;
-                }
                 let src = self.model.nodes[om].entries.get(old.as_bytes());
                 let noop = src.is_some() && src == self.model.nodes[nm].entries.get(new.as_bytes());
                 let exp = self.model.rename(om, &old, nm, &new, flags);
@@ -1367,11 +1364,10 @@ fn known_bug(repro: &'static [Op]) -> bool {
     present
 }
 
-/// rename(2) into a directory that was removed while open succeeds; Linux says ENOENT
-/// (may_create: IS_DEADDIR), and the engine itself refuses create and link there
-/// (`nlink == 0`), but `rename` never checks. The entry lands in the dead directory: when
-/// its last handle goes, fsck finds the file's inode and data and the directory's B+tree
-/// block leaked.
+/// rename(2) into a directory that was removed while open must fail with ENOENT, as
+/// Linux does (may_create: IS_DEADDIR) and as create and link there do. The engine used to
+/// let it succeed: the entry landed in the dead directory, and when its last handle went,
+/// fsck found the file's inode and data and the directory's B+tree block leaked.
 const RENAME_INTO_REMOVED_DIR: &[Op] = &[
     Mkdir { at: In(D("/"), "d") },
     Create { at: In(D("/"), "f") },
@@ -1381,7 +1377,6 @@ const RENAME_INTO_REMOVED_DIR: &[Op] = &[
 ];
 
 #[test]
-#[ignore = "engine bug: rename into a removed (open) directory succeeds instead of ENOENT"]
 fn regression_rename_into_removed_dir() {
     run_exact(RENAME_INTO_REMOVED_DIR);
 }

@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::error::{Error, Result};
+use crate::file::MAX_FILE_BLOCKS;
+use crate::fs::LINK_MAX;
 
 pub const INODE_SIZE: usize = 256;
 pub const MAGIC_INODE: u16 = 0x4e49; // "IN"
@@ -140,6 +142,20 @@ impl DiskInode {
     }
     pub fn is_symlink(&self) -> bool {
         self.mode & S_IFMT == S_IFLNK
+    }
+
+    /// Count `delta` blocks gained (B+tree nodes, mapped extents) or given back. The count
+    /// comes from disk, so one that would drop below zero is corruption of inode `ino`.
+    pub fn add_blocks(&mut self, ino: u64, delta: i64) -> Result<()> {
+        self.blocks = self.blocks.checked_add_signed(delta).ok_or_else(|| Error::corrupt("inode", ino, format!("block count {} cannot change by {}", self.blocks, delta)))?;
+        Ok(())
+    }
+
+    /// One link fewer (a subdirectory's ".." going away). A directory with subdirectories has
+    /// at least three links, so running out is corruption of inode `ino`.
+    pub fn drop_dir_link(&mut self, ino: u64) -> Result<()> {
+        self.nlink = self.nlink.checked_sub(1).ok_or_else(|| Error::corrupt("inode", ino, "link count below its subdirectories"))?;
+        Ok(())
     }
 
     pub fn encode(&self, ino: u64, lsn: u64, out: &mut [u8; INODE_SIZE]) {
@@ -282,7 +298,8 @@ impl DiskInode {
         if let Fork::Extents { n, ext } = &self.fork {
             let mut prev_end = 0u64;
             for e in &ext[..*n as usize] {
-                if e.len == 0 || e.lblk < prev_end || !geo.is_data_range(e.pblk, e.len as u64) {
+                // `lblk` is untrusted: compare without computing `end()`, which could overflow.
+                if e.len == 0 || e.lblk < prev_end || e.lblk > MAX_FILE_BLOCKS - e.len as u64 || !geo.is_data_range(e.pblk, e.len as u64) {
                     return Err(format!("bad extent {:?}", e));
                 }
                 prev_end = e.end();
@@ -311,6 +328,30 @@ impl DiskInode {
         }
         if self.atime.nsec >= 1_000_000_000 || self.mtime.nsec >= 1_000_000_000 || self.ctime.nsec >= 1_000_000_000 {
             return Err("nanoseconds out of range".into());
+        }
+        Ok(())
+    }
+
+    /// Bounds on the counts the engine does arithmetic on, checked when it loads an inode:
+    /// `blocks` by the device, and from below by the inline extents it includes; `size` by
+    /// the largest file; `nlink` by the limit every call that adds a link enforces. Not part
+    /// of `check_shape`, because fsck decodes inodes whose counts are wrong in order to
+    /// recount and fix them.
+    pub fn check_counts(&self, geo: &Geometry) -> std::result::Result<(), String> {
+        if self.blocks > geo.block_count {
+            return Err(format!("block count {} larger than the device", self.blocks));
+        }
+        if let Fork::Extents { n, ext } = &self.fork {
+            let mapped: u64 = ext[..*n as usize].iter().map(|e| e.len as u64).sum();
+            if mapped > self.blocks {
+                return Err(format!("block count {} below the {} blocks of its extents", self.blocks, mapped));
+            }
+        }
+        if self.size > MAX_FILE_BLOCKS * BLOCK_SIZE as u64 {
+            return Err(format!("size {} out of range", self.size));
+        }
+        if self.nlink > LINK_MAX {
+            return Err(format!("link count {} out of range", self.nlink));
         }
         Ok(())
     }

@@ -275,7 +275,7 @@ impl FileSystem {
         let goal = self.dir_goal(parent, &pd);
         let mut s = TxStore::new(&mut tx, parent, goal);
         dir::insert(&mut s, parent, &mut pd, name, ino, ftype_of(mode))?;
-        pd.blocks = pd.blocks.wrapping_add_signed(s.blocks);
+        pd.add_blocks(parent, s.blocks)?;
         if is_dir {
             di.nlink = 2;
             di.parent = parent;
@@ -334,7 +334,7 @@ impl FileSystem {
         let goal = self.dir_goal(newparent, &npd);
         let mut s = TxStore::new(&mut tx, newparent, goal);
         dir::insert(&mut s, newparent, &mut npd, newname, ino, ftype_of(nd.mode))?;
-        npd.blocks = npd.blocks.wrapping_add_signed(s.blocks);
+        npd.add_blocks(newparent, s.blocks)?;
         let t = now();
         nd.nlink += 1;
         nd.ctime = t;
@@ -402,9 +402,9 @@ impl FileSystem {
             let freed = self.drop_link(&mut tx, &c, &mut cd, t)?;
             let mut s = TxStore::new(&mut tx, parent, 0);
             dir::remove(&mut s, parent, &mut pd, name)?;
-            pd.blocks = pd.blocks.wrapping_add_signed(s.blocks);
+            pd.add_blocks(parent, s.blocks)?;
             if want_dir {
-                pd.nlink -= 1;
+                pd.drop_dir_link(parent)?;
             }
             pd.mtime = t;
             pd.ctime = t;
@@ -503,9 +503,9 @@ impl FileSystem {
         let tree_delta = s.blocks;
         for p in &pieces {
             tx.free_blocks(p.pblk, p.len as u64, false);
-            nd.blocks -= p.len as u64;
         }
-        nd.blocks = nd.blocks.wrapping_add_signed(tree_delta);
+        let unmapped: i64 = pieces.iter().map(|p| p.len as i64).sum();
+        nd.add_blocks(ino, tree_delta - unmapped)?;
         Ok(done)
     }
 
@@ -542,6 +542,11 @@ impl FileSystem {
                 if !npd.is_dir() {
                     return Err(Error::NotDir);
                 }
+                // A removed directory that is still open takes no new entries (Linux:
+                // IS_DEADDIR); an entry there would leak with the directory.
+                if npd.nlink == 0 {
+                    return Err(Error::NotFound);
+                }
                 match dir::lookup(&self.m, newparent, &npd, newname)? {
                     Some(e) => Some(self.m.iget(e.ino)?),
                     None => None,
@@ -567,7 +572,12 @@ impl FileSystem {
             let mut set = vec![&op, &np, &src];
             set.extend(dst.as_ref());
             let mut l = Locked::new(&set);
-            if !self.still_points(oldparent, l.get(oldparent), oldname, Some(src.ino))? || !self.still_points(newparent, l.get(newparent), newname, dst.as_ref().map(|d| d.ino))? {
+            // Retry if a name changed or the new parent was removed meanwhile (the retry
+            // then reports ENOENT for it).
+            if !self.still_points(oldparent, l.get(oldparent), oldname, Some(src.ino))?
+                || !self.still_points(newparent, l.get(newparent), newname, dst.as_ref().map(|d| d.ino))?
+                || l.get(newparent).nlink == 0
+            {
                 continue;
             }
             self.rename_locked(&mut l, [&op, &np, &src], dst.as_ref(), oldname, newname, flags)?;
@@ -599,7 +609,8 @@ impl FileSystem {
         let (opi, npi) = (op.ino, np.ino);
         let mut sd = l.get(src.ino).clone();
         let mut dd = dst.map(|d| l.get(d.ino).clone());
-        if let (Some(d), false) = (&dd, flags & RENAME_EXCHANGE != 0) {
+        let exchange = flags & RENAME_EXCHANGE != 0;
+        if let (Some(d), false) = (&dd, exchange) {
             match (sd.is_dir(), d.is_dir()) {
                 (true, false) => return Err(Error::NotDir),
                 (false, true) => return Err(Error::IsDir),
@@ -607,12 +618,19 @@ impl FileSystem {
                 _ => {}
             }
         }
+        // A directory moving to another parent adds a link there (and, exchanged with a
+        // file, to the old parent): refuse past the limit before anything changes.
+        let dst_dir = dd.as_ref().is_some_and(DiskInode::is_dir);
+        let new_gains = sd.is_dir() && !dst_dir;
+        let old_gains = exchange && dst_dir && !sd.is_dir();
+        if opi != npi && ((new_gains && l.get(npi).nlink >= LINK_MAX) || (old_gains && l.get(opi).nlink >= LINK_MAX)) {
+            return Err(Error::TooManyLinks);
+        }
         let t = now();
         let mut tx = Tx::new(&self.m)?;
         tx.reserve(ino_ag(npi), dir::INSERT_RESERVE)?;
         let mut opd = l.get(opi).clone();
         let mut npd = if opi == npi { None } else { Some(l.get(npi).clone()) };
-        let exchange = flags & RENAME_EXCHANGE != 0;
         let mut freed = false;
         {
             let goal = self.dir_goal(opi, &opd);
@@ -624,7 +642,7 @@ impl FileSystem {
             } else {
                 dir::remove(&mut s, opi, &mut opd, oldname)?;
             }
-            opd.blocks = opd.blocks.wrapping_add_signed(s.blocks);
+            opd.add_blocks(opi, s.blocks)?;
         }
         {
             let target = npd.as_mut().unwrap_or(&mut opd);
@@ -634,21 +652,26 @@ impl FileSystem {
                 Some(e) => dir::retarget(&mut s, target, &e, src.ino, ftype_of(sd.mode))?,
                 None => dir::insert(&mut s, npi, target, newname, src.ino, ftype_of(sd.mode))?,
             }
-            target.blocks = target.blocks.wrapping_add_signed(s.blocks);
+            target.add_blocks(npi, s.blocks)?;
         }
         if let (Some(d), Some(npd)) = (dd.as_mut(), npd.as_mut()) {
             if exchange && d.is_dir() != sd.is_dir() {
-                // A directory moved each way: parent link counts follow it.
-                let (to_new, to_old) = if sd.is_dir() { (1i32, -1i32) } else { (-1, 1) };
-                npd.nlink = npd.nlink.wrapping_add_signed(to_new);
-                opd.nlink = opd.nlink.wrapping_add_signed(to_old);
+                // A directory moved each way: parent link counts follow it (the gaining
+                // parent's limit was checked before the transaction).
+                if sd.is_dir() {
+                    npd.nlink += 1;
+                    opd.drop_dir_link(opi)?;
+                } else {
+                    opd.nlink += 1;
+                    npd.drop_dir_link(npi)?;
+                }
             }
         }
         if sd.is_dir() && opi != npi {
             sd.parent = npi;
             let replaced_dir = dd.as_ref().is_some_and(|d| d.is_dir() && !exchange);
             if !exchange {
-                opd.nlink -= 1;
+                opd.drop_dir_link(opi)?;
                 if !replaced_dir {
                     npd.as_mut().unwrap().nlink += 1;
                 }
@@ -663,7 +686,7 @@ impl FileSystem {
                 tx.log_inode(dst.unwrap(), d, false);
             } else {
                 if d.is_dir() && opi == npi {
-                    opd.nlink -= 1;
+                    opd.drop_dir_link(opi)?;
                 }
                 freed = self.drop_link(&mut tx, dst.unwrap(), d, t)?;
             }
@@ -829,10 +852,10 @@ impl FileSystem {
         for (lo, hi) in to_convert {
             let mut s = TxStore::new(tx, i.ino, 0);
             let (pieces, _) = file::unmap(&mut s, &self.m, i.ino, nd, lo, hi, usize::MAX)?;
-            nd.blocks = nd.blocks.wrapping_add_signed(s.blocks);
+            nd.add_blocks(i.ino, s.blocks)?;
             for p in pieces {
                 self.write_span(data, off, p.lblk, p.end(), p.pblk, true)?;
-                nd.blocks -= p.len as u64;
+                nd.add_blocks(i.ino, -(p.len as i64))?;
                 new_maps.push(Extent { unwritten: false, ..p });
             }
         }
@@ -859,7 +882,7 @@ impl FileSystem {
     fn map_extent(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode, e: Extent) -> Result<()> {
         let mut s = TxStore::new(tx, ino, e.pblk);
         file::map(&mut s, &self.m, ino, nd, e)?;
-        nd.blocks = nd.blocks.wrapping_add_signed(s.blocks);
+        nd.add_blocks(ino, s.blocks)?;
         Ok(())
     }
 
@@ -1030,7 +1053,7 @@ impl FileSystem {
         let goal = if nd.xattr_root != 0 { nd.xattr_root } else { self.m.geo.ag_layout(ino_ag(ino)).data_start };
         let mut s = TxStore::new(&mut tx, ino, goal);
         f(&mut s, &mut nd)?;
-        nd.blocks = nd.blocks.wrapping_add_signed(s.blocks);
+        nd.add_blocks(ino, s.blocks)?;
         nd.ctime = now();
         tx.log_inode(&i, &nd, false);
         tx.commit()?;
