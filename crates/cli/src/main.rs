@@ -6,6 +6,7 @@ mod fsck;
 mod geometry;
 mod image;
 mod info;
+mod lockstat;
 mod mkfs;
 mod mount;
 mod progress;
@@ -34,6 +35,8 @@ enum Command {
     Info(info::InfoArgs),
     /// Mount an image through FUSE (foreground unless --daemon).
     Mount(mount::MountArgs),
+    /// Show the lock statistics of a running mount.
+    Lockstat(lockstat::LockstatArgs),
     /// Measure metadata performance: create, stat and remove many files.
     Bench(bench::BenchArgs),
 }
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
         Command::Mkfs(a) => (mkfs::run(a).map(|()| 0), 1),
         Command::Fsck(a) => (fsck::run(a), fsck::EXIT_OPERATIONAL),
         Command::Info(a) => (info::run(a).map(|()| 0), 1),
+        Command::Lockstat(a) => (lockstat::run(a).map(|()| 0), 1),
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
         Command::Bench(a) => (bench::run(a).map(|()| 0), 1),
     };

@@ -100,6 +100,14 @@ fn daemon_mount_serves_until_umount_and_one_writer_per_image() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("already mounted on"), "{}", stderr(&o));
     assert!(!is_mounted(&second_dir));
+    // Lock statistics of the running daemon, through its control socket.
+    let o = run(Command::new(BIN).arg("lockstat").arg(&s.mnt).args(["--top", "50"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.starts_with("class") && table.lines().any(|l| l.starts_with("cil-shard")), "{table}");
+    let o = run(Command::new(BIN).arg("lockstat").arg(&s.mnt).args(["--json", "--reset"]));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("lockstat --json is JSON");
+    assert!(json.as_array().is_some_and(|a| a.iter().any(|c| c["name"] == "ag")), "{json}");
     // Unmount and mount again at once: the new daemon waits for the old one's lock.
     s.umount();
     let o = s.mount(&[]);
@@ -108,6 +116,8 @@ fn daemon_mount_serves_until_umount_and_one_writer_per_image() {
     s.umount();
     s.wait_released();
     s.fsck_clean();
+    let o = run(Command::new(BIN).arg("lockstat").arg(&s.mnt));
+    assert!(!o.status.success() && stderr(&o).contains("is") && stderr(&o).contains("a ferrofs mount?"), "{}", stderr(&o));
 }
 
 #[test]

@@ -48,6 +48,7 @@
 //! 33-35k with `default_permissions` off and 3600 s timeouts — minifuse's settings, and its
 //! 31-40k files/s.
 
+mod control;
 mod ops;
 mod options;
 mod seek;
@@ -61,6 +62,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use control::{request as control_request, socket_path as control_socket_path};
 pub use options::parse_option;
 
 /// Largest write request the kernel sends (and the read-ahead window it may use).
@@ -250,9 +252,16 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     };
     let unmounter = session.unmount_callable();
     let mountpoint = opts.mountpoint.clone();
+    // Statistics are a diagnostic: a mount without its control socket still serves files.
+    let control = control::ControlServer::start(&opts.mountpoint)
+        .inspect_err(|e| eprintln!("ferrofs: no control socket for {} (ferrofs lockstat will not reach it): {e}", opts.mountpoint.display()))
+        .ok();
     let thread = std::thread::Builder::new()
         .name("ferrofs-session".into())
-        .spawn(move || serve(session, fs, mountpoint))
+        .spawn(move || {
+            let _control = control;
+            serve(session, fs, mountpoint)
+        })
         .map_err(|source| MountError::Session { path: opts.mountpoint.clone(), source })?;
     Ok(MountHandle { mountpoint: opts.mountpoint.clone(), unmounter: Arc::new(Mutex::new(unmounter)), thread: Some(thread) })
 }

@@ -1,0 +1,151 @@
+//! The control socket of a mount: lock statistics of a running daemon, read by
+//! `ferrofs lockstat MOUNTPOINT`.
+//!
+//! Each mount listens on a Unix socket named after its mount point, in `/run/ferrofs` (or
+//! `$XDG_RUNTIME_DIR/ferrofs` for a user's mount), mode 0600: only the user who mounted may
+//! read or reset the statistics. A client sends one command line and reads the answer until
+//! the daemon closes the connection:
+//!
+//! | command        | answer |
+//! |----------------|--------|
+//! | `table N`      | the top N lock classes by wait time, as a lockstat-like table |
+//! | `json`         | every class's counters as JSON |
+//! | `reset`        | zero the counters (to measure one workload); answers `ok` |
+//! | `timing on`/`timing off` | switch hold-time measurement at run time; answers `ok` |
+
+use ferrofs::lockstat;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Longest command line a client may send.
+const COMMAND_MAX: u64 = 64;
+
+/// Where the control socket of the mount on `mountpoint` lives.
+pub fn socket_path(mountpoint: &Path) -> io::Result<PathBuf> {
+    let canon = mountpoint.canonicalize()?;
+    // SAFETY: geteuid has no preconditions.
+    let dir = match (unsafe { libc::geteuid() }, std::env::var_os("XDG_RUNTIME_DIR")) {
+        (0, _) | (_, None) => PathBuf::from("/run/ferrofs"),
+        (_, Some(d)) => Path::new(&d).join("ferrofs"),
+    };
+    // A hash keeps the name short and free of slashes; the canonical path makes it unique.
+    let crc = crc32c::crc32c(canon.as_os_str().as_encoded_bytes());
+    let base = canon.file_name().map_or("root".into(), |n| n.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
+    Ok(dir.join(format!("{base}-{crc:08x}.sock")))
+}
+
+/// A listening control socket; dropping it stops the listener and removes the socket.
+pub(crate) struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    pub(crate) fn start(mountpoint: &Path) -> io::Result<ControlServer> {
+        let path = socket_path(mountpoint)?;
+        let dir = path.parent().expect("socket path has a directory");
+        std::fs::create_dir_all(dir)?;
+        // A socket left by a daemon that was killed: nobody answers on it any more.
+        if path.exists() && UnixStream::connect(&path).is_err() {
+            std::fs::remove_file(&path)?;
+        }
+        let listener = UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new().name("ferrofs-control".into()).spawn(move || {
+            for conn in listener.incoming() {
+                if flag.load(Acquire) {
+                    return;
+                }
+                if let Ok(conn) = conn {
+                    // A misbehaving client only gets its own connection closed.
+                    let _ = serve(conn);
+                }
+            }
+        })?;
+        Ok(ControlServer { path, stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Release);
+        // Wake the blocking accept so the thread sees the flag.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve(conn: UnixStream) -> io::Result<()> {
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    let mut line = String::new();
+    BufReader::new(io::Read::take(&conn, COMMAND_MAX)).read_line(&mut line)?;
+    let answer = answer(line.trim());
+    (&conn).write_all(answer.as_bytes())
+}
+
+fn answer(command: &str) -> String {
+    let mut words = command.split_whitespace();
+    match (words.next(), words.next(), words.next()) {
+        (Some("table"), n, None) => match n.map_or(Ok(10), str::parse::<usize>) {
+            Ok(n) => lockstat::report_table(&lockstat::snapshot(), n),
+            Err(_) => format!("error: 'table' takes a row count, not '{}'\n", n.unwrap_or("")),
+        },
+        (Some("json"), None, None) => serde_json::to_string_pretty(&lockstat::snapshot()).unwrap_or_else(|e| format!("error: {e}\n")) + "\n",
+        (Some("reset"), None, None) => {
+            lockstat::reset();
+            "ok\n".into()
+        }
+        (Some("timing"), Some(on @ ("on" | "off")), None) => {
+            lockstat::set_timing(on == "on");
+            "ok\n".into()
+        }
+        _ => format!("error: unknown command '{command}' (table N, json, reset, timing on|off)\n"),
+    }
+}
+
+/// Send one command to the mount on `mountpoint` and return its answer.
+pub fn request(mountpoint: &Path, command: &str) -> io::Result<String> {
+    let path = socket_path(mountpoint)?;
+    let mut conn = UnixStream::connect(&path).map_err(|e| io::Error::new(e.kind(), format!("no ferrofs mount answers at {} ({e}); is {} a ferrofs mount?", path.display(), mountpoint.display())))?;
+    writeln!(conn, "{command}")?;
+    conn.shutdown(std::net::Shutdown::Write)?;
+    let mut out = String::new();
+    io::Read::read_to_string(&mut conn, &mut out)?;
+    match out.strip_prefix("error: ") {
+        Some(e) => Err(io::Error::new(io::ErrorKind::InvalidInput, e.trim_end().to_string())),
+        None => Ok(out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands() {
+        assert!(answer("table 3").starts_with("class"));
+        assert!(answer("json").trim_start().starts_with('['));
+        assert_eq!(answer("timing off"), "ok\n");
+        assert!(answer("table many").starts_with("error: "));
+        assert!(answer("frobnicate").starts_with("error: unknown command"));
+    }
+
+    #[test]
+    fn socket_names_are_per_mount_point() {
+        let a = socket_path(Path::new("/tmp")).unwrap();
+        let b = socket_path(Path::new("/")).unwrap();
+        assert_ne!(a, b);
+        assert!(a.file_name().unwrap().to_str().unwrap().starts_with("tmp-"));
+    }
+}
