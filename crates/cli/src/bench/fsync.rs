@@ -6,6 +6,7 @@
 //! waited for (group commit), or because its change was already durable.
 
 use super::names::NameTable;
+use super::process;
 use super::report::{Figures, Spread};
 use super::session::Session;
 use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
@@ -17,6 +18,10 @@ use ferrofs::FileSystem;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
+
+/// The checkpoint thread's pause between checkpoints (at least: a loaded machine wakes it later),
+/// without a spinning thread taking a CPU from the two this machine may have.
+const CHECKPOINT_PAUSE: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// A loading thread removes its files after creating this many (keeps the image small).
 const LOAD_BATCH: usize = 1000;
@@ -38,6 +43,13 @@ pub struct Latency {
     pub p99_us: Spread,
     pub max_us: Spread,
     pub mean_us: Spread,
+    /// The slowest 1% of each run's fsyncs: their mean latency, and the part of it the
+    /// thread spent runnable but waiting for a CPU (scheduler run queue, not the engine).
+    pub slowest_1pct_mean_us: Spread,
+    pub slowest_1pct_run_queue_us: Spread,
+    /// p99 of each fsync's latency minus its run-queue wait: what the engine (its I/O and
+    /// lock waits) cost, without the scheduler.
+    pub p99_without_run_queue_us: Spread,
     /// How the fsyncs were satisfied (all runs): wrote a checkpoint of the whole CIL...
     pub wrote_checkpoint: u64,
     /// ...waited for a concurrent checkpoint that covered it (group commit)...
@@ -54,6 +66,10 @@ pub struct Latency {
 struct RunResult {
     /// Sorted fsync latencies, microseconds.
     latencies: Vec<f64>,
+    /// Mean latency and mean run-queue wait of the slowest 1%, microseconds.
+    slowest: (f64, f64),
+    /// Sorted latencies minus their run-queue waits.
+    without_run_queue: Vec<f64>,
     counts: [u64; 3],
     load_creates: u64,
     load_checkpoints: u64,
@@ -126,20 +142,30 @@ fn one_run(
                         .checkpoint()
                         .map_err(|e| Failure::new("checkpoint", e))?;
                     checkpoints.fetch_add(1, Relaxed);
+                    std::thread::sleep(CHECKPOINT_PAUSE);
                 }
                 Ok(())
             })
         });
         let before = counts(stats);
-        let latencies = fsync_loop(fs, dirs[0], names, files);
+        let samples = fsync_loop(fs, dirs[0], names, files);
         let after = counts(stats);
         stop.store(true, Relaxed);
         for h in loaders.into_iter().chain(checkpointer) {
             h.join()
                 .map_err(|_| Failure::new("fsync load", "a benchmark thread panicked"))??;
         }
+        let mut samples = samples?;
+        samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let tail = &samples[samples.len() - samples.len().div_ceil(100)..];
+        let mean = |f: fn(&(f64, f64)) -> f64| tail.iter().map(f).sum::<f64>() / tail.len() as f64;
+        let mut without_run_queue: Vec<f64> =
+            samples.iter().map(|s| (s.0 - s.1).max(0.0)).collect();
+        without_run_queue.sort_by(f64::total_cmp);
         Ok(RunResult {
-            latencies: latencies?,
+            without_run_queue,
+            latencies: samples.iter().map(|s| s.0).collect(),
+            slowest: (mean(|s| s.0), mean(|s| s.1)),
             counts: [0, 1, 2].map(|i| after[i] - before[i]),
             ..RunResult::default()
         })
@@ -159,8 +185,14 @@ fn one_run(
     Ok(result)
 }
 
-/// Create, write 4 KiB, fsync (timed), `files` times; the latencies in us, sorted.
-fn fsync_loop(fs: &FileSystem, dir: u64, names: &NameTable, files: usize) -> CliResult<Vec<f64>> {
+/// Create, write 4 KiB, fsync (timed), `files` times; each fsync's latency and the time the
+/// thread waited for a CPU meanwhile, in us.
+fn fsync_loop(
+    fs: &FileSystem,
+    dir: u64,
+    names: &NameTable,
+    files: usize,
+) -> CliResult<Vec<(f64, f64)>> {
     let data = vec![0xa5u8; BLOCK_SIZE];
     let mut lat = Vec::with_capacity(files);
     for i in 0..files {
@@ -177,11 +209,13 @@ fn fsync_loop(fs: &FileSystem, dir: u64, names: &NameTable, files: usize) -> Cli
             .map_err(fail("create"))?
             .ino;
         fs.write(ino, 0, &data).map_err(fail("write"))?;
+        let queued = process::thread_run_delay();
         let t = Instant::now();
         fs.fsync(ino, false).map_err(fail("fsync"))?;
-        lat.push(t.elapsed().as_secs_f64() * 1e6);
+        let took = t.elapsed();
+        let queued = process::thread_run_delay().saturating_sub(queued);
+        lat.push((took.as_secs_f64() * 1e6, queued.as_secs_f64() * 1e6));
     }
-    lat.sort_by(f64::total_cmp);
     Ok(lat)
 }
 
@@ -227,6 +261,16 @@ impl Latency {
             p99_us: per_run(&|l| quantile(l, 0.99)),
             max_us: per_run(&|l| l[l.len() - 1]),
             mean_us: per_run(&|l| l.iter().sum::<f64>() / l.len() as f64),
+            p99_without_run_queue_us: Spread::of(
+                &runs
+                    .iter()
+                    .map(|r| quantile(&r.without_run_queue, 0.99))
+                    .collect::<Vec<_>>(),
+            ),
+            slowest_1pct_mean_us: Spread::of(&runs.iter().map(|r| r.slowest.0).collect::<Vec<_>>()),
+            slowest_1pct_run_queue_us: Spread::of(
+                &runs.iter().map(|r| r.slowest.1).collect::<Vec<_>>(),
+            ),
             wrote_checkpoint: sum(&|r| r.counts[0]),
             joined_checkpoint: sum(&|r| r.counts[1]),
             already_durable: sum(&|r| r.counts[2]),
@@ -239,9 +283,10 @@ impl Latency {
 impl Figures for FsyncFigures {
     fn print(&self) {
         println!(
-            "fsync: one thread creates a file, writes 4 KiB, fsyncs (timed); {} fsyncs per run; loaded = {} creating thread(s) + 1 thread writing checkpoints back to back",
+            "fsync: one thread creates a file, writes 4 KiB, fsyncs (timed); {} fsyncs per run; loaded = {} creating thread(s) + 1 thread writing checkpoints, sleeping {} us between them",
             grouped(self.fsyncs_per_run as u64),
-            self.load_creators
+            self.load_creators,
+            CHECKPOINT_PAUSE.as_micros()
         );
         println!(
             "{:<9} {:>26} {:>26} {:>30} {:>26}",
@@ -259,6 +304,19 @@ impl Figures for FsyncFigures {
             );
         }
         println!("p99 loaded/idle: {:.2}", self.p99_ratio);
+        for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
+            println!(
+                "{name}: p99 of latency minus run-queue wait: {} us",
+                l.p99_without_run_queue_us.cell(us)
+            );
+        }
+        for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
+            println!(
+                "{name}: slowest 1% of fsyncs: mean {} us, of which {} us waiting for a CPU (run queue)",
+                l.slowest_1pct_mean_us.cell(us),
+                l.slowest_1pct_run_queue_us.cell(us)
+            );
+        }
         for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
             println!(
                 "{name}: fsyncs that wrote a checkpoint {}, joined a concurrent checkpoint {}, already durable {}; load: {} creates, {} checkpoints",

@@ -71,6 +71,7 @@ fn one_run(fs: &FileSystem, names: &NameTable, run: u64) -> CliResult<[f64; 3]> 
         let name = String::from_utf8_lossy(names.get(i)).into_owned();
         move |e| Failure::new(format!("{what} {name}"), e)
     };
+    let free_before = fs.statfs().ffree;
     let started = Instant::now();
     let mut inos = Vec::with_capacity(names.len());
     for (dir, i) in shares() {
@@ -99,11 +100,28 @@ fn one_run(fs: &FileSystem, names: &NameTable, run: u64) -> CliResult<[f64; 3]> 
         },
         || Ok(()),
     )?;
+    check_all_freed(fs, free_before)?;
     for d in 0..ags {
         fs.rmdir(ROOT_INO, dir_name(d).as_bytes())
             .context(|| format!("rmdir {}", dir_name(d)))?;
     }
     Ok([create, unlink, close.wall.as_secs_f64()])
+}
+
+/// The closes really freed every inode and emptied every orphan table.
+fn check_all_freed(fs: &FileSystem, free_before: u64) -> CliResult<()> {
+    let (free, orphans) = (
+        fs.statfs().ffree,
+        fs.mount()
+            .ags
+            .iter()
+            .map(|ag| ag.orphans().len())
+            .sum::<usize>(),
+    );
+    if free != free_before || orphans != 0 {
+        return Err(Failure::new("unlinked", format!("after the closes {free} inodes are free (before: {free_before}) and {orphans} remain on orphan tables")));
+    }
+    Ok(())
 }
 
 impl Figures for UnlinkedFigures {
