@@ -206,3 +206,36 @@ fn bench_refuses_an_existing_image_path() {
     );
     assert_eq!(std::fs::read(&img).unwrap(), b"precious");
 }
+
+/// Each journal workload runs at a tiny size, prints its figures and the lock table, writes
+/// its JSON and deletes its image. (A smoke test: no figure is checked against a target.)
+#[test]
+fn bench_journal_workloads_report_their_figures() {
+    let s = Scratch::new("bench-journal");
+    let cases: [(&str, &[&str], &str, &str); 4] = [
+        ("commit", &["--threads", "1,2", "--files", "4", "--commits", "2000"], "commits/s", "rows"),
+        ("orphan", &["--threads", "1,2", "--rounds", "1"], "tracking off", "rows"),
+        ("unlinked", &["--files", "300"], "close (frees inodes)", "close_seconds"),
+        ("fsync", &["--files", "30"], "p99 loaded/idle", "p99_ratio"),
+    ];
+    for (workload, extra, printed, field) in cases {
+        let (img, json) = (s.path(&format!("{workload}.img")), s.path(&format!("{workload}.json")));
+        let mut args = vec!["bench", workload, "--image", &img, "--runs", "2", "--json", &json];
+        args.extend_from_slice(extra);
+        let o = ferrofs(&args);
+        assert!(o.status.success(), "{workload}: {}", stderr(&o));
+        let out = stdout(&o);
+        assert!(out.contains(printed) && out.contains("locks, top 10"), "{workload}: {out}");
+        assert!(!std::path::Path::new(&img).exists(), "{workload} left its image behind");
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v["mode"], workload);
+        assert!(!v["results"][field].is_null(), "{workload}: no {field} in {v}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(s.path("orphan.json")).unwrap()).unwrap();
+    for row in v["results"]["rows"].as_array().unwrap() {
+        assert_eq!(row["seconds_tracking_on"]["runs"].as_array().unwrap().len(), 2);
+        assert_eq!(row["orphan_adds_off"], 0, "tracking off must add no orphans");
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(s.path("unlinked.json")).unwrap()).unwrap();
+    assert_eq!(v["results"]["orphan_adds_per_run"], serde_json::json!([300, 300]));
+}

@@ -37,6 +37,8 @@ pub struct Ag {
     free_blocks: AtomicU64,
     free_inodes: AtomicU64,
     pub alloc_retries: AtomicU64,
+    /// Inodes put on this AG's orphan table (committed adds), for the benchmarks.
+    pub orphan_adds: AtomicU64,
 }
 
 /// A plain bitmap with a free count, one bit per block or inode of the AG.
@@ -168,6 +170,7 @@ impl Ag {
             inode_bitmap,
             orphan_table,
             alloc_retries: AtomicU64::new(0),
+            orphan_adds: AtomicU64::new(0),
         })
     }
 
@@ -343,6 +346,8 @@ impl Ag {
         format::put_u64(&mut b.write()[..], off, ino);
         if ino == 0 {
             s.orphan_free.push(slot);
+        } else {
+            self.orphan_adds.fetch_add(1, Relaxed);
         }
         b.clone()
     }

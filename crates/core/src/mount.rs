@@ -30,6 +30,8 @@ pub struct Mount {
     pub recovery: RecoveryReport,
     read_only: bool,
     dead: AtomicBool,
+    /// Benchmark-only switch (see [`Mount::set_orphan_tracking_unsafe`]).
+    orphan_tracking: AtomicBool,
 }
 
 /// Read the primary superblock, falling back to the copy in AG 1 when the primary is bad.
@@ -110,11 +112,24 @@ impl Mount {
             recovery,
             read_only: opts.read_only,
             dead: AtomicBool::new(false),
+            orphan_tracking: AtomicBool::new(true),
         }))
     }
 
     pub fn is_read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// **Unsafe for real use; benchmarks only.** With tracking off, no inode is ever added
+    /// to an orphan table: a crash during a multi-transaction truncate or while an unlinked
+    /// file is open leaks its space (fsck finds it). `ferrofs bench orphan` compares the two
+    /// settings to show what orphan tracking costs. On by default.
+    pub fn set_orphan_tracking_unsafe(&self, on: bool) {
+        self.orphan_tracking.store(on, Relaxed);
+    }
+
+    pub fn orphan_tracking(&self) -> bool {
+        self.orphan_tracking.load(Relaxed)
     }
 
     pub fn check_alive(&self) -> Result<()> {

@@ -146,6 +146,9 @@ impl<'m> Tx<'m> {
     /// Put an inode on its AG's on-disk orphan list (O(1): one slot in one block).
     pub fn orphan_add(&mut self, ino: u64, di: &mut DiskInode) -> Result<()> {
         debug_assert_eq!(di.orphan_slot, 0);
+        if !self.m.orphan_tracking() {
+            return Ok(());
+        }
         let slot = self.m.ags[ino_ag(ino) as usize].claim_orphan_slot().ok_or(Error::NoSpace)?;
         di.orphan_slot = slot + 1;
         self.ops.push(AgOp::OrphanSet { ino, slot });

@@ -1,27 +1,36 @@
-//! `ferrofs bench`: the embedded-mode metadata benchmark. For each thread count, threads
-//! create, stat and remove their share of N empty files, each in its own directory (and,
-//! with --shared-dir, all in one); then one directory grows to a million entries. Reports
-//! ops/s, memory per cached inode, journal and lock statistics.
+//! `ferrofs bench`: benchmarks of the engine, run in this process on a scratch image.
+//!
+//! The default workload (`embedded`) is the metadata benchmark: for each thread count,
+//! threads create, stat and remove their share of N empty files, each in its own directory
+//! (and, with --shared-dir, all in one); then one directory grows to a million entries.
+//! Reports ops/s, memory per cached inode, journal and lock statistics.
+//!
+//! The journal workloads (`commit`, `orphan`, `unlinked`, `fsync`) each live in a module of
+//! their own and share the image, timing, median and report code here.
 
+mod commit;
+mod fsync;
 mod names;
+mod orphan;
 mod phase;
 mod process;
 mod report;
 mod scratch;
+mod session;
+mod unlinked;
 
 use crate::failure::{CliResult, Context};
 use crate::progress;
 use clap::{Args, ValueEnum};
-use ferrofs::format::{BLOCK_SIZE, ROOT_INO};
-use ferrofs::{lockstat, Cred, FileSystem, MountOptions};
+use ferrofs::format::ROOT_INO;
+use ferrofs::{lockstat, Cred, FileSystem};
 use indicatif::ProgressBar;
 use names::NameTable;
 use phase::{Phase, Share, Timing};
-use report::{Cycle, Growth, ImageReport, JournalReport, MemoryReport, PhaseStats, Report};
+use report::{Cycle, Growth, MemoryReport, PhaseStats, Report};
 use serde::Serialize;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use session::Session;
+use std::path::PathBuf;
 
 const CRED: Cred = Cred { uid: 0, gid: 0 };
 const FILE_MODE: u16 = 0o644;
@@ -29,7 +38,8 @@ const DIR_MODE: u16 = 0o755;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// What to drive: `embedded` runs the engine inside this process (no kernel, no FUSE).
+    /// What to measure: `embedded` (default) creates, stats and removes files; `commit`,
+    /// `orphan`, `unlinked` and `fsync` measure the journal (see the README).
     #[arg(value_enum, default_value_t = Mode::Embedded)]
     pub mode: Mode,
     /// Put the benchmark image here (a new file; deleted afterwards). Default: a sparse
@@ -39,33 +49,71 @@ pub struct BenchArgs {
     /// Keep the image in process memory (RSS figures then include the image's pages).
     #[arg(long)]
     pub mem: bool,
-    /// Files each run creates, split evenly over the threads.
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub files: u64,
-    /// Thread counts to measure, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,8,48", value_parser = clap::value_parser!(u64).range(1..=4096))]
+    /// embedded: files each run creates, split over the threads (default 100,000).
+    /// commit: files per thread (default 16). unlinked: files opened, unlinked and closed
+    /// (default 200,000). fsync: files the fsync thread writes and syncs per run and load
+    /// (default 2,000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub files: Option<u64>,
+    /// Thread counts to measure, comma-separated. embedded: default 1,2,8,48. commit:
+    /// committing threads, default 1,2. orphan: truncating threads, default 1,2,4,10,20,40.
+    /// fsync: file-creating threads beside the fsync thread and the checkpoint thread in
+    /// the loaded measurement, default 1 (the first value is used).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub threads: Vec<u64>,
-    /// Also run every thread count with all threads in one shared directory.
+    /// Also run every thread count with all threads in one shared directory (embedded).
     #[arg(long)]
     pub shared_dir: bool,
-    /// Files in the one-big-directory phase (single thread); 0 skips it.
+    /// Files in the one-big-directory phase (single thread; embedded); 0 skips it.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
     pub big_dir: u64,
-    /// Runs per thread count; the report gives the median and the min-max range.
+    /// commit: commits per thread per run.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub commits: u64,
+    /// orphan: rounds per thread (truncate from 4096 down to 1 byte by one byte, then
+    /// back to 4096).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub rounds: u64,
+    /// Runs per measurement; the report gives the median and the min-max range.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub runs: u64,
     /// Also write every figure as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Measure lock wait and hold times (two clock reads per lock acquisition: slows the
-    /// engine a little). Counts and contentions are always measured.
+    /// Measure lock hold times too (two clock reads per lock acquisition: slows the
+    /// engine a little). Counts, contentions and wait times are always measured.
     #[arg(long)]
     pub lock_timing: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
+    /// Create, stat and remove many files (the engine inside this process).
     Embedded,
+    /// Commit rate of small metadata changes (setattr) into the in-memory CIL.
+    Commit,
+    /// Truncate-by-one-byte storm (seed 000) with orphan tracking on and off.
+    Orphan,
+    /// Close many open, unlinked files (each close frees an orphaned inode).
+    Unlinked,
+    /// fsync latency of small files, idle and under create and checkpoint load.
+    Fsync,
+}
+
+impl BenchArgs {
+    /// `--threads`, or the workload's default.
+    fn threads_or(&self, default: &[usize]) -> Vec<usize> {
+        if self.threads.is_empty() {
+            default.to_vec()
+        } else {
+            self.threads.iter().map(|&t| t as usize).collect()
+        }
+    }
+
+    /// `--files`, or the workload's default.
+    fn files_or(&self, default: u64) -> usize {
+        self.files.unwrap_or(default) as usize
+    }
 }
 
 /// Where a run's threads put their files.
@@ -103,41 +151,41 @@ struct Bench<'a> {
 }
 
 pub fn run(args: &BenchArgs) -> CliResult<()> {
-    let report = measure(args)?;
-    report.print();
-    match &args.json {
-        Some(path) => write_json(path, &report),
-        None => Ok(()),
+    lockstat::set_timing(args.lock_timing);
+    match args.mode {
+        Mode::Embedded => {
+            let report = measure(args)?;
+            report.print();
+            write_json(args, &report)
+        }
+        Mode::Commit => commit::run(args),
+        Mode::Orphan => orphan::run(args),
+        Mode::Unlinked => unlinked::run(args),
+        Mode::Fsync => fsync::run(args),
     }
 }
 
 /// Make the image, run every phase, unmount; the image is gone when this returns.
 fn measure(args: &BenchArgs) -> CliResult<Report> {
     let (files, big_dir, runs) = (
-        args.files as usize,
+        args.files_or(100_000),
         args.big_dir as usize,
         args.runs as usize,
     );
-    let threads: Vec<usize> = args.threads.iter().map(|&t| t as usize).collect();
+    let threads = args.threads_or(&[1, 2, 8, 48]);
     let max_threads = threads.iter().copied().max().unwrap_or(1);
-    lockstat::set_timing(args.lock_timing);
     let names = NameTable::new(files.max(big_dir));
-    let size = scratch::image_size((names.len() + 2 * max_threads) as u64);
-    let image = scratch::create(
-        args.image.as_deref(),
-        args.mem,
-        size,
+    let session = Session::open(
+        args,
+        (names.len() + 2 * max_threads) as u64,
         scratch::mkfs_options(max_threads),
     )?;
-    let fs = FileSystem::mount_device(image.dev.clone(), &MountOptions::default())
-        .context(|| "mount the benchmark image".to_string())?;
     let bar = progress::counter(true, 0, "");
     let bench = Bench {
-        fs: &fs,
+        fs: &session.fs,
         names: &names,
         bar: &bar,
     };
-    lockstat::reset();
     let mut cycles = Vec::new();
     for layout in layouts(args.shared_dir) {
         for &t in &threads {
@@ -150,7 +198,7 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
         None
     };
     bar.finish_and_clear();
-    gather(&fs, &image, args, cycles, big)
+    gather(session, args, files, cycles, big)
 }
 
 fn layouts(shared_dir: bool) -> Vec<Layout> {
@@ -163,13 +211,12 @@ fn layouts(shared_dir: bool) -> Vec<Layout> {
 
 /// Collect the counters, then unmount (timed: the final checkpoint and write-back).
 fn gather(
-    fs: &FileSystem,
-    image: &scratch::Scratch,
+    session: Session,
     args: &BenchArgs,
+    files: usize,
     cycles: Vec<Cycle>,
     big_dir: Option<Cycle>,
 ) -> CliResult<Report> {
-    let m = fs.mount();
     // The first create run is the only one on a heap that never held inodes: later runs
     // reuse memory their predecessors freed, which would hide part of the growth.
     let memory = match cycles.first() {
@@ -179,35 +226,28 @@ fn gather(
         ),
         None => MemoryReport::new("nothing created".to_string(), Growth::default()),
     };
-    let journal = JournalReport::from(&m.journal.stats);
-    let ag_alloc_retries = m.ags.iter().map(|ag| ag.alloc_retries.load(Relaxed)).sum();
-    let locks = lockstat::snapshot();
-    let started = Instant::now();
-    fs.unmount()
-        .context(|| "unmount the benchmark image".to_string())?;
+    let end = session.close()?;
     Ok(Report {
         mode: "embedded",
-        image: ImageReport {
-            path: image.path.as_ref().map(|p| p.display().to_string()),
-            size_bytes: m.geo.block_count * BLOCK_SIZE as u64,
-            ag_count: m.geo.ag_count,
-            inodes: m.geo.total_inodes(),
-            log_bytes: m.geo.log_blocks * BLOCK_SIZE as u64,
-        },
-        files: args.files as usize,
+        image: end.image,
+        files,
         runs: args.runs as usize,
         lock_timing: args.lock_timing,
         cycles,
         big_dir,
         memory,
-        journal,
-        ag_alloc_retries,
-        unmount_seconds: started.elapsed().as_secs_f64(),
-        locks,
+        journal: end.journal,
+        ag_alloc_retries: end.ag_alloc_retries,
+        unmount_seconds: end.unmount_seconds,
+        locks: end.locks,
     })
 }
 
-fn write_json(path: &Path, report: &Report) -> CliResult<()> {
+/// Write the report as JSON if --json asked for it.
+fn write_json(args: &BenchArgs, report: &impl Serialize) -> CliResult<()> {
+    let Some(path) = &args.json else {
+        return Ok(());
+    };
     let what = || format!("write {}", path.display());
     let text = serde_json::to_string_pretty(report).context(what)?;
     std::fs::write(path, text + "\n").context(what)

@@ -47,30 +47,16 @@ where
         shares: &[Share],
         finish: impl FnOnce() -> ferrofs::Result<()>,
     ) -> CliResult<Timing> {
-        let start_line = Barrier::new(shares.len() + 1);
         let failed = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let (start_line, failed) = (&start_line, &failed);
-            let workers: Vec<_> = shares
-                .iter()
-                .map(|share| s.spawn(move || self.work(share, start_line, failed)))
-                .collect();
-            start_line.wait();
-            let (started, cpu_before) = (Instant::now(), process::cpu_time());
-            for w in workers {
-                w.join()
-                    .map_err(|_| Failure::new(self.what, "a benchmark thread panicked"))??;
-            }
-            finish().map_err(|e| Failure::new(format!("{}: sync", self.what), e))?;
-            Ok(Timing {
-                wall: started.elapsed(),
-                cpu: process::cpu_time().saturating_sub(cpu_before),
-            })
-        })
+        timed(
+            self.what,
+            shares.len(),
+            |t| self.work(&shares[t], &failed),
+            || finish().map_err(|e| Failure::new(format!("{}: sync", self.what), e)),
+        )
     }
 
-    fn work(&self, share: &Share, start_line: &Barrier, failed: &AtomicBool) -> CliResult<()> {
-        start_line.wait();
+    fn work(&self, share: &Share, failed: &AtomicBool) -> CliResult<()> {
         let mut from = share.names.start;
         while from < share.names.end && !failed.load(Relaxed) {
             let to = (from + PROGRESS_CHUNK).min(share.names.end);
@@ -89,4 +75,37 @@ where
         }
         Ok(())
     }
+}
+
+/// Run `work(t)` on `threads` threads, released together by a barrier; the clock runs from
+/// the release until every thread returned and `finish` returned. `what` names the work in
+/// a failure. Every benchmark's timed section goes through here.
+pub fn timed<W, F>(what: &str, threads: usize, work: W, finish: F) -> CliResult<Timing>
+where
+    W: Fn(usize) -> CliResult<()> + Sync,
+    F: FnOnce() -> CliResult<()>,
+{
+    let start_line = Barrier::new(threads + 1);
+    std::thread::scope(|s| {
+        let (start_line, work) = (&start_line, &work);
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    start_line.wait();
+                    work(t)
+                })
+            })
+            .collect();
+        start_line.wait();
+        let (started, cpu_before) = (Instant::now(), process::cpu_time());
+        for w in workers {
+            w.join()
+                .map_err(|_| Failure::new(what, "a benchmark thread panicked"))??;
+        }
+        finish()?;
+        Ok(Timing {
+            wall: started.elapsed(),
+            cpu: process::cpu_time().saturating_sub(cpu_before),
+        })
+    })
 }

@@ -43,6 +43,14 @@ pub fn heap_bytes() -> u64 {
     (m.uordblks + m.hblkhd) as u64
 }
 
+/// Time the calling thread has spent runnable but waiting for a CPU (the scheduler's run
+/// queue), from /proc/thread-self/schedstat; zero where that is unavailable.
+pub fn thread_run_delay() -> Duration {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let ns = text.split_whitespace().nth(1).and_then(|v| v.parse().ok());
+    Duration::from_nanos(ns.unwrap_or(0))
+}
+
 /// Hand freed heap back to the kernel, so RSS growth measured next counts new memory only
 /// (not memory that earlier phases freed and the allocator kept).
 pub fn release_free_heap() {

@@ -97,6 +97,100 @@ pub struct JournalReport {
     pub commit_throttles: u64,
     pub ail_pushes: u64,
     pub items_written_home: u64,
+    pub fsyncs_durable: u64,
+    pub forces_joined: u64,
+}
+
+/// Median and range of one figure over the runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Spread {
+    pub runs: Vec<f64>,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    /// Of one value per run (at least one).
+    pub fn of(runs: &[f64]) -> Spread {
+        let s = sorted(runs);
+        Spread {
+            runs: runs.to_vec(),
+            median: median(&s),
+            min: s[0],
+            max: s[s.len() - 1],
+        }
+    }
+
+    /// `median [min-max]`, each value formatted by `f`.
+    pub fn cell(&self, f: impl Fn(f64) -> String) -> String {
+        format!("{} [{}-{}]", f(self.median), f(self.min), f(self.max))
+    }
+}
+
+/// What every workload reports around its own figures.
+#[derive(Serialize)]
+pub struct WorkloadReport<T> {
+    pub mode: &'static str,
+    pub image: ImageReport,
+    pub runs: usize,
+    pub lock_timing: bool,
+    pub results: T,
+    pub journal: JournalReport,
+    pub ag_alloc_retries: u64,
+    pub orphan_adds: u64,
+    pub unmount_seconds: f64,
+    pub locks: Vec<ClassStats>,
+}
+
+/// A workload's own figures, printed between the header and the journal and lock tables.
+pub trait Figures {
+    fn print(&self);
+}
+
+impl<T: Figures> WorkloadReport<T> {
+    pub fn print(&self) {
+        println!(
+            "ferrofs bench {}: image {}, {} runs: median [min-max]\n",
+            self.mode,
+            self.image.describe(),
+            self.runs
+        );
+        self.results.print();
+        self.journal.print(self.unmount_seconds);
+        println!(
+            "allocation: {} AG allocation retries; orphan tables: {} adds",
+            grouped(self.ag_alloc_retries),
+            grouped(self.orphan_adds)
+        );
+        print_locks(&self.locks, self.lock_timing);
+    }
+}
+
+impl ImageReport {
+    fn describe(&self) -> String {
+        format!(
+            "{}, {}, {} AGs, {} inodes, log {}",
+            self.path.as_deref().unwrap_or("in memory"),
+            human_bytes(self.size_bytes),
+            self.ag_count,
+            grouped(self.inodes),
+            human_bytes(self.log_bytes)
+        )
+    }
+}
+
+/// The lockstat table: top classes by wait time.
+pub fn print_locks(locks: &[ClassStats], lock_timing: bool) {
+    println!(
+        "\nlocks, top {LOCK_TABLE_ROWS} by wait time{}:",
+        if lock_timing {
+            ""
+        } else {
+            " (wait times of contended acquisitions; hold times need --lock-timing)"
+        }
+    );
+    print!("{}", lockstat::report_table(locks, LOCK_TABLE_ROWS));
 }
 
 impl PhaseStats {
@@ -110,13 +204,13 @@ impl PhaseStats {
             .iter()
             .map(|t| t.cpu.as_secs_f64() * 1e6 / ops.max(1) as f64)
             .collect();
-        let rates = sorted(&ops_per_sec);
+        let rates = Spread::of(&ops_per_sec);
         PhaseStats {
             phase,
-            median: median(&rates),
-            min: rates[0],
-            max: rates[rates.len() - 1],
-            cpu_us_per_op_median: median(&sorted(&cpu_us_per_op)),
+            median: rates.median,
+            min: rates.min,
+            max: rates.max,
+            cpu_us_per_op_median: Spread::of(&cpu_us_per_op).median,
             ops_per_sec,
             cpu_us_per_op,
         }
@@ -152,6 +246,8 @@ impl From<&JournalStats> for JournalReport {
             commit_throttles: s.commit_throttles.load(Relaxed),
             ail_pushes: s.ail_pushes.load(Relaxed),
             items_written_home: s.items_written_home.load(Relaxed),
+            fsyncs_durable: s.fsyncs_durable.load(Relaxed),
+            forces_joined: s.forces_joined.load(Relaxed),
         }
     }
 }
@@ -181,28 +277,19 @@ impl Report {
             );
         }
         self.print_memory();
-        self.print_journal();
+        self.journal.print(self.unmount_seconds);
         println!(
-            "\nlocks, top {LOCK_TABLE_ROWS} by wait time{}:",
-            if self.lock_timing {
-                ""
-            } else {
-                " (times are 0 without --lock-timing)"
-            }
+            "allocation: {} AG allocation retries",
+            grouped(self.ag_alloc_retries)
         );
-        print!("{}", lockstat::report_table(&self.locks, LOCK_TABLE_ROWS));
+        print_locks(&self.locks, self.lock_timing);
     }
 
     fn print_header(&self) {
-        let i = &self.image;
-        let place = i.path.as_deref().unwrap_or("in memory");
         println!(
-            "ferrofs bench ({}): image {place}, {}, {} AGs, {} inodes, log {}",
+            "ferrofs bench ({}): image {}",
             self.mode,
-            human_bytes(i.size_bytes),
-            i.ag_count,
-            grouped(i.inodes),
-            human_bytes(i.log_bytes)
+            self.image.describe()
         );
         println!("{} files per run, {} runs: median ops/s [min-max]; create and remove end with sync() (durable)\n", grouped(self.files as u64), self.runs);
     }
@@ -268,32 +355,29 @@ impl Report {
             m.inode_struct_bytes, m.disk_inode_struct_bytes
         );
     }
+}
 
-    fn print_journal(&self) {
-        let j = &self.journal;
+impl JournalReport {
+    fn print(&self, unmount_seconds: f64) {
         println!(
             "\njournal: {} commits, {} checkpoints ({} background, {} forced)",
-            grouped(j.commits),
-            grouped(j.checkpoints),
-            grouped(j.background_checkpoints),
-            grouped(j.forced_checkpoints)
+            grouped(self.commits),
+            grouped(self.checkpoints),
+            grouped(self.background_checkpoints),
+            grouped(self.forced_checkpoints)
         );
         println!(
             "  {} logged in {} items; {} log-space waits, {} commit throttles",
-            human_bytes(j.log_bytes),
-            grouped(j.items_logged),
-            grouped(j.log_space_waits),
-            grouped(j.commit_throttles)
+            human_bytes(self.log_bytes),
+            grouped(self.items_logged),
+            grouped(self.log_space_waits),
+            grouped(self.commit_throttles)
         );
         println!(
             "  {} AIL pushes wrote {} items home; unmount took {:.2} s",
-            grouped(j.ail_pushes),
-            grouped(j.items_written_home),
-            self.unmount_seconds
-        );
-        println!(
-            "allocation: {} AG allocation retries",
-            grouped(self.ag_alloc_retries)
+            grouped(self.ail_pushes),
+            grouped(self.items_written_home),
+            unmount_seconds
         );
     }
 }

@@ -991,6 +991,7 @@ impl FileSystem {
         if seq > self.m.journal.durable_seq() {
             return self.m.journal.force(seq);
         }
+        self.m.journal.stats.fsyncs_durable.fetch_add(1, Relaxed);
         if had_data {
             return self.m.journal.flush_data();
         }

@@ -105,6 +105,12 @@ pub struct JournalStats {
     pub commit_throttles: AtomicU64,
     pub ail_pushes: AtomicU64,
     pub items_written_home: AtomicU64,
+    /// fsyncs whose change was already durable: no log write (at most a data flush).
+    pub fsyncs_durable: AtomicU64,
+    /// Forces that found their sequence durable once they held the push lock: another
+    /// thread's checkpoint covered them (group commit). The others wrote a checkpoint
+    /// (`forced_checkpoints`).
+    pub forces_joined: AtomicU64,
 }
 
 /// Tunables; defaults suit the benchmarks, tests shrink them to exercise wrap-around.
@@ -307,6 +313,7 @@ impl Journal {
         }
         let _p = self.push.lock();
         if self.durable_seq() >= seq {
+            self.stats.forces_joined.fetch_add(1, Relaxed);
             return Ok(());
         }
         self.stats.forced_checkpoints.fetch_add(1, Relaxed);

@@ -1,0 +1,331 @@
+//! `ferrofs bench fsync`: latency of fsync on small files. One thread creates a file,
+//! writes 4 KiB and fsyncs it, again and again; only the fsync is timed. Each run measures
+//! it twice: alone, then while other threads create (and remove) files as fast as they can
+//! and one more thread writes checkpoints back to back. Reports p50/p99/max per setting and
+//! how each fsync was satisfied: by a checkpoint it wrote, by a concurrent checkpoint it
+//! waited for (group commit), or because its change was already durable.
+
+use super::names::NameTable;
+use super::process;
+use super::report::{Figures, Spread};
+use super::session::Session;
+use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
+use crate::failure::{CliResult, Context, Failure};
+use crate::units::grouped;
+use ferrofs::format::{BLOCK_SIZE, ROOT_INO};
+use ferrofs::journal::JournalStats;
+use ferrofs::FileSystem;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+/// The checkpoint thread's pause between checkpoints (at least: a loaded machine wakes it later),
+/// without a spinning thread taking a CPU from the two this machine may have.
+const CHECKPOINT_PAUSE: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// A loading thread removes its files after creating this many (keeps the image small).
+const LOAD_BATCH: usize = 1000;
+
+#[derive(Serialize)]
+pub struct FsyncFigures {
+    pub fsyncs_per_run: usize,
+    pub load_creators: usize,
+    pub unloaded: Latency,
+    pub loaded: Latency,
+    /// Median loaded p99 over median unloaded p99.
+    pub p99_ratio: f64,
+}
+
+/// One setting over all runs; latencies in microseconds.
+#[derive(Serialize)]
+pub struct Latency {
+    pub p50_us: Spread,
+    pub p99_us: Spread,
+    pub max_us: Spread,
+    pub mean_us: Spread,
+    /// The slowest 1% of each run's fsyncs: their mean latency, and the part of it the
+    /// thread spent runnable but waiting for a CPU (scheduler run queue, not the engine).
+    pub slowest_1pct_mean_us: Spread,
+    pub slowest_1pct_run_queue_us: Spread,
+    /// p99 of each fsync's latency minus its run-queue wait: what the engine (its I/O and
+    /// lock waits) cost, without the scheduler.
+    pub p99_without_run_queue_us: Spread,
+    /// How the fsyncs were satisfied (all runs): wrote a checkpoint of the whole CIL...
+    pub wrote_checkpoint: u64,
+    /// ...waited for a concurrent checkpoint that covered it (group commit)...
+    pub joined_checkpoint: u64,
+    /// ...or found its change already durable (no log write).
+    pub already_durable: u64,
+    /// Files the loading threads created, and checkpoints the checkpoint thread wrote.
+    pub load_creates: u64,
+    pub load_checkpoints: u64,
+}
+
+/// One run of one setting.
+#[derive(Default)]
+struct RunResult {
+    /// Sorted fsync latencies, microseconds.
+    latencies: Vec<f64>,
+    /// Mean latency and mean run-queue wait of the slowest 1%, microseconds.
+    slowest: (f64, f64),
+    /// Sorted latencies minus their run-queue waits.
+    without_run_queue: Vec<f64>,
+    counts: [u64; 3],
+    load_creates: u64,
+    load_checkpoints: u64,
+}
+
+pub fn run(args: &BenchArgs) -> CliResult<()> {
+    let files = args.files_or(2000);
+    let creators = args.threads_or(&[1])[0];
+    let session = Session::open(
+        args,
+        (files + creators * LOAD_BATCH) as u64 * 2,
+        scratch::mkfs_options(creators + 1),
+    )?;
+    let names = NameTable::new(files.max(LOAD_BATCH));
+    let (mut unloaded, mut loaded) = (Vec::new(), Vec::new());
+    for run in 0..args.runs {
+        unloaded.push(one_run(&session.fs, &names, files, 0, run)?);
+        loaded.push(one_run(&session.fs, &names, files, creators, run)?);
+    }
+    let (unloaded, loaded) = (Latency::of(&unloaded), Latency::of(&loaded));
+    let figures = FsyncFigures {
+        fsyncs_per_run: files,
+        load_creators: creators,
+        p99_ratio: loaded.p99_us.median / unloaded.p99_us.median,
+        unloaded,
+        loaded,
+    };
+    session.finish("fsync", args, figures)
+}
+
+fn counts(s: &JournalStats) -> [u64; 3] {
+    [
+        s.forced_checkpoints.load(Relaxed),
+        s.forces_joined.load(Relaxed),
+        s.fsyncs_durable.load(Relaxed),
+    ]
+}
+
+/// `files` fsyncs, with `creators` creating threads and a checkpoint thread if not 0.
+fn one_run(
+    fs: &FileSystem,
+    names: &NameTable,
+    files: usize,
+    creators: usize,
+    run: u64,
+) -> CliResult<RunResult> {
+    let tag = if creators == 0 { "idle" } else { "loaded" };
+    let dir_name = |d: usize| format!("fsync.{run}.{tag}.{d}");
+    let dirs: Vec<u64> = (0..=creators)
+        .map(|d| {
+            fs.mkdir(ROOT_INO, dir_name(d).as_bytes(), DIR_MODE, CRED)
+                .map(|a| a.ino)
+                .context(|| format!("mkdir {}", dir_name(d)))
+        })
+        .collect::<CliResult<_>>()?;
+    let stop = AtomicBool::new(false);
+    let (creates, checkpoints) = (AtomicU64::new(0), AtomicU64::new(0));
+    let stats = &fs.mount().journal.stats;
+    let mut result = std::thread::scope(|s| -> CliResult<RunResult> {
+        let (stop, creates) = (&stop, &creates);
+        let loaders: Vec<_> = dirs[1..]
+            .iter()
+            .map(|&dir| s.spawn(move || create_load(fs, dir, names, stop, creates)))
+            .collect();
+        let checkpointer = (creators > 0).then(|| {
+            s.spawn(|| {
+                while !stop.load(Relaxed) {
+                    fs.mount()
+                        .journal
+                        .checkpoint()
+                        .map_err(|e| Failure::new("checkpoint", e))?;
+                    checkpoints.fetch_add(1, Relaxed);
+                    std::thread::sleep(CHECKPOINT_PAUSE);
+                }
+                Ok(())
+            })
+        });
+        let before = counts(stats);
+        let samples = fsync_loop(fs, dirs[0], names, files);
+        let after = counts(stats);
+        stop.store(true, Relaxed);
+        for h in loaders.into_iter().chain(checkpointer) {
+            h.join()
+                .map_err(|_| Failure::new("fsync load", "a benchmark thread panicked"))??;
+        }
+        let mut samples = samples?;
+        samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let tail = &samples[samples.len() - samples.len().div_ceil(100)..];
+        let mean = |f: fn(&(f64, f64)) -> f64| tail.iter().map(f).sum::<f64>() / tail.len() as f64;
+        let mut without_run_queue: Vec<f64> =
+            samples.iter().map(|s| (s.0 - s.1).max(0.0)).collect();
+        without_run_queue.sort_by(f64::total_cmp);
+        Ok(RunResult {
+            without_run_queue,
+            latencies: samples.iter().map(|s| s.0).collect(),
+            slowest: (mean(|s| s.0), mean(|s| s.1)),
+            counts: [0, 1, 2].map(|i| after[i] - before[i]),
+            ..RunResult::default()
+        })
+    })?;
+    result.load_creates = creates.load(Relaxed);
+    result.load_checkpoints = checkpoints.load(Relaxed);
+    for (d, &dir) in dirs.iter().enumerate() {
+        for i in 0..names.len() {
+            match fs.unlink(dir, names.get(i)) {
+                Ok(()) | Err(ferrofs::Error::NotFound) => {}
+                Err(e) => return Err(Failure::new(format!("unlink {}", dir_name(d)), e)),
+            }
+        }
+        fs.rmdir(ROOT_INO, dir_name(d).as_bytes())
+            .context(|| format!("rmdir {}", dir_name(d)))?;
+    }
+    Ok(result)
+}
+
+/// Create, write 4 KiB, fsync (timed), `files` times; each fsync's latency and the time the
+/// thread waited for a CPU meanwhile, in us.
+fn fsync_loop(
+    fs: &FileSystem,
+    dir: u64,
+    names: &NameTable,
+    files: usize,
+) -> CliResult<Vec<(f64, f64)>> {
+    let data = vec![0xa5u8; BLOCK_SIZE];
+    let mut lat = Vec::with_capacity(files);
+    for i in 0..files {
+        let fail = |what: &'static str| {
+            move |e| {
+                Failure::new(
+                    format!("{what} {}", String::from_utf8_lossy(names.get(i))),
+                    e,
+                )
+            }
+        };
+        let ino = fs
+            .create(dir, names.get(i), FILE_MODE, CRED)
+            .map_err(fail("create"))?
+            .ino;
+        fs.write(ino, 0, &data).map_err(fail("write"))?;
+        let queued = process::thread_run_delay();
+        let t = Instant::now();
+        fs.fsync(ino, false).map_err(fail("fsync"))?;
+        let took = t.elapsed();
+        let queued = process::thread_run_delay().saturating_sub(queued);
+        lat.push((took.as_secs_f64() * 1e6, queued.as_secs_f64() * 1e6));
+    }
+    Ok(lat)
+}
+
+/// Create files in `dir` until `stop`, removing them every `LOAD_BATCH`.
+fn create_load(
+    fs: &FileSystem,
+    dir: u64,
+    names: &NameTable,
+    stop: &AtomicBool,
+    creates: &AtomicU64,
+) -> CliResult<()> {
+    while !stop.load(Relaxed) {
+        for i in 0..LOAD_BATCH {
+            fs.create(dir, names.get(i), FILE_MODE, CRED)
+                .map_err(|e| Failure::new("load create", e))?;
+            creates.fetch_add(1, Relaxed);
+            if stop.load(Relaxed) {
+                return Ok(());
+            }
+        }
+        for i in 0..LOAD_BATCH {
+            fs.unlink(dir, names.get(i))
+                .map_err(|e| Failure::new("load unlink", e))?;
+        }
+    }
+    Ok(())
+}
+
+/// The value at quantile `q` of sorted samples (nearest rank).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+impl Latency {
+    fn of(runs: &[RunResult]) -> Latency {
+        let per_run = |f: &dyn Fn(&[f64]) -> f64| {
+            Spread::of(&runs.iter().map(|r| f(&r.latencies)).collect::<Vec<_>>())
+        };
+        let sum = |f: &dyn Fn(&RunResult) -> u64| runs.iter().map(f).sum();
+        Latency {
+            p50_us: per_run(&|l| quantile(l, 0.50)),
+            p99_us: per_run(&|l| quantile(l, 0.99)),
+            max_us: per_run(&|l| l[l.len() - 1]),
+            mean_us: per_run(&|l| l.iter().sum::<f64>() / l.len() as f64),
+            p99_without_run_queue_us: Spread::of(
+                &runs
+                    .iter()
+                    .map(|r| quantile(&r.without_run_queue, 0.99))
+                    .collect::<Vec<_>>(),
+            ),
+            slowest_1pct_mean_us: Spread::of(&runs.iter().map(|r| r.slowest.0).collect::<Vec<_>>()),
+            slowest_1pct_run_queue_us: Spread::of(
+                &runs.iter().map(|r| r.slowest.1).collect::<Vec<_>>(),
+            ),
+            wrote_checkpoint: sum(&|r| r.counts[0]),
+            joined_checkpoint: sum(&|r| r.counts[1]),
+            already_durable: sum(&|r| r.counts[2]),
+            load_creates: sum(&|r| r.load_creates),
+            load_checkpoints: sum(&|r| r.load_checkpoints),
+        }
+    }
+}
+
+impl Figures for FsyncFigures {
+    fn print(&self) {
+        println!(
+            "fsync: one thread creates a file, writes 4 KiB, fsyncs (timed); {} fsyncs per run; loaded = {} creating thread(s) + 1 thread writing checkpoints, sleeping {} us between them",
+            grouped(self.fsyncs_per_run as u64),
+            self.load_creators,
+            CHECKPOINT_PAUSE.as_micros()
+        );
+        println!(
+            "{:<9} {:>26} {:>26} {:>30} {:>26}",
+            "load", "p50 us", "p99 us", "max us", "mean us"
+        );
+        let us = |v: f64| format!("{v:.0}");
+        for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
+            println!(
+                "{:<9} {:>26} {:>26} {:>30} {:>26}",
+                name,
+                l.p50_us.cell(us),
+                l.p99_us.cell(us),
+                l.max_us.cell(us),
+                l.mean_us.cell(us)
+            );
+        }
+        println!("p99 loaded/idle: {:.2}", self.p99_ratio);
+        for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
+            println!(
+                "{name}: p99 of latency minus run-queue wait: {} us",
+                l.p99_without_run_queue_us.cell(us)
+            );
+        }
+        for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
+            println!(
+                "{name}: slowest 1% of fsyncs: mean {} us, of which {} us waiting for a CPU (run queue)",
+                l.slowest_1pct_mean_us.cell(us),
+                l.slowest_1pct_run_queue_us.cell(us)
+            );
+        }
+        for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
+            println!(
+                "{name}: fsyncs that wrote a checkpoint {}, joined a concurrent checkpoint {}, already durable {}; load: {} creates, {} checkpoints",
+                grouped(l.wrote_checkpoint),
+                grouped(l.joined_checkpoint),
+                grouped(l.already_durable),
+                grouped(l.load_creates),
+                grouped(l.load_checkpoints)
+            );
+        }
+    }
+}
