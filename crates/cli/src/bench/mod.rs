@@ -84,6 +84,16 @@ pub struct BenchArgs {
     /// engine a little). Counts, contentions and wait times are always measured.
     #[arg(long)]
     pub lock_timing: bool,
+    /// Count lock acquisitions, contentions and wait times (`on`, the default) or count
+    /// nothing (`off`: to measure what the counting costs; the lock table is then empty).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub lock_counting: Switch,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -152,6 +162,7 @@ struct Bench<'a> {
 
 pub fn run(args: &BenchArgs) -> CliResult<()> {
     lockstat::set_timing(args.lock_timing);
+    lockstat::set_counting(args.lock_counting == Switch::On);
     match args.mode {
         Mode::Embedded => {
             let report = measure(args)?;
