@@ -15,6 +15,7 @@ mod orphan;
 mod phase;
 mod process;
 mod report;
+mod scale;
 mod scratch;
 mod session;
 mod unlinked;
@@ -49,7 +50,7 @@ pub struct BenchArgs {
     /// Keep the image in process memory (RSS figures then include the image's pages).
     #[arg(long)]
     pub mem: bool,
-    /// embedded: files each run creates, split over the threads (default 100,000).
+    /// embedded and scale: files each run creates, split over the threads (default 100,000).
     /// commit: files per thread (default 16). unlinked: files opened, unlinked and closed
     /// (default 200,000). fsync: files the fsync thread writes and syncs per run and load
     /// (default 2,000).
@@ -58,7 +59,8 @@ pub struct BenchArgs {
     /// Thread counts to measure, comma-separated. embedded: default 1,2,8,48. commit:
     /// committing threads, default 1,2. orphan: truncating threads, default 1,2,4,10,20,40.
     /// fsync: file-creating threads beside the fsync thread and the checkpoint thread in
-    /// the loaded measurement, default 1 (the first value is used).
+    /// the loaded measurement, default 1 (the first value is used). scale: default
+    /// 1,2,4,8,16,48.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub threads: Vec<u64>,
     /// Also run every thread count with all threads in one shared directory (embedded).
@@ -67,6 +69,9 @@ pub struct BenchArgs {
     /// Files in the one-big-directory phase (single thread; embedded); 0 skips it.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
     pub big_dir: u64,
+    /// scale: files each thread creates, stats and removes in the mdtest pattern.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub mdtest_files: u64,
     /// commit: commits per thread per run.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub commits: u64,
@@ -108,6 +113,9 @@ pub enum Mode {
     Unlinked,
     /// fsync latency of small files, idle and under create and checkpoint load.
     Fsync,
+    /// Metadata scalability by thread count: create, stat, open/close, readdir, renames,
+    /// unlink, in private and shared directories, plus seed 001's mdtest pattern.
+    Scale,
 }
 
 impl BenchArgs {
@@ -173,6 +181,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         Mode::Orphan => orphan::run(args),
         Mode::Unlinked => unlinked::run(args),
         Mode::Fsync => fsync::run(args),
+        Mode::Scale => scale::run(args),
     }
 }
 
