@@ -19,6 +19,7 @@ mod scale;
 mod scratch;
 mod session;
 mod unlinked;
+mod unmount;
 
 use crate::failure::{CliResult, Context};
 use crate::progress;
@@ -53,7 +54,7 @@ pub struct BenchArgs {
     /// embedded and scale: files each run creates, split over the threads (default 100,000).
     /// commit: files per thread (default 16). unlinked: files opened, unlinked and closed
     /// (default 200,000). fsync: files the fsync thread writes and syncs per run and load
-    /// (default 2,000).
+    /// (default 2,000). unmount: cached inodes of file system A (default 1,000,000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub files: Option<u64>,
     /// Thread counts to measure, comma-separated. embedded: default 1,2,8,48. commit:
@@ -72,6 +73,9 @@ pub struct BenchArgs {
     /// scale: files each thread creates, stats and removes in the mdtest pattern.
     #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub mdtest_files: u64,
+    /// unmount: files in the small file system B (touched and unmounted each run).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub small_files: u64,
     /// commit: commits per thread per run.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub commits: u64,
@@ -116,6 +120,9 @@ pub enum Mode {
     /// Metadata scalability by thread count: create, stat, open/close, readdir, renames,
     /// unlink, in private and shared directories, plus seed 001's mdtest pattern.
     Scale,
+    /// Unmount time of a small file system beside one holding a million cached inodes
+    /// (seed 004).
+    Unmount,
 }
 
 impl BenchArgs {
@@ -182,6 +189,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         Mode::Unlinked => unlinked::run(args),
         Mode::Fsync => fsync::run(args),
         Mode::Scale => scale::run(args),
+        Mode::Unmount => unmount::run(args),
     }
 }
 
