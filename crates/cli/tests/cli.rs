@@ -239,3 +239,43 @@ fn bench_journal_workloads_report_their_figures() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(s.path("unlinked.json")).unwrap()).unwrap();
     assert_eq!(v["results"]["orphan_adds_per_run"], serde_json::json!([300, 300]));
 }
+
+/// The scalability and unmount workloads run at a tiny size, print their tables and targets,
+/// write their JSON and delete their images. (A smoke test: no figure is checked against a
+/// target.)
+#[test]
+fn bench_scale_and_unmount_report_their_figures() {
+    let s = Scratch::new("bench-scale");
+    let (img, json) = (s.path("scale.img"), s.path("scale.json"));
+    let o = ferrofs(&[
+        "bench", "scale", "--image", &img, "--files", "200", "--mdtest-files", "20", "--threads", "1,3", "--runs", "2",
+        "--json", &json,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("mdtest pattern") && out.contains("targets:") && out.contains("locks, top 10"), "{out}");
+    assert!(!std::path::Path::new(&img).exists(), "scale left its image behind");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = v["results"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2 * 2 * 7, "private and shared, 2 thread counts, 7 phases");
+    for r in rows {
+        assert_eq!(r["ops_per_sec"].as_array().unwrap().len(), 2);
+        assert!(r["locks"].as_array().unwrap().len() <= 5);
+    }
+    let readdir = rows.iter().find(|r| r["phase"] == "readdir" && r["layout"] == "shared" && r["threads"] == 3).unwrap();
+    assert_eq!(readdir["ops"], 600, "every thread lists the whole shared directory");
+    assert_eq!(v["results"]["mdtest"].as_array().unwrap().len(), 2 * 3);
+    assert!(v["results"]["targets"].as_array().unwrap().len() >= 3);
+
+    let (img, json) = (s.path("unmount.img"), s.path("unmount.json"));
+    let o = ferrofs(&[
+        "bench", "unmount", "--image", &img, "--files", "500", "--small-files", "30", "--runs", "2", "--json", &json,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("ratio with/without"), "{}", stdout(&o));
+    assert!(!std::path::Path::new(&img).exists() && !std::path::Path::new(&s.path("unmount.small.img")).exists());
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["results"]["a_cached_inodes"].as_u64().unwrap() >= 500);
+    assert_eq!(v["results"]["b_cached_inodes"], 32, "root, the directory and 30 files");
+    assert_eq!(v["results"]["seconds_with_a"]["runs"].as_array().unwrap().len(), 2);
+}

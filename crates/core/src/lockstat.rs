@@ -21,6 +21,12 @@
 //! With timing off an uncontended lock/unlock pair costs about 1.5 ns more
 //! than the bare `parking_lot` lock (numbers on [`RwLock::new_pooled`]).
 //!
+//! - **Everything** can be switched off at run time with
+//!   [`set_counting`]`(false)`: an acquisition then does one relaxed load of
+//!   the mode word (the same load that reads the timing switch) and counts
+//!   nothing, not even contended waits. `ferrofs bench --lock-counting off`
+//!   measures what counting costs.
+//!
 //! # Where the counters live
 //!
 //! - [`Mutex::new`] / [`RwLock::new`] (and `new_indexed`): the instance owns
@@ -47,16 +53,20 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 use serde::Serialize;
 
-/// Whether hold times are measured (two clock reads per lock); wait times
-/// are measured regardless, on the contended path only.
-static TIMING: AtomicBool = AtomicBool::new(false);
+/// The run-time switches, in one word so an acquisition reads both with one
+/// relaxed load: [`COUNTING`] (acquisitions, contentions and wait times; on
+/// by default) and [`TIMING`] (hold times too: two clock reads per lock; off
+/// by default, and only effective while counting is on).
+static MODE: AtomicU8 = AtomicU8::new(COUNTING);
+const COUNTING: u8 = 1;
+const TIMING: u8 = 2;
 
 /// Every class that ever had an instance, so [`snapshot`] can find it.
 static CLASSES: parking_lot::Mutex<Vec<&'static LockClass>> = parking_lot::const_mutex(Vec::new());
@@ -77,13 +87,35 @@ pub static UNNAMED: LockClass = LockClass::new("unnamed");
 /// production keeps the cheap counts and contended wait times and only pays
 /// for the clock on every acquisition when investigating.
 pub fn set_timing(on: bool) {
-    TIMING.store(on, Relaxed);
+    set_mode_bit(TIMING, on);
 }
 
 /// Whether hold timing is on; lets callers save and restore the setting.
 #[inline]
 pub fn timing() -> bool {
-    TIMING.load(Relaxed)
+    MODE.load(Relaxed) & TIMING != 0
+}
+
+/// Turns all counting on or off at run time (default on). Off, locks count
+/// nothing (no acquisitions, contentions, wait or hold times): for measuring
+/// what the statistics cost. Holds that began while counting was on are still
+/// recorded when they end.
+pub fn set_counting(on: bool) {
+    set_mode_bit(COUNTING, on);
+}
+
+/// Whether locks are counted.
+#[inline]
+pub fn counting() -> bool {
+    MODE.load(Relaxed) & COUNTING != 0
+}
+
+fn set_mode_bit(bit: u8, on: bool) {
+    if on {
+        MODE.fetch_or(bit, Relaxed);
+    } else {
+        MODE.fetch_and(!bit, Relaxed);
+    }
 }
 
 /// A named class of locks, declared as a static, e.g.
@@ -538,7 +570,11 @@ impl Meter {
         slow: impl FnOnce() -> G,
     ) -> (G, Hold<'_>) {
         order::check(self);
-        let timing = timing();
+        let mode = MODE.load(Relaxed);
+        if mode & COUNTING == 0 {
+            return (fast().unwrap_or_else(slow), self.uncounted());
+        }
+        let timing = mode & TIMING != 0;
         if let Some(guard) = fast() {
             return (guard, self.hold(access, timing.then(Instant::now)));
         }
@@ -554,7 +590,11 @@ impl Meter {
         fast: impl FnOnce() -> Option<G>,
     ) -> Option<(G, Hold<'_>)> {
         let guard = fast()?;
-        Some((guard, self.hold(access, timing().then(Instant::now))))
+        let mode = MODE.load(Relaxed);
+        if mode & COUNTING == 0 {
+            return Some((guard, self.uncounted()));
+        }
+        Some((guard, self.hold(access, (mode & TIMING != 0).then(Instant::now))))
     }
 
     /// The slow path: always timed, since blocking dwarfs two clock reads.
@@ -564,7 +604,9 @@ impl Meter {
         let guard = slow();
         let after = Instant::now();
         let hold = self.hold(access, timing.then_some(after));
-        hold.side.record_contention(nanos(after - before));
+        if let Some(side) = hold.side {
+            side.record_contention(nanos(after - before));
+        }
         (guard, hold)
     }
 
@@ -575,8 +617,19 @@ impl Meter {
         order::push(self);
         Hold {
             meter: self,
-            side,
+            side: Some(side),
             start,
+        }
+    }
+
+    /// A hold that records nothing (counting is off).
+    #[inline]
+    fn uncounted(&self) -> Hold<'_> {
+        order::push(self);
+        Hold {
+            meter: self,
+            side: None,
+            start: None,
         }
     }
 }
@@ -603,8 +656,9 @@ impl Drop for Meter {
 struct Hold<'a> {
     meter: &'a Meter,
     /// Where the acquisition was counted (for a pooled lock, the shard of
-    /// the acquiring thread), so the release need not look it up again.
-    side: &'a Side,
+    /// the acquiring thread), so the release need not look it up again;
+    /// `None` if it was taken while counting was off.
+    side: Option<&'a Side>,
     start: Option<Instant>,
 }
 
@@ -612,15 +666,17 @@ impl Hold<'_> {
     /// Ends the current hold period (the lock is about to be released).
     #[inline]
     fn pause(&mut self) {
-        if let Some(start) = self.start.take() {
-            self.side.record_hold(nanos(start.elapsed()));
+        if let (Some(start), Some(side)) = (self.start.take(), self.side) {
+            side.record_hold(nanos(start.elapsed()));
         }
     }
 
     /// Starts a new hold period after the lock was re-acquired.
     fn resume(&mut self) {
-        self.side.acquisitions.fetch_add(1, Relaxed);
-        self.start = timing().then(Instant::now);
+        if let Some(side) = self.side {
+            side.acquisitions.fetch_add(1, Relaxed);
+            self.start = timing().then(Instant::now);
+        }
     }
 }
 
@@ -1368,6 +1424,31 @@ mod tests {
             (stats.combined().hold_total_ns, stats.combined().hold_max_ns),
             (0, 0)
         );
+    }
+
+    #[test]
+    fn counting_off_counts_nothing_and_back_on_counts_again() {
+        static CLASS: LockClass = LockClass::new("test-uncounted");
+        let _serial = SERIAL.lock();
+        let own = RwLock::new(&CLASS, ());
+        let pooled = Mutex::new_pooled(&CLASS, ());
+        let _timing = Timing::set(true);
+        set_counting(false);
+        let held = pooled.lock();
+        for _ in 0..100 {
+            drop(own.write());
+            drop(own.read());
+            drop(own.try_read());
+        }
+        set_counting(true);
+        // A hold begun uncounted stays uncounted when it ends.
+        drop(held);
+        assert_eq!(own.stats(), Stats::default());
+        assert_eq!(class_stats("test-uncounted").total, Stats::default());
+        drop(own.write());
+        drop(pooled.lock());
+        assert_eq!(own.stats().exclusive.acquisitions, 1);
+        assert_eq!(class_stats("test-uncounted").total.exclusive.acquisitions, 2);
     }
 
     /// Blocks one `lock()` of `lock` for about 20 ms, then hammers it from

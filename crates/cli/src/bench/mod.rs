@@ -15,9 +15,11 @@ mod orphan;
 mod phase;
 mod process;
 mod report;
+mod scale;
 mod scratch;
 mod session;
 mod unlinked;
+mod unmount;
 
 use crate::failure::{CliResult, Context};
 use crate::progress;
@@ -49,16 +51,17 @@ pub struct BenchArgs {
     /// Keep the image in process memory (RSS figures then include the image's pages).
     #[arg(long)]
     pub mem: bool,
-    /// embedded: files each run creates, split over the threads (default 100,000).
+    /// embedded and scale: files each run creates, split over the threads (default 100,000).
     /// commit: files per thread (default 16). unlinked: files opened, unlinked and closed
     /// (default 200,000). fsync: files the fsync thread writes and syncs per run and load
-    /// (default 2,000).
+    /// (default 2,000). unmount: cached inodes of file system A (default 1,000,000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub files: Option<u64>,
     /// Thread counts to measure, comma-separated. embedded: default 1,2,8,48. commit:
     /// committing threads, default 1,2. orphan: truncating threads, default 1,2,4,10,20,40.
     /// fsync: file-creating threads beside the fsync thread and the checkpoint thread in
-    /// the loaded measurement, default 1 (the first value is used).
+    /// the loaded measurement, default 1 (the first value is used). scale: default
+    /// 1,2,4,8,16,48.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub threads: Vec<u64>,
     /// Also run every thread count with all threads in one shared directory (embedded).
@@ -67,6 +70,12 @@ pub struct BenchArgs {
     /// Files in the one-big-directory phase (single thread; embedded); 0 skips it.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
     pub big_dir: u64,
+    /// scale: files each thread creates, stats and removes in the mdtest pattern.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub mdtest_files: u64,
+    /// unmount: files in the small file system B (touched and unmounted each run).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub small_files: u64,
     /// commit: commits per thread per run.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub commits: u64,
@@ -84,6 +93,16 @@ pub struct BenchArgs {
     /// engine a little). Counts, contentions and wait times are always measured.
     #[arg(long)]
     pub lock_timing: bool,
+    /// Count lock acquisitions, contentions and wait times (`on`, the default) or count
+    /// nothing (`off`: to measure what the counting costs; the lock table is then empty).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub lock_counting: Switch,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -98,6 +117,12 @@ pub enum Mode {
     Unlinked,
     /// fsync latency of small files, idle and under create and checkpoint load.
     Fsync,
+    /// Metadata scalability by thread count: create, stat, open/close, readdir, renames,
+    /// unlink, in private and shared directories, plus seed 001's mdtest pattern.
+    Scale,
+    /// Unmount time of a small file system beside one holding a million cached inodes
+    /// (seed 004).
+    Unmount,
 }
 
 impl BenchArgs {
@@ -152,6 +177,7 @@ struct Bench<'a> {
 
 pub fn run(args: &BenchArgs) -> CliResult<()> {
     lockstat::set_timing(args.lock_timing);
+    lockstat::set_counting(args.lock_counting == Switch::On);
     match args.mode {
         Mode::Embedded => {
             let report = measure(args)?;
@@ -162,6 +188,8 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         Mode::Orphan => orphan::run(args),
         Mode::Unlinked => unlinked::run(args),
         Mode::Fsync => fsync::run(args),
+        Mode::Scale => scale::run(args),
+        Mode::Unmount => unmount::run(args),
     }
 }
 

@@ -1,6 +1,7 @@
 //! One timed phase: every thread applies an operation to each name of its share, in its
 //! directory. Threads are spawned first and released together by a barrier; the clock runs
-//! from the release until the last thread is done and `finish` (e.g. sync) returned. The
+//! from the first thread's release until the last thread is done and `finish` (e.g. sync)
+//! returned. The
 //! process's CPU time over the same span is taken too (it includes the journal's threads).
 
 use super::names::NameTable;
@@ -78,7 +79,7 @@ where
 }
 
 /// Run `work(t)` on `threads` threads, released together by a barrier; the clock runs from
-/// the release until every thread returned and `finish` returned. `what` names the work in
+/// the first thread's release until every thread returned and `finish` returned. `what` names the work in
 /// a failure. Every benchmark's timed section goes through here.
 pub fn timed<W, F>(what: &str, threads: usize, work: W, finish: F) -> CliResult<Timing>
 where
@@ -92,19 +93,26 @@ where
             .map(|t| {
                 s.spawn(move || {
                     start_line.wait();
-                    work(t)
+                    (Instant::now(), work(t))
                 })
             })
             .collect();
+        let cpu_before = process::cpu_time();
         start_line.wait();
-        let (started, cpu_before) = (Instant::now(), process::cpu_time());
+        // The clock starts when the first worker passes the barrier: this thread may be
+        // descheduled right after it (threads outnumber cores), and workers must not run
+        // unclocked meanwhile.
+        let mut started: Option<Instant> = None;
         for w in workers {
-            w.join()
-                .map_err(|_| Failure::new(what, "a benchmark thread panicked"))??;
+            let (t0, done) = w
+                .join()
+                .map_err(|_| Failure::new(what, "a benchmark thread panicked"))?;
+            done?;
+            started = Some(started.map_or(t0, |s| s.min(t0)));
         }
         finish()?;
         Ok(Timing {
-            wall: started.elapsed(),
+            wall: started.map_or(Duration::ZERO, |s| s.elapsed()),
             cpu: process::cpu_time().saturating_sub(cpu_before),
         })
     })

@@ -48,7 +48,7 @@ pub struct Cycle {
     pub first_growth: Growth,
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 pub struct PhaseStats {
     pub phase: &'static str,
     /// Per run, wall clock.
@@ -398,7 +398,7 @@ fn median(sorted: &[f64]) -> f64 {
 }
 
 /// `312,456 [301,000-320,000]`
-fn rate_cell(p: &PhaseStats) -> String {
+pub fn rate_cell(p: &PhaseStats) -> String {
     format!(
         "{} [{}-{}]",
         grouped(p.median as u64),

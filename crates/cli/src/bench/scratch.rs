@@ -56,6 +56,17 @@ pub fn create(
     size: u64,
     opts: MkfsOptions,
 ) -> CliResult<Scratch> {
+    create_tagged(path, in_memory, "", size, opts)
+}
+
+/// As `create`, for a second image of the same benchmark: `tag` goes into the default name.
+pub fn create_tagged(
+    path: Option<&Path>,
+    in_memory: bool,
+    tag: &str,
+    size: u64,
+    opts: MkfsOptions,
+) -> CliResult<Scratch> {
     let scratch = if in_memory {
         Scratch {
             dev: Arc::new(MemDevice::new(size)),
@@ -63,7 +74,7 @@ pub fn create(
             opts,
         }
     } else {
-        let path = path.map_or_else(default_path, Path::to_path_buf);
+        let path = path.map_or_else(|| default_path(tag), Path::to_path_buf);
         if path.exists() {
             return Err(Failure::new(
                 path.display().to_string(),
@@ -83,12 +94,13 @@ pub fn create(
     Ok(scratch)
 }
 
-fn default_path() -> PathBuf {
+fn default_path(tag: &str) -> PathBuf {
     let shm = Path::new("/dev/shm");
     let dir = if shm.is_dir() {
         shm.to_path_buf()
     } else {
         std::env::temp_dir()
     };
-    dir.join(format!("ferrofs-bench-{}.img", std::process::id()))
+    let tag = if tag.is_empty() { String::new() } else { format!("-{tag}") };
+    dir.join(format!("ferrofs-bench-{}{tag}.img", std::process::id()))
 }

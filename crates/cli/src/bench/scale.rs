@@ -1,0 +1,716 @@
+//! `ferrofs bench scale`: metadata scalability by thread count. For each thread count and
+//! layout (each thread in directories of its own, or all threads in one shared directory),
+//! threads create their share of N empty files, stat them, open and close them, list the
+//! directories, rename each file within its directory, rename it into a second directory,
+//! and unlink it. Then seed 001's mdtest pattern (`mdtest -F -C -T -r -u -n N`): each thread
+//! creates N files in a directory of its own, stats them and removes them.
+//!
+//! Every phase reports ops/s, its scaling against one thread, the AG allocation retries it
+//! caused, and the lock classes its threads waited on most, each as a share of the phase's
+//! thread time (wait total / (threads x wall time)). The lock figures of a phase are the
+//! difference of two lockstat snapshots around it, so they cover exactly that phase (the
+//! journal's own threads included) and the session's lock table still covers the whole run.
+//! Two targets are checked and printed as PASS/MISS lines.
+
+use super::names::{self, NameTable};
+use super::phase::{timed, Phase, Share, Timing};
+use super::report::{rate_cell, Figures, PhaseStats};
+use super::session::Session;
+use super::{scratch, BenchArgs, Layout, CRED, DIR_MODE, FILE_MODE};
+use crate::failure::{CliResult, Context, Failure};
+use crate::progress;
+use crate::units::grouped;
+use ferrofs::format::ROOT_INO;
+use ferrofs::lockstat;
+use ferrofs::FileSystem;
+use indicatif::ProgressBar;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Lock classes reported per phase.
+const TOP_LOCKS: usize = 5;
+/// A lock whose waits take more of a private-directory phase's thread time than this misses
+/// the target: threads in directories of their own should not meet.
+const WAIT_SHARE_LIMIT: f64 = 0.05;
+/// Throughput at the largest thread count must be at least this share of the best.
+const OVERSUBSCRIBED_FLOOR: f64 = 0.90;
+
+#[derive(Serialize)]
+pub struct ScaleFigures {
+    /// Files per run in the main phases, split over the threads.
+    pub files: usize,
+    /// Files each thread creates in the mdtest pattern.
+    pub mdtest_files_per_thread: usize,
+    pub threads: Vec<usize>,
+    pub rows: Vec<ScaleRow>,
+    pub mdtest: Vec<ScaleRow>,
+    pub targets: Vec<Target>,
+}
+
+/// One phase at one layout and thread count, over all runs.
+#[derive(Serialize)]
+pub struct ScaleRow {
+    pub layout: Layout,
+    pub threads: usize,
+    /// Operations per run (readdir: entries returned).
+    pub ops: usize,
+    #[serde(flatten)]
+    pub stats: PhaseStats,
+    /// Median ops/s over the median at the smallest thread count measured.
+    pub scaling: f64,
+    pub scaling_base_threads: usize,
+    /// AG allocation retries over all runs of the phase.
+    pub ag_alloc_retries: u64,
+    /// The classes with the most wait time, over all runs of the phase.
+    pub locks: Vec<LockWait>,
+}
+
+#[derive(Clone, Serialize)]
+pub struct LockWait {
+    pub class: &'static str,
+    pub acquisitions: u64,
+    pub contentions: u64,
+    pub wait_total_ns: u64,
+    /// wait_total / (threads x wall time), summed over the runs.
+    pub wait_share: f64,
+}
+
+#[derive(Serialize)]
+pub struct Target {
+    pub name: String,
+    pub met: bool,
+    pub detail: String,
+}
+
+/// One phase of one run: its time and what it did to the counters.
+struct Sample {
+    timing: Timing,
+    retries: u64,
+    /// Per class: (acquisitions, contentions, wait ns) during the phase.
+    locks: HashMap<&'static str, [u64; 3]>,
+}
+
+/// The main phases, in the order they run.
+const PHASES: [&str; 7] = [
+    "create",
+    "stat",
+    "open/close",
+    "readdir",
+    "rename in dir",
+    "rename across",
+    "unlink",
+];
+const MDTEST_PHASES: [&str; 3] = ["create", "stat", "remove"];
+
+pub fn run(args: &BenchArgs) -> CliResult<()> {
+    let files = args.files_or(100_000);
+    let per_thread = args.mdtest_files as usize;
+    let threads = args.threads_or(&[1, 2, 4, 8, 16, 48]);
+    let max_threads = threads.iter().copied().max().unwrap_or(1);
+    let live = files.max(per_thread * max_threads);
+    let names = NameTable::new(files.max(per_thread));
+    let session = Session::open(
+        args,
+        (live + 4 * max_threads) as u64,
+        scratch::mkfs_options(max_threads),
+    )?;
+    let bar = progress::counter(true, 0, "");
+    let bench = Scale {
+        fs: &session.fs,
+        names: &names,
+        bar: &bar,
+    };
+    let mut rows = Vec::new();
+    for layout in [Layout::Private, Layout::Shared] {
+        let mut group = Vec::new();
+        for &t in &threads {
+            let runs: Vec<Vec<Sample>> = (0..args.runs)
+                .map(|r| {
+                    bench.main_run(layout, t, files, &run_label(layout.name(), t, r, args.runs))
+                })
+                .collect::<CliResult<_>>()?;
+            let ops = |phase: &str| match (phase, layout) {
+                ("readdir", Layout::Shared) => files * t,
+                _ => files,
+            };
+            group.extend(rows_of(layout, t, &PHASES, &runs, ops));
+        }
+        rows.extend(with_scaling(group));
+    }
+    let mut mdtest = Vec::new();
+    for &t in &threads {
+        let runs: Vec<Vec<Sample>> = (0..args.runs)
+            .map(|r| bench.mdtest_run(t, per_thread, &run_label("mdtest", t, r, args.runs)))
+            .collect::<CliResult<_>>()?;
+        mdtest.extend(rows_of(Layout::Private, t, &MDTEST_PHASES, &runs, |_| {
+            per_thread * t
+        }));
+    }
+    let mdtest = with_scaling(mdtest);
+    bar.finish_and_clear();
+    let targets = check_targets(&rows, &mdtest, max_threads);
+    session.finish(
+        "scale",
+        args,
+        ScaleFigures {
+            files,
+            mdtest_files_per_thread: per_thread,
+            threads,
+            rows,
+            mdtest,
+            targets,
+        },
+    )
+}
+
+fn run_label(what: &str, t: usize, run: u64, runs: u64) -> String {
+    format!("{what} {t}t run {}/{runs}", run + 1)
+}
+
+struct Scale<'a> {
+    fs: &'a FileSystem,
+    names: &'a NameTable,
+    bar: &'a ProgressBar,
+}
+
+impl Scale<'_> {
+    /// One run of every main phase; returns one sample per phase, in `PHASES` order.
+    fn main_run(
+        &self,
+        layout: Layout,
+        threads: usize,
+        files: usize,
+        label: &str,
+    ) -> CliResult<Vec<Sample>> {
+        let fs = self.fs;
+        // Two directories per thread (private) or two in all (shared): `a` for every phase,
+        // `b` as the target of the cross-directory rename.
+        let count = if layout == Layout::Private {
+            threads
+        } else {
+            1
+        };
+        let a = self.make_dirs(&format!("{label} a"), count)?;
+        let b = self.make_dirs(&format!("{label} b"), count)?;
+        let other: HashMap<u64, u64> = a.iter().copied().zip(b.iter().copied()).collect();
+        let other = |d: u64| other[&d];
+        let shares: Vec<Share> = (0..threads)
+            .map(|t| Share {
+                dir: a[t % count],
+                names: names::share(files, threads, t),
+            })
+            .collect();
+        let sync = || fs.sync();
+        let mut samples = Vec::with_capacity(PHASES.len());
+        samples.push(measured(fs, || {
+            self.phase(label, "create", files, |d, n| {
+                fs.create(d, n, FILE_MODE, CRED).map(drop)
+            })
+            .run(&shares, sync)
+        })?);
+        samples.push(measured(fs, || {
+            self.phase(label, "stat", files, |d, n| stat(fs, d, n))
+                .run(&shares, || Ok(()))
+        })?);
+        samples.push(measured(fs, || {
+            self.phase(label, "open/close", files, |d, n| {
+                let ino = fs.lookup(d, n)?.ino;
+                fs.open(ino)?;
+                fs.release(ino)
+            })
+            .run(&shares, || Ok(()))
+        })?);
+        let listed = if layout == Layout::Private {
+            files
+        } else {
+            files * threads
+        };
+        samples.push(measured(fs, || self.readdir(label, &shares, listed))?);
+        samples.push(measured(fs, || {
+            self.phase(label, "rename in dir", files, |d, n| {
+                fs.rename(d, n, d, renamed(n).as_slice(), 0)
+            })
+            .run(&shares, sync)
+        })?);
+        samples.push(measured(fs, || {
+            self.phase(label, "rename across", files, |d, n| {
+                let r = renamed(n);
+                fs.rename(d, r.as_slice(), other(d), r.as_slice(), 0)
+            })
+            .run(&shares, sync)
+        })?);
+        samples.push(measured(fs, || {
+            self.phase(label, "unlink", files, |d, n| {
+                fs.unlink(other(d), renamed(n).as_slice())
+            })
+            .run(&shares, sync)
+        })?);
+        self.remove_dirs(&format!("{label} a"), count)?;
+        self.remove_dirs(&format!("{label} b"), count)?;
+        Ok(samples)
+    }
+
+    /// Seed 001's mdtest pattern: each thread creates `per_thread` files in a directory of
+    /// its own (a new one each run), stats them, removes them.
+    fn mdtest_run(&self, threads: usize, per_thread: usize, label: &str) -> CliResult<Vec<Sample>> {
+        let fs = self.fs;
+        let dirs = self.make_dirs(label, threads)?;
+        let shares: Vec<Share> = dirs
+            .iter()
+            .map(|&dir| Share {
+                dir,
+                names: 0..per_thread,
+            })
+            .collect();
+        let total = per_thread * threads;
+        let samples = vec![
+            measured(fs, || {
+                self.phase(label, "create", total, |d, n| {
+                    fs.create(d, n, FILE_MODE, CRED).map(drop)
+                })
+                .run(&shares, || fs.sync())
+            })?,
+            measured(fs, || {
+                self.phase(label, "stat", total, |d, n| stat(fs, d, n))
+                    .run(&shares, || Ok(()))
+            })?,
+            measured(fs, || {
+                self.phase(label, "remove", total, |d, n| fs.unlink(d, n))
+                    .run(&shares, || fs.sync())
+            })?,
+        ];
+        self.remove_dirs(label, threads)?;
+        Ok(samples)
+    }
+
+    /// Each thread lists its share's directory in full (in the shared layout, every thread
+    /// lists the one directory); `expect` entries in all, "." and ".." not counted.
+    fn readdir(&self, label: &str, shares: &[Share], expect: usize) -> CliResult<Timing> {
+        self.point_bar(label, "readdir", expect);
+        let listed = AtomicU64::new(0);
+        let timing = timed(
+            "readdir",
+            shares.len(),
+            |t| {
+                let dir = shares[t].dir;
+                let mut n = 0u64;
+                self.fs
+                    .readdir(dir, 0, &mut |e| {
+                        n += u64::from(e.name != b"." && e.name != b"..");
+                        true
+                    })
+                    .map_err(|e| Failure::new(format!("readdir of directory inode {dir}"), e))?;
+                listed.fetch_add(n, Relaxed);
+                self.bar.inc(n);
+                Ok(())
+            },
+            || Ok(()),
+        )?;
+        let listed = listed.into_inner();
+        if listed != expect as u64 {
+            return Err(Failure::new(
+                "readdir",
+                format!("listed {listed} entries, expected {expect}"),
+            ));
+        }
+        Ok(timing)
+    }
+
+    fn point_bar(&self, label: &str, what: &str, len: usize) {
+        self.bar.reset();
+        self.bar.set_length(len as u64);
+        self.bar.set_message(format!("{label}: {what}"));
+    }
+
+    /// Point the progress bar at a phase and bind its operation.
+    fn phase<F>(&self, label: &str, what: &'static str, ops: usize, op: F) -> Phase<'_, F>
+    where
+        F: Fn(u64, &[u8]) -> ferrofs::Result<()> + Sync,
+    {
+        self.point_bar(label, what, ops);
+        Phase {
+            what,
+            names: self.names,
+            bar: self.bar,
+            op,
+        }
+    }
+
+    fn make_dirs(&self, label: &str, count: usize) -> CliResult<Vec<u64>> {
+        (0..count)
+            .map(|t| {
+                let name = super::dir_name(label, t);
+                self.fs
+                    .mkdir(ROOT_INO, name.as_bytes(), DIR_MODE, CRED)
+                    .map(|a| a.ino)
+                    .context(|| format!("mkdir {name}"))
+            })
+            .collect()
+    }
+
+    fn remove_dirs(&self, label: &str, count: usize) -> CliResult<()> {
+        for t in 0..count {
+            let name = super::dir_name(label, t);
+            self.fs
+                .rmdir(ROOT_INO, name.as_bytes())
+                .context(|| format!("rmdir {name}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// stat(2) of a name: lookup, then getattr of what it found.
+fn stat(fs: &FileSystem, dir: u64, name: &[u8]) -> ferrofs::Result<()> {
+    let ino = fs.lookup(dir, name)?.ino;
+    fs.getattr(ino).map(drop)
+}
+
+/// A file's name after its rename: `f0000123` becomes `r0000123` (no allocation).
+struct Renamed {
+    bytes: [u8; 32],
+    len: usize,
+}
+
+impl Renamed {
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+fn renamed(name: &[u8]) -> Renamed {
+    let mut bytes = [0u8; 32];
+    bytes[..name.len()].copy_from_slice(name);
+    bytes[0] = b'r';
+    Renamed {
+        bytes,
+        len: name.len(),
+    }
+}
+
+/// Run one phase and take what it did to the lock and allocation counters.
+fn measured(fs: &FileSystem, phase: impl FnOnce() -> CliResult<Timing>) -> CliResult<Sample> {
+    let (locks, retries) = (lock_waits(), alloc_retries(fs));
+    let timing = phase()?;
+    let mut after = lock_waits();
+    for (class, before) in locks {
+        if let Some(a) = after.get_mut(class) {
+            for (x, b) in a.iter_mut().zip(before) {
+                *x = x.saturating_sub(b);
+            }
+        }
+    }
+    Ok(Sample {
+        timing,
+        retries: alloc_retries(fs) - retries,
+        locks: after,
+    })
+}
+
+fn lock_waits() -> HashMap<&'static str, [u64; 3]> {
+    let mut m = HashMap::new();
+    for c in lockstat::snapshot() {
+        let s = c.total.combined();
+        let e: &mut [u64; 3] = m.entry(c.name).or_default();
+        e[0] += s.acquisitions;
+        e[1] += s.contentions;
+        e[2] += s.wait_total_ns;
+    }
+    m
+}
+
+fn alloc_retries(fs: &FileSystem) -> u64 {
+    fs.mount()
+        .ags
+        .iter()
+        .map(|ag| ag.alloc_retries.load(Relaxed))
+        .sum()
+}
+
+/// Rows of one layout and thread count: `runs[r][p]` is phase `p` of run `r`.
+fn rows_of(
+    layout: Layout,
+    threads: usize,
+    phases: &[&'static str],
+    runs: &[Vec<Sample>],
+    ops: impl Fn(&str) -> usize,
+) -> Vec<ScaleRow> {
+    phases
+        .iter()
+        .enumerate()
+        .map(|(p, &phase)| {
+            let samples: Vec<&Sample> = runs.iter().map(|r| &r[p]).collect();
+            let times: Vec<Timing> = samples.iter().map(|s| s.timing).collect();
+            let thread_ns: f64 = times
+                .iter()
+                .map(|t| t.wall.as_nanos() as f64 * threads as f64)
+                .sum();
+            let mut sums: HashMap<&'static str, [u64; 3]> = HashMap::new();
+            for s in &samples {
+                for (&class, v) in &s.locks {
+                    let e = sums.entry(class).or_default();
+                    for (x, y) in e.iter_mut().zip(v) {
+                        *x += y;
+                    }
+                }
+            }
+            let mut locks: Vec<LockWait> = sums
+                .into_iter()
+                .map(|(class, [acquisitions, contentions, wait])| LockWait {
+                    class,
+                    acquisitions,
+                    contentions,
+                    wait_total_ns: wait,
+                    wait_share: wait as f64 / thread_ns.max(1.0),
+                })
+                .collect();
+            locks.sort_by_key(|l| {
+                std::cmp::Reverse((l.wait_total_ns, l.contentions, l.acquisitions))
+            });
+            locks.truncate(TOP_LOCKS);
+            ScaleRow {
+                layout,
+                threads,
+                ops: ops(phase),
+                stats: PhaseStats::new(phase, ops(phase), &times),
+                scaling: 1.0,
+                scaling_base_threads: threads,
+                ag_alloc_retries: samples.iter().map(|s| s.retries).sum(),
+                locks,
+            }
+        })
+        .collect()
+}
+
+/// Fill in each row's scaling against the same phase at the smallest thread count.
+fn with_scaling(mut rows: Vec<ScaleRow>) -> Vec<ScaleRow> {
+    let mut base: HashMap<&str, (usize, f64)> = HashMap::new();
+    for r in &rows {
+        let e = base
+            .entry(r.stats.phase)
+            .or_insert((r.threads, r.stats.median));
+        if r.threads < e.0 {
+            *e = (r.threads, r.stats.median);
+        }
+    }
+    for r in &mut rows {
+        let (t, m) = base[r.stats.phase];
+        r.scaling = r.stats.median / m.max(1e-9);
+        r.scaling_base_threads = t;
+    }
+    rows
+}
+
+fn group_name(layout: Layout, mdtest: bool) -> &'static str {
+    match (mdtest, layout) {
+        (true, _) => "mdtest",
+        (false, Layout::Private) => "private",
+        (false, Layout::Shared) => "shared",
+    }
+}
+
+fn check_targets(rows: &[ScaleRow], mdtest: &[ScaleRow], max_threads: usize) -> Vec<Target> {
+    let mut targets = Vec::new();
+    // 1. No collapse under oversubscription: every phase at the largest thread count keeps
+    //    90% of its best throughput.
+    for (group, is_mdtest) in [(rows, false), (mdtest, true)] {
+        let mut phases: Vec<(&str, Layout)> = Vec::new();
+        for r in group {
+            if !phases.contains(&(r.stats.phase, r.layout)) {
+                phases.push((r.stats.phase, r.layout));
+            }
+        }
+        for (phase, layout) in phases {
+            let of: Vec<&ScaleRow> = group
+                .iter()
+                .filter(|r| r.stats.phase == phase && r.layout == layout)
+                .collect();
+            let best = of
+                .iter()
+                .max_by(|a, b| a.stats.median.total_cmp(&b.stats.median));
+            let last = of.iter().find(|r| r.threads == max_threads);
+            let (Some(best), Some(last)) = (best, last) else {
+                continue;
+            };
+            let share = last.stats.median / best.stats.median.max(1e-9);
+            targets.push(Target {
+                name: format!(
+                    "{} {phase}: {max_threads} threads >= 90% of best",
+                    group_name(layout, is_mdtest)
+                ),
+                met: share >= OVERSUBSCRIBED_FLOOR,
+                detail: format!(
+                    "{} ops/s at {max_threads} threads = {:.0}% of {} ops/s at {} threads",
+                    grouped(last.stats.median as u64),
+                    share * 100.0,
+                    grouped(best.stats.median as u64),
+                    best.threads
+                ),
+            });
+        }
+    }
+    // 2. Private directories meet on no lock: no class waits more than 5% of a phase's
+    //    thread time.
+    let private = rows
+        .iter()
+        .filter(|r| r.layout == Layout::Private)
+        .map(|r| (r, "private"))
+        .chain(mdtest.iter().map(|r| (r, "mdtest")));
+    let mut over = Vec::new();
+    let mut worst: Option<(f64, String)> = None;
+    for (r, group) in private {
+        for l in &r.locks {
+            let at = format!("{} at {group} {} {}t", l.class, r.stats.phase, r.threads);
+            if worst.as_ref().is_none_or(|w| l.wait_share > w.0) {
+                worst = Some((l.wait_share, at.clone()));
+            }
+            if l.wait_share > WAIT_SHARE_LIMIT {
+                over.push(format!("{} {:.1}%", at, l.wait_share * 100.0));
+            }
+        }
+    }
+    targets.push(Target {
+        name: "no lock waits above 5% of thread time in private-directory phases".to_string(),
+        met: over.is_empty(),
+        detail: if over.is_empty() {
+            match worst {
+                Some((s, at)) => format!("highest: {at}, {:.2}%", s * 100.0),
+                None => "no lock waits".to_string(),
+            }
+        } else {
+            over.join("; ")
+        },
+    });
+    // 3. The allocator never retries (seed 001), measured where contention is highest.
+    let retries: u64 = rows
+        .iter()
+        .chain(mdtest)
+        .filter(|r| r.threads == max_threads)
+        .map(|r| r.ag_alloc_retries)
+        .sum();
+    targets.push(Target {
+        name: format!("0 AG allocation retries at {max_threads} threads"),
+        met: retries == 0,
+        detail: format!("{} retries", grouped(retries)),
+    });
+    targets
+}
+
+impl ScaleFigures {
+    fn print_rows(&self, title: &str, rows: &[&ScaleRow], flag: bool) {
+        println!("{title}");
+        println!(
+            "{:<14} {:>7} {:>29} {:>6} {:>9}  top locks by wait (share of threads x wall time{})",
+            "phase",
+            "threads",
+            "ops/s median [min-max]",
+            "scale",
+            "CPU us/op",
+            if flag { "; ! above 5%" } else { "" }
+        );
+        for r in rows {
+            let locks: Vec<String> = r
+                .locks
+                .iter()
+                .filter(|l| l.contentions > 0)
+                .map(|l| {
+                    let mark = if flag && l.wait_share > WAIT_SHARE_LIMIT {
+                        "!"
+                    } else {
+                        ""
+                    };
+                    format!("{} {:.2}%{mark}", l.class, l.wait_share * 100.0)
+                })
+                .collect();
+            println!(
+                "{:<14} {:>7} {:>29} {:>6.2} {:>9.2}  {}",
+                r.stats.phase,
+                r.threads,
+                rate_cell(&r.stats),
+                r.scaling,
+                r.stats.cpu_us_per_op_median,
+                if locks.is_empty() {
+                    "-".to_string()
+                } else {
+                    locks.join(", ")
+                }
+            );
+        }
+        println!();
+    }
+
+    fn print_mdtest(&self) {
+        println!(
+            "mdtest pattern (seed 001: -F -C -T -r -u -n {}): each thread creates, stats and removes {} files in a directory of its own",
+            self.mdtest_files_per_thread,
+            grouped(self.mdtest_files_per_thread as u64)
+        );
+        println!(
+            "{:>7} {:>10} {:>29} {:>29} {:>29}",
+            "threads", "files", "create ops/s", "stat ops/s", "remove ops/s"
+        );
+        for t in &self.threads {
+            let of: Vec<&ScaleRow> = self.mdtest.iter().filter(|r| r.threads == *t).collect();
+            let cell = |phase| {
+                of.iter()
+                    .find(|r| r.stats.phase == phase)
+                    .map_or(String::new(), |r| rate_cell(&r.stats))
+            };
+            println!(
+                "{:>7} {:>10} {:>29} {:>29} {:>29}",
+                t,
+                grouped((self.mdtest_files_per_thread * t) as u64),
+                cell("create"),
+                cell("stat"),
+                cell("remove")
+            );
+        }
+        println!();
+    }
+}
+
+impl Figures for ScaleFigures {
+    fn print(&self) {
+        println!(
+            "scale: {} files per run split over the threads; create, renames and unlink end with sync(); readdir counts entries listed; scale = median / median at the fewest threads\n",
+            grouped(self.files as u64)
+        );
+        self.print_rows(
+            "private directories (two per thread: renames across go between them)",
+            &by_phase(&self.rows, Layout::Private, &PHASES),
+            true,
+        );
+        self.print_rows(
+            "one shared directory (and a second one as the target of renames across; every thread lists the whole directory)",
+            &by_phase(&self.rows, Layout::Shared, &PHASES),
+            false,
+        );
+        self.print_mdtest();
+        self.print_rows(
+            "mdtest pattern, per phase",
+            &by_phase(&self.mdtest, Layout::Private, &MDTEST_PHASES),
+            true,
+        );
+        println!("targets:");
+        for t in &self.targets {
+            println!(
+                "  {} {}: {}",
+                if t.met { "PASS" } else { "MISS" },
+                t.name,
+                t.detail
+            );
+        }
+    }
+}
+
+/// `layout`'s rows grouped by phase, thread counts ascending within each.
+fn by_phase<'a>(rows: &'a [ScaleRow], layout: Layout, phases: &[&str]) -> Vec<&'a ScaleRow> {
+    let mut v: Vec<&ScaleRow> = Vec::new();
+    for &phase in phases {
+        v.extend(
+            rows.iter()
+                .filter(|r| r.stats.phase == phase && r.layout == layout),
+        );
+    }
+    v
+}
