@@ -896,7 +896,6 @@ fn orphan_reuse_repro() -> Checked {
 /// After the unmount the new file's name points at the orphan's stale image (nlink 0,
 /// orphan slot set, extents in freed blocks).
 #[test]
-#[ignore = "engine bug: the first create after orphan processing reuses the inode number and loses its image"]
 fn regression_create_after_orphan_reap() {
     orphan_reuse_repro().unwrap();
 }

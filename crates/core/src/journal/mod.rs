@@ -66,24 +66,29 @@ impl CilWriter<'_> {
         debug_assert!(!matches!(key, ItemKey::Revoke(_)));
         debug_assert_eq!(image.len(), key.image_len());
         match self.shard.items.get_mut(&key) {
-            Some(it) if it.version < version => match &mut it.image {
-                Some(img) => img.copy_from_slice(image),
-                None => it.image = Some(image.into()),
-            },
-            Some(_) => {}
+            Some(it) => {
+                // An item's versions are taken under its owner's lock, which is held through
+                // the commit, and never restart (a reused inode number continues its AG's
+                // floor; cached buffers live as long as the mount): they reach a shard in
+                // increasing order. A lower one would lose this change at the checkpoint.
+                debug_assert!(it.version < version, "{key:?}: version {version} logged after {}", it.version);
+                it.version = version;
+                match &mut it.image {
+                    Some(img) => img.copy_from_slice(image),
+                    None => it.image = Some(image.into()),
+                }
+            }
             None => {
                 self.added_bytes += item_bytes(key) as u64;
                 self.shard.items.insert(key, CilItem { version, image: Some(image.into()) });
             }
         }
-        if let Some(it) = self.shard.items.get_mut(&key) {
-            it.version = it.version.max(version);
-        }
     }
 
     /// The metadata block was freed: drop any logged image and revoke older ones.
     pub fn revoke(&mut self, blkno: u64, version: u64) {
-        self.shard.items.insert(ItemKey::Block(blkno), CilItem { version, image: None });
+        let old = self.shard.items.insert(ItemKey::Block(blkno), CilItem { version, image: None });
+        debug_assert!(old.is_none_or(|o| o.version < version), "block {blkno}: revoke version {version} not above the logged one");
         self.added_bytes += item_bytes(ItemKey::Revoke(blkno)) as u64;
     }
 
@@ -360,7 +365,7 @@ impl Journal {
             busy.extend(shard.busy);
             for (k, it) in shard.items {
                 match merged.get(&k) {
-                    Some(old) if old.version >= it.version => {}
+                    Some(old) if old.version >= it.version => debug_assert_ne!(old.version, it.version, "{:?}: one version logged twice", k),
                     _ => {
                         merged.insert(k, it);
                     }
