@@ -173,8 +173,11 @@ impl<'m> Tx<'m> {
     }
 
     /// Snapshot the inode's current state for the log. Call after the last change; `data`
-    /// marks a change fdatasync must cover (size or block map).
+    /// marks a change fdatasync must cover (size or block map). Every change of a directory
+    /// counts: its entries and its parent link are its data, and a change that touches
+    /// neither (chmod, xattrs) is rare enough not to be worth telling apart.
     pub fn log_inode(&mut self, inode: &InodeRef, di: &DiskInode, data: bool) {
+        let data = data || di.is_dir();
         debug_assert!(di.check_shape(&self.m.geo).is_ok(), "inode {} shape: {:?}", inode.ino, di.check_shape(&self.m.geo));
         debug_assert!(!self.ops.iter().any(|o| matches!(o, AgOp::InodeFree { ino, .. } if *ino == inode.ino)), "inode {} logged after it was freed", inode.ino);
         self.modified = true;

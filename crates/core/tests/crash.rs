@@ -216,10 +216,6 @@ impl Run {
         let start = self.dev.op_count();
         let r = self.fs.fsync(ino, datasync);
         self.hist.calls.push(format!("[ops {start}..{}] {}({ino}) -> {r:?}", self.dev.op_count(), if datasync { "fdatasync" } else { "fsync" }));
-        let is_dir = self.fs.getattr(ino).is_ok_and(|a| a.kind == FileType::Directory);
-        if datasync && is_dir && fdatasync_dir_bug() {
-            return; // known engine bug (see the regression test): not counted as durable
-        }
         match r {
             Ok(()) => self.hist.durable.push((self.dev.op_count(), self.hist.states.len() - 1, Durable::File { ino, datasync })),
             Err(e) => self.durability_failed(start, e),
@@ -763,19 +759,11 @@ fn fdatasync_dir_repro() -> bool {
     fs.lookup(d1, b"g").is_ok()
 }
 
-/// Whether the engine still has the bug (checked once); the harness then does not count
-/// fdatasync of a directory as durable, so the other checks keep running.
-fn fdatasync_dir_bug() -> bool {
-    static B: OnceLock<bool> = OnceLock::new();
-    *B.get_or_init(fdatasync_dir_repro)
-}
-
 /// fdatasync(2) of a directory must make its entries durable: they are the directory's
-/// data, and the engine even counts them in the directory's size. The engine logs
+/// data, and the engine even counts them in the directory's size. The engine used to log
 /// directory changes as non-data changes (`log_inode(.., false)`), so fdatasync of the
-/// directory forces nothing and the unlinked name is back after a crash.
+/// directory forced nothing and the unlinked name was back after a crash.
 #[test]
-#[ignore = "engine bug: fdatasync of a directory does not persist entry changes"]
 fn regression_fdatasync_of_directory_persists_entries() {
     assert!(!fdatasync_dir_repro(), "/d1/g came back after unlink + fdatasync(/d1) + crash");
 }
