@@ -46,10 +46,9 @@ fn mkfs_options() -> MkfsOptions {
 
 fn mount_options() -> MountOptions {
     let mut cfg = JournalConfig::for_log(LOG_BLOCKS - 2);
+    // Without background threads the recorded write/flush sequence is deterministic: the
+    // workload's own syncs, and the throttle when the CIL is full, write the checkpoints.
     cfg.background = false;
-    // Nothing drains the CIL without background threads but the workload's own syncs, so
-    // the throttle must never wait (the workloads keep each checkpoint small).
-    cfg.cil_max_bytes = u64::MAX;
     MountOptions { read_only: false, journal: Some(cfg) }
 }
 
@@ -833,11 +832,10 @@ fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) 
 }
 
 /// With `JournalConfig::background == false` (what tests use for determinism), the first
-/// transaction that finds the CIL over `cil_max_bytes` waits in `Journal::throttle` for a
-/// background push that never comes: the call never returns. 16 creates in 16 directories
-/// (about 70 KiB of CIL, the stock bound of a 64-block log is 63 KiB) are enough.
+/// transaction that found the CIL over `cil_max_bytes` used to wait in `Journal::throttle`
+/// for a background push that never came: the call never returned. 16 creates in 16
+/// directories (about 70 KiB of CIL, the stock bound of a 64-block log is 63 KiB) are enough.
 #[test]
-#[ignore = "engine bug: with background threads off, Journal::throttle waits forever once the CIL is over cil_max_bytes"]
 fn regression_throttle_without_background_threads() {
     let finished = within(10, || {
         let dev = Arc::new(MemDevice::new(IMAGE_SIZE));

@@ -678,10 +678,6 @@ impl Sut {
         if background {
             cfg.cil_push_bytes = 16 << 10;
             cfg.push_interval = std::time::Duration::from_millis(5);
-        } else {
-            // Without background threads nothing but our syncs drains the CIL, and the
-            // throttle would wait forever (crash.rs: regression_throttle_without_background_threads).
-            cfg.cil_max_bytes = u64::MAX;
         }
         let opts = MountOptions { read_only: false, journal: Some(cfg) };
         let mut s = Sut { dev, fs: None, opts };

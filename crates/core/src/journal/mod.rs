@@ -281,17 +281,23 @@ impl Journal {
 
     /// Bounded CIL: wait while it is over its hard limit (the background push drains it).
     /// Called when a transaction begins, before it takes any AG lock.
-    pub fn throttle(&self) {
+    pub fn throttle(&self) -> Result<()> {
         if self.cil_bytes.load(Relaxed) < self.cfg.cil_max_bytes {
-            return;
+            return Ok(());
         }
         self.stats.commit_throttles.fetch_add(1, Relaxed);
+        if !self.cfg.background {
+            // No worker would ever drain the CIL: write the checkpoint here. The caller has
+            // no transaction open and holds no AG lock, as for fsync.
+            return self.checkpoint();
+        }
         let mut w = self.worker.lock();
         while self.cil_bytes.load(Relaxed) >= self.cfg.cil_max_bytes && !w.stop && !self.is_failed() {
             w.push_requested = true;
             self.worker_cv.notify_all();
             self.throttle_cv.wait_for(&mut w, Duration::from_millis(50));
         }
+        Ok(())
     }
 
     fn request_push(&self) {
