@@ -10,9 +10,8 @@
 //! Where POSIX allows several errors for one call (two conditions hold at once, e.g. link(2)
 //! of a directory to a name that exists: EPERM and EEXIST), the model accepts any of them.
 //!
-//! Engine bugs found so far are kept as `regression_*` tests (ignored until fixed). While
-//! the engine still has one (its repro is run once to find out), the random tests skip or
-//! defuse the steps that would only hit it again, so they keep looking for new ones.
+//! Engine bugs found so far are kept as `regression_*` tests: the sequence that found each,
+//! run exactly.
 //!
 //! `PROPTEST_CASES` overrides the number of cases (default: [`DEFAULT_CASES`]).
 
@@ -731,7 +730,6 @@ struct Harness {
     op: Op,
     /// What the current step's references resolved to, for messages.
     op_note: String,
-    skip_known_bugs: bool,
     /// (mtime, ctime) of every inode at the last state check: times never go backwards.
     times: std::cell::RefCell<BTreeMap<u64, (Time, Time)>>,
     /// Nodes whose ctime (and mtime, when `true`) the current step must have advanced.
@@ -803,7 +801,7 @@ impl Harness {
     fn new(background: bool) -> Harness {
         let sut = Sut::new(background);
         let fresh = counts(sut.fs());
-        Harness { model: Model::new(), sut, fresh, fs_handles: Vec::new(), step: 0, op: Sync, op_note: String::new(), skip_known_bugs: false, times: Default::default(), must_change: Vec::new() }
+        Harness { model: Model::new(), sut, fresh, fs_handles: Vec::new(), step: 0, op: Sync, op_note: String::new(), times: Default::default(), must_change: Vec::new() }
     }
 
     fn ctx(&self) -> String {
@@ -1089,10 +1087,6 @@ impl Harness {
         }
     }
 
-    fn known_bug(&self, repro: &'static [Op]) -> bool {
-        self.skip_known_bugs && known_bug(repro)
-    }
-
     // ---- the state check -------------------------------------------------------------
 
     /// Compare everything visible: the tree from the root, every reachable and every open
@@ -1241,20 +1235,9 @@ fn remove_tree(fs: &FileSystem, dir: u64) {
     }
 }
 
-/// Run a random sequence; steps that would only hit an engine bug already known (see
-/// [`known_bug`]) are skipped or defused, so the search goes on past it.
+/// Run a sequence, checking the whole state after every step.
 fn run_ops(ops: &[Op], background: bool) {
-    run_with(ops, background, true)
-}
-
-/// Run a sequence exactly as given (regression tests).
-fn run_exact(ops: &[Op]) {
-    run_with(ops, false, false)
-}
-
-fn run_with(ops: &[Op], background: bool, skip_known_bugs: bool) {
     let mut h = Harness::new(background);
-    h.skip_known_bugs = skip_known_bugs;
     for (i, op) in ops.iter().enumerate() {
         h.step = i;
         h.run(op);
@@ -1336,22 +1319,6 @@ fn model_outcome_stats() {
 // ---------------------------------------------------------------------------------------
 
 
-/// The repro of a known engine bug, and whether the engine still has it (checked once per
-/// test binary). While it does, the random tests skip the steps that would hit it, so they
-/// keep searching for other divergences; once it is fixed, nothing is skipped.
-fn known_bug(repro: &'static [Op]) -> bool {
-    static SEEN: std::sync::Mutex<BTreeMap<usize, bool>> = std::sync::Mutex::new(BTreeMap::new());
-    let key = repro.as_ptr() as usize;
-    if let Some(&b) = SEEN.lock().unwrap().get(&key) {
-        return b;
-    }
-    let was_quiet = QUIET.with(|q| q.replace(true));
-    let present = std::panic::catch_unwind(|| run_exact(repro)).is_err();
-    QUIET.with(|q| q.set(was_quiet));
-    SEEN.lock().unwrap().insert(key, present);
-    present
-}
-
 /// rename(2) into a directory that was removed while open must fail with ENOENT, as
 /// Linux does (may_create: IS_DEADDIR) and as create and link there do. The engine used to
 /// let it succeed: the entry landed in the dead directory, and when its last handle went,
@@ -1366,14 +1333,14 @@ const RENAME_INTO_REMOVED_DIR: &[Op] = &[
 
 #[test]
 fn regression_rename_into_removed_dir() {
-    run_exact(RENAME_INTO_REMOVED_DIR);
+    run_ops(RENAME_INTO_REMOVED_DIR, false);
 }
 
 /// An inode number freed and handed out again before the next checkpoint: the new inode's
-/// log image is dropped, because the CIL keeps the copy with the higher per-object log
-/// version and a new in-memory `Inode` counts from 0 again (the freed one had logged at
-/// least as many versions). After a remount the new file "b" has the old file's size (10)
-/// and block map: it reads blocks that are free.
+/// log image must win over the freed inode's. The engine used to drop it, because the CIL
+/// keeps the copy with the higher per-object log version and a new in-memory `Inode`
+/// counted from 0 again (the freed one had logged at least as many versions): after a
+/// remount the new file "b" had the old file's size (10) and block map.
 const INODE_REUSE_IN_ONE_CHECKPOINT: &[Op] = &[
     Create { at: In(D("/"), "a") },
     Remount,
@@ -1385,7 +1352,7 @@ const INODE_REUSE_IN_ONE_CHECKPOINT: &[Op] = &[
 
 #[test]
 fn regression_inode_reuse_in_one_checkpoint() {
-    run_exact(INODE_REUSE_IN_ONE_CHECKPOINT);
+    run_ops(INODE_REUSE_IN_ONE_CHECKPOINT, false);
 }
 
 
