@@ -25,6 +25,11 @@ pub struct AgState {
     block_cursor: u64,
     inode_cursor: u64,
     next_generation: u32,
+    /// The highest log version any inode of this AG had when it was freed. A new in-memory
+    /// inode counts its log versions on from here, never from 0: the CIL keeps the highest
+    /// version of an item, so a reused inode number's images must outrank the ones the freed
+    /// inode may have left in the same checkpoint.
+    inode_log_version_floor: u64,
 }
 
 pub struct Ag {
@@ -156,6 +161,7 @@ impl Ag {
             reserved_blocks: 0,
             block_cursor: l.data_start - l.start,
             inode_cursor: 0,
+            inode_log_version_floor: 0,
             next_generation: (l.start as u32).wrapping_mul(2_654_435_761) ^ std::process::id(),
             orphan_free,
             blocks,
@@ -196,8 +202,9 @@ impl Ag {
     }
 
     /// Claim a free inode (one pass under the lock) and reserve `blocks` blocks for the
-    /// transaction's B+tree splits in the same critical section. Returns (index, generation).
-    pub fn claim_inode(&self, blocks: u64) -> Option<(u32, u32)> {
+    /// transaction's B+tree splits in the same critical section. Returns (index, generation,
+    /// the log version the new in-memory inode starts counting from).
+    pub fn claim_inode(&self, blocks: u64) -> Option<(u32, u32, u64)> {
         let mut s = self.lock();
         if s.blocks.free() < s.reserved_blocks + blocks {
             return None;
@@ -210,7 +217,7 @@ impl Ag {
         s.next_generation = s.next_generation.wrapping_add(1);
         let gen = s.next_generation;
         self.sync_counts(&s);
-        Some((idx as u32, gen))
+        Some((idx as u32, gen, s.inode_log_version_floor))
     }
 
     /// Reserve `n` blocks without choosing them (B+tree splits, extent allocation).
@@ -270,12 +277,18 @@ impl Ag {
         s.orphan_free.push(slot);
     }
 
-    /// Commit-time change of the on-disk inode bitmap; returns the block to log.
-    pub fn set_disk_inode(&self, s: &mut AgState, idx: u32, used: bool) -> BufRef {
-        if !used {
-            self.unclaim_inode(s, idx);
-        }
-        Self::set_disk_bits(&self.inode_bitmap, idx as u64, 1, used)
+    /// Commit-time allocation in the on-disk inode bitmap; returns the block to log.
+    pub fn alloc_disk_inode(&self, idx: u32) -> BufRef {
+        Self::set_disk_bits(&self.inode_bitmap, idx as u64, 1, true)
+    }
+
+    /// Commit-time free of an inode whose last log version was `log_version`; the number may
+    /// be claimed again at once, by an inode that counts its versions on from there. Returns
+    /// the block to log.
+    pub fn free_disk_inode(&self, s: &mut AgState, idx: u32, log_version: u64) -> BufRef {
+        s.inode_log_version_floor = s.inode_log_version_floor.max(log_version);
+        self.unclaim_inode(s, idx);
+        Self::set_disk_bits(&self.inode_bitmap, idx as u64, 1, false)
     }
 
     /// Commit-time change of the on-disk block bitmap; returns the blocks to log. Freed
@@ -376,6 +389,13 @@ impl Ag {
     /// Is the inode allocated (in memory, including claims)?
     pub fn inode_in_use(&self, idx: u32) -> bool {
         self.lock().inodes.get(idx as u64)
+    }
+
+    /// For an allocated inode being read into the cache: the log version its in-memory inode
+    /// starts counting from (see `AgState::inode_log_version_floor`).
+    pub fn inode_log_version_base(&self, idx: u32) -> Option<u64> {
+        let s = self.lock();
+        s.inodes.get(idx as u64).then_some(s.inode_log_version_floor)
     }
 
     pub fn block_in_use(&self, blkno: u64) -> bool {

@@ -32,11 +32,13 @@ pub struct Inode {
 pub type InodeRef = Arc<Inode>;
 
 impl Inode {
-    pub fn new(ino: u64, di: DiskInode) -> InodeRef {
+    /// `log_version`: the last log version issued for this inode number (its AG's floor):
+    /// this inode's versions continue from there.
+    pub fn new(ino: u64, di: DiskInode, log_version: u64) -> InodeRef {
         Arc::new(Inode {
             ino,
             core: RwLock::new_pooled(&INODE_LOCK, di),
-            log_version: AtomicU64::new(0),
+            log_version: AtomicU64::new(log_version),
             last_seq: AtomicU64::new(0),
             last_data_seq: AtomicU64::new(0),
             data_dirty: AtomicBool::new(false),
@@ -47,6 +49,11 @@ impl Inode {
     /// Next log version; called with the inode lock held, so versions follow commit order.
     pub fn next_log_version(&self) -> u64 {
         self.log_version.fetch_add(1, Relaxed) + 1
+    }
+
+    /// The last log version issued (the inode lock is held, so it is stable).
+    pub fn log_version(&self) -> u64 {
+        self.log_version.load(Relaxed)
     }
 
     pub fn note_commit(&self, seq: u64, data: bool) {
@@ -72,9 +79,9 @@ impl InodeCache {
         self.map.get(ino)
     }
 
-    /// The cached inode, reading and verifying it on a miss. `allocated` tells whether the
-    /// inode bitmap says the number is in use; a free number is ENOENT/ESTALE, not a read.
-    pub fn load(&self, dev: &dyn BlockDevice, geo: &Geometry, ino: u64) -> Result<InodeRef> {
+    /// The cached inode, reading and verifying it on a miss (the caller has checked that the
+    /// number is allocated; `log_version` is where its log versions continue from).
+    pub fn load(&self, dev: &dyn BlockDevice, geo: &Geometry, ino: u64, log_version: u64) -> Result<InodeRef> {
         if let Some(i) = self.map.get(ino) {
             return Ok(i);
         }
@@ -82,7 +89,7 @@ impl InodeCache {
         dev.read_at(&mut img, geo.inode_offset(ino)?)?;
         let di = DiskInode::decode(&img, ino, geo)?;
         di.check_counts(geo).map_err(|d| Error::corrupt("inode", ino, d))?;
-        Ok(self.map.get_or_insert(ino, Inode::new(ino, di)))
+        Ok(self.map.get_or_insert(ino, Inode::new(ino, di, log_version)))
     }
 
     pub fn insert_new(&self, inode: InodeRef) {

@@ -159,10 +159,11 @@ impl Mount {
             return Ok(i);
         }
         let (agno, idx) = (ino_ag(ino), ino_index(ino));
-        if ino == 0 || agno >= self.geo.ag_count || idx >= self.geo.inodes_per_ag || !self.ags[agno as usize].inode_in_use(idx) {
+        if ino == 0 || agno >= self.geo.ag_count || idx >= self.geo.inodes_per_ag {
             return Err(Error::Stale);
         }
-        self.icache.load(&*self.dev, &self.geo, ino)
+        let log_version = self.ags[agno as usize].inode_log_version_base(idx).ok_or(Error::Stale)?;
+        self.icache.load(&*self.dev, &self.geo, ino, log_version)
     }
 
     /// Checkpoint everything and write it home: the log is empty afterwards. Every later

@@ -26,7 +26,8 @@ use smallvec::SmallVec;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum AgOp {
     InodeAlloc { ino: u64 },
-    InodeFree { ino: u64 },
+    /// `log_version`: the freed inode's last log version (the number's next owner counts on).
+    InodeFree { ino: u64, log_version: u64 },
     BlockAlloc { start: u64, len: u64 },
     BlockFree { start: u64, len: u64, meta: bool },
     OrphanSet { ino: u64, slot: u32 },
@@ -36,7 +37,7 @@ enum AgOp {
 impl AgOp {
     fn agno(&self, m: &Mount) -> u32 {
         match *self {
-            AgOp::InodeAlloc { ino } | AgOp::InodeFree { ino } | AgOp::OrphanSet { ino, .. } | AgOp::OrphanClear { ino, .. } => ino_ag(ino),
+            AgOp::InodeAlloc { ino } | AgOp::InodeFree { ino, .. } | AgOp::OrphanSet { ino, .. } | AgOp::OrphanClear { ino, .. } => ino_ag(ino),
             AgOp::BlockAlloc { start, .. } | AgOp::BlockFree { start, .. } => m.geo.block_ag(start),
         }
     }
@@ -64,7 +65,7 @@ pub struct Tx<'m> {
 impl<'m> Tx<'m> {
     pub fn new(m: &'m Mount) -> Result<Tx<'m>> {
         m.check_writable()?;
-        m.journal.throttle();
+        m.journal.throttle()?;
         Ok(Tx { m, bufs: SmallVec::new(), inodes: SmallVec::new(), ops: SmallVec::new(), reserved: SmallVec::new(), modified: false, done: false })
     }
 
@@ -93,17 +94,18 @@ impl<'m> Tx<'m> {
     }
 
     /// Claim a new inode number, preferring AG `pref`, and reserve `blocks` in that AG in
-    /// the same critical section. Returns (ino, generation).
-    pub fn alloc_inode(&mut self, pref: u32, blocks: u64) -> Result<(u64, u32)> {
+    /// the same critical section. Returns (ino, generation, the log version the new
+    /// in-memory inode starts from).
+    pub fn alloc_inode(&mut self, pref: u32, blocks: u64) -> Result<(u64, u32, u64)> {
         let count = self.m.geo.ag_count;
         for i in 0..count {
             let agno = (pref + i) % count;
-            if let Some((idx, gen)) = self.m.ags[agno as usize].claim_inode(blocks) {
+            if let Some((idx, gen, log_version)) = self.m.ags[agno as usize].claim_inode(blocks) {
                 let ino = make_ino(agno, idx);
                 debug_assert_ne!(ino, 0, "mkfs marks inode 0 used");
                 self.add_reserved(agno, blocks);
                 self.ops.push(AgOp::InodeAlloc { ino });
-                return Ok((ino, gen));
+                return Ok((ino, gen, log_version));
             }
         }
         Err(Error::NoSpace)
@@ -138,9 +140,10 @@ impl<'m> Tx<'m> {
         self.ops.push(AgOp::BlockFree { start, len, meta });
     }
 
-    pub fn free_inode(&mut self, ino: u64) {
+    /// Free the inode; it must not be logged again in this transaction.
+    pub fn free_inode(&mut self, inode: &InodeRef) {
         self.modified = true;
-        self.ops.push(AgOp::InodeFree { ino });
+        self.ops.push(AgOp::InodeFree { ino: inode.ino, log_version: inode.log_version() });
     }
 
     /// Put an inode on its AG's on-disk orphan list (O(1): one slot in one block).
@@ -170,9 +173,13 @@ impl<'m> Tx<'m> {
     }
 
     /// Snapshot the inode's current state for the log. Call after the last change; `data`
-    /// marks a change fdatasync must cover (size or block map).
+    /// marks a change fdatasync must cover (size or block map). Every change of a directory
+    /// counts: its entries and its parent link are its data, and a change that touches
+    /// neither (chmod, xattrs) is rare enough not to be worth telling apart.
     pub fn log_inode(&mut self, inode: &InodeRef, di: &DiskInode, data: bool) {
+        let data = data || di.is_dir();
         debug_assert!(di.check_shape(&self.m.geo).is_ok(), "inode {} shape: {:?}", inode.ino, di.check_shape(&self.m.geo));
+        debug_assert!(!self.ops.iter().any(|o| matches!(o, AgOp::InodeFree { ino, .. } if *ino == inode.ino)), "inode {} logged after it was freed", inode.ino);
         self.modified = true;
         let mut image = [0u8; INODE_SIZE];
         di.encode(inode.ino, 0, &mut image);
@@ -243,8 +250,8 @@ impl<'m> Tx<'m> {
             let ag = &m.ags[agno as usize];
             let g = &mut guards.iter_mut().find(|(a, _)| *a == agno).unwrap().1;
             match *op {
-                AgOp::InodeAlloc { ino } => bufs.push(ag.set_disk_inode(g, ino_index(ino), true)),
-                AgOp::InodeFree { ino } => bufs.push(ag.set_disk_inode(g, ino_index(ino), false)),
+                AgOp::InodeAlloc { ino } => bufs.push(ag.alloc_disk_inode(ino_index(ino))),
+                AgOp::InodeFree { ino, log_version } => bufs.push(ag.free_disk_inode(g, ino_index(ino), log_version)),
                 AgOp::BlockAlloc { start, len } => bufs.extend(ag.set_disk_blocks(start, len, true)),
                 AgOp::BlockFree { start, len, meta } => {
                     bufs.extend(ag.set_disk_blocks(start, len, false));

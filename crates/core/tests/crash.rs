@@ -46,10 +46,9 @@ fn mkfs_options() -> MkfsOptions {
 
 fn mount_options() -> MountOptions {
     let mut cfg = JournalConfig::for_log(LOG_BLOCKS - 2);
+    // Without background threads the recorded write/flush sequence is deterministic: the
+    // workload's own syncs, and the throttle when the CIL is full, write the checkpoints.
     cfg.background = false;
-    // Nothing drains the CIL without background threads but the workload's own syncs, so
-    // the throttle must never wait (the workloads keep each checkpoint small).
-    cfg.cil_max_bytes = u64::MAX;
     MountOptions { read_only: false, journal: Some(cfg) }
 }
 
@@ -183,9 +182,6 @@ struct Run {
     dev: Arc<CrashDevice>,
     fs: FileSystem,
     hist: History,
-    /// Set when a durability call failed with a known engine bug: the workload ends there,
-    /// and only device ops before that call are checked.
-    cut: Option<usize>,
     /// Open handles (inode numbers, one per handle).
     open: Vec<u64>,
 }
@@ -196,7 +192,7 @@ impl Run {
         let fs = mount(dev.clone()).expect("mounting the base image");
         let first = snapshot(&fs, &[]).unwrap();
         let hist = History { states: vec![(dev.op_count(), first)], durable: Vec::new(), calls: Vec::new() };
-        Run { dev, fs, hist, cut: None, open: Vec::new() }
+        Run { dev, fs, hist, open: Vec::new() }
     }
 
     /// Run one API call and record the state after it.
@@ -216,13 +212,9 @@ impl Run {
         let start = self.dev.op_count();
         let r = self.fs.fsync(ino, datasync);
         self.hist.calls.push(format!("[ops {start}..{}] {}({ino}) -> {r:?}", self.dev.op_count(), if datasync { "fdatasync" } else { "fsync" }));
-        let is_dir = self.fs.getattr(ino).is_ok_and(|a| a.kind == FileType::Directory);
-        if datasync && is_dir && fdatasync_dir_bug() {
-            return; // known engine bug (see the regression test): not counted as durable
-        }
         match r {
             Ok(()) => self.hist.durable.push((self.dev.op_count(), self.hist.states.len() - 1, Durable::File { ino, datasync })),
-            Err(e) => self.durability_failed(start, e),
+            Err(e) => self.durability_failed(e),
         }
     }
 
@@ -232,14 +224,13 @@ impl Run {
         self.hist.calls.push(format!("[ops {start}..{}] sync -> {r:?}", self.dev.op_count()));
         match r {
             Ok(()) => self.hist.durable.push((self.dev.op_count(), self.hist.states.len() - 1, Durable::Sync)),
-            Err(e) => self.durability_failed(start, e),
+            Err(e) => self.durability_failed(e),
         }
     }
 
     /// A sync, fsync or unmount failed, which nothing in these workloads should make happen.
-    fn durability_failed(&mut self, start: usize, e: Error) {
-        assert!(matches!(e, Error::Busy(_)) && log_wrap_bug(), "a durability call failed: {e}; calls {:#?}", self.hist.calls);
-        self.cut.get_or_insert(start);
+    fn durability_failed(&self, e: Error) -> ! {
+        panic!("a durability call failed: {e}; calls {:#?}", self.hist.calls);
     }
 
     fn lookup(&self, path: &str) -> Option<u64> {
@@ -247,19 +238,11 @@ impl Run {
     }
 
     /// Unmount (its checkpoint and write-back are crash points too) and hand back the log.
-    fn finish(mut self) -> (Vec<DevOp>, History) {
-        if self.cut.is_none() {
-            let start = self.dev.op_count();
-            if let Err(e) = self.fs.unmount() {
-                self.durability_failed(start, e);
-            }
+    fn finish(self) -> (Vec<DevOp>, History) {
+        if let Err(e) = self.fs.unmount() {
+            self.durability_failed(e);
         }
-        let mut ops = self.dev.ops();
-        drop(self.fs); // after a cut, what a second unmount writes is not looked at
-        if let Some(cut) = self.cut {
-            ops.truncate(cut);
-        }
-        (ops, self.hist)
+        (self.dev.ops(), self.hist)
     }
 }
 
@@ -576,9 +559,6 @@ const AFTERS: [After; 3] = [After::Fsync, After::Fdatasync, After::Sync];
 fn run_steps(steps: &[(usize, After)]) -> (Vec<DevOp>, History) {
     let mut r = Run::start(base_image());
     for &(s, after) in steps {
-        if r.cut.is_some() {
-            break;
-        }
         let target = (STEPS[s].run)(&mut r);
         match after {
             After::Fsync => r.fsync(target, false),
@@ -648,9 +628,6 @@ fn random_workload(seed: u64, calls: usize) -> (Vec<DevOp>, History) {
     let mut r = Run::start(base_image());
     let names: [&[u8]; 4] = [b"a", b"b", b"c", b"d"];
     for i in 0..calls {
-        if r.cut.is_some() {
-            break;
-        }
         let dirs: Vec<u64> = ["/", "/d1", "/d2", "/d5"].iter().filter_map(|p| r.lookup(p)).collect();
         let d = dirs[rng.gen_range(0..dirs.len())];
         let d2 = dirs[rng.gen_range(0..dirs.len())];
@@ -763,19 +740,11 @@ fn fdatasync_dir_repro() -> bool {
     fs.lookup(d1, b"g").is_ok()
 }
 
-/// Whether the engine still has the bug (checked once); the harness then does not count
-/// fdatasync of a directory as durable, so the other checks keep running.
-fn fdatasync_dir_bug() -> bool {
-    static B: OnceLock<bool> = OnceLock::new();
-    *B.get_or_init(fdatasync_dir_repro)
-}
-
 /// fdatasync(2) of a directory must make its entries durable: they are the directory's
-/// data, and the engine even counts them in the directory's size. The engine logs
+/// data, and the engine even counts them in the directory's size. The engine used to log
 /// directory changes as non-data changes (`log_inode(.., false)`), so fdatasync of the
-/// directory forces nothing and the unlinked name is back after a crash.
+/// directory forced nothing and the unlinked name was back after a crash.
 #[test]
-#[ignore = "engine bug: fdatasync of a directory does not persist entry changes"]
 fn regression_fdatasync_of_directory_persists_entries() {
     assert!(!fdatasync_dir_repro(), "/d1/g came back after unlink + fdatasync(/d1) + crash");
 }
@@ -784,8 +753,7 @@ fn regression_fdatasync_of_directory_persists_entries() {
 
 
 /// Creates a file in each of `k` directories per round and syncs, with `k` varying so the
-/// checkpoint records vary in size (background threads off for determinism, so the CIL is
-/// unbounded: see `regression_throttle_without_background_threads`). Returns what went
+/// checkpoint records vary in size and the log wraps at many offsets. Returns what went
 /// wrong: a failed sync, or a corrupt image after a clean unmount.
 fn log_wrap_repro() -> Checked {
     let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
@@ -811,25 +779,18 @@ fn log_wrap_repro() -> Checked {
     Err(format!("{}; after a clean unmount: {:?}", failed.join("; "), fsck))
 }
 
-/// Whether the engine still has the bug (checked once). While it does, a workload whose
-/// sync or fsync fails with EBUSY ends there: nothing after it can be trusted.
-fn log_wrap_bug() -> bool {
-    static B: OnceLock<bool> = OnceLock::new();
-    *B.get_or_init(|| log_wrap_repro().is_err())
-}
-
-/// Two bugs together. (1) `Journal::reserve_log` at the ring's wrap: when the record does
-/// not fit between the head and the ring's end, the blocks skipped there ("waste") are
-/// needed too, but `push_ail(blocks)` is asked only for `blocks`; when that much is free
-/// in total, it writes nothing back and the reservation fails with EBUSY "log full and
-/// nothing to write back" although the AIL holds durable records. (2) The failed
-/// checkpoint has already taken the CIL's items out (`switch`), and they are dropped: the
-/// changes never reach the log or their home, durable_seq and the busy extents are left
-/// behind, and the file system carries on. Later checkpoints relog whole directory blocks
-/// whose new entries point at inodes that were never written: after a clean unmount fsck
-/// finds "inode N: bad magic or version" for every file created in the lost checkpoint.
+/// Two bugs together, both fixed. (1) `Journal::reserve_log` at the ring's wrap: when the
+/// record does not fit between the head and the ring's end, the blocks skipped there
+/// ("waste") are needed too, but `push_ail(blocks)` was asked only for `blocks`; when that
+/// much was free in total, it wrote nothing back and the reservation failed with EBUSY "log
+/// full and nothing to write back" although the AIL held durable records. (2) The failed
+/// checkpoint had already taken the CIL's items out (`switch`), and they were dropped: the
+/// changes never reached the log or their home, durable_seq and the busy extents were left
+/// behind, and the file system carried on. Later checkpoints relogged whole directory
+/// blocks whose new entries pointed at inodes that were never written: after a clean
+/// unmount fsck found "inode N: bad magic or version" for every file created in the lost
+/// checkpoint.
 #[test]
-#[ignore = "engine bug: checkpoint reservation at log wrap fails with EBUSY and the failed checkpoint's changes are dropped"]
 fn regression_log_wrap_checkpoint() {
     log_wrap_repro().unwrap();
 }
@@ -845,11 +806,10 @@ fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) 
 }
 
 /// With `JournalConfig::background == false` (what tests use for determinism), the first
-/// transaction that finds the CIL over `cil_max_bytes` waits in `Journal::throttle` for a
-/// background push that never comes: the call never returns. 16 creates in 16 directories
-/// (about 70 KiB of CIL, the stock bound of a 64-block log is 63 KiB) are enough.
+/// transaction that found the CIL over `cil_max_bytes` used to wait in `Journal::throttle`
+/// for a background push that never came: the call never returned. 16 creates in 16
+/// directories (about 70 KiB of CIL, the stock bound of a 64-block log is 63 KiB) are enough.
 #[test]
-#[ignore = "engine bug: with background threads off, Journal::throttle waits forever once the CIL is over cil_max_bytes"]
 fn regression_throttle_without_background_threads() {
     let finished = within(10, || {
         let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
@@ -896,7 +856,6 @@ fn orphan_reuse_repro() -> Checked {
 /// After the unmount the new file's name points at the orphan's stale image (nlink 0,
 /// orphan slot set, extents in freed blocks).
 #[test]
-#[ignore = "engine bug: the first create after orphan processing reuses the inode number and loses its image"]
 fn regression_create_after_orphan_reap() {
     orphan_reuse_repro().unwrap();
 }

@@ -10,9 +10,8 @@
 //! Where POSIX allows several errors for one call (two conditions hold at once, e.g. link(2)
 //! of a directory to a name that exists: EPERM and EEXIST), the model accepts any of them.
 //!
-//! Engine bugs found so far are kept as `regression_*` tests (ignored until fixed). While
-//! the engine still has one (its repro is run once to find out), the random tests skip or
-//! defuse the steps that would only hit it again, so they keep looking for new ones.
+//! Engine bugs found so far are kept as `regression_*` tests: the sequence that found each,
+//! run exactly.
 //!
 //! `PROPTEST_CASES` overrides the number of cases (default: [`DEFAULT_CASES`]).
 
@@ -288,8 +287,6 @@ struct Model {
     handles: Vec<Mid>,
     /// Inode numbers freed since they were last handed out: getattr must say ESTALE.
     dead: BTreeSet<u64>,
-    /// Inodes freed so far.
-    freed: usize,
 }
 
 fn fail<T>(errs: Errs) -> Result<T, Errs> {
@@ -311,7 +308,7 @@ impl Model {
         let mut root = Node::new(FileType::Directory, 0o755, ROOT);
         root.ino = ROOT_INO;
         (root.uid, root.gid) = (0, 0);
-        Model { nodes: vec![root], handles: Vec::new(), dead: BTreeSet::new(), freed: 0 }
+        Model { nodes: vec![root], handles: Vec::new(), dead: BTreeSet::new() }
     }
 
     fn nlink(&self, m: Mid) -> u32 {
@@ -377,7 +374,6 @@ impl Model {
         if n.live && n.links == 0 && n.open == 0 {
             n.live = false;
             self.dead.insert(n.ino);
-            self.freed += 1;
         }
     }
 
@@ -681,10 +677,6 @@ impl Sut {
         if background {
             cfg.cil_push_bytes = 16 << 10;
             cfg.push_interval = std::time::Duration::from_millis(5);
-        } else {
-            // Without background threads nothing but our syncs drains the CIL, and the
-            // throttle would wait forever (crash.rs: regression_throttle_without_background_threads).
-            cfg.cil_max_bytes = u64::MAX;
         }
         let opts = MountOptions { read_only: false, journal: Some(cfg) };
         let mut s = Sut { dev, fs: None, opts };
@@ -738,7 +730,6 @@ struct Harness {
     op: Op,
     /// What the current step's references resolved to, for messages.
     op_note: String,
-    skip_known_bugs: bool,
     /// (mtime, ctime) of every inode at the last state check: times never go backwards.
     times: std::cell::RefCell<BTreeMap<u64, (Time, Time)>>,
     /// Nodes whose ctime (and mtime, when `true`) the current step must have advanced.
@@ -810,7 +801,7 @@ impl Harness {
     fn new(background: bool) -> Harness {
         let sut = Sut::new(background);
         let fresh = counts(sut.fs());
-        Harness { model: Model::new(), sut, fresh, fs_handles: Vec::new(), step: 0, op: Sync, op_note: String::new(), skip_known_bugs: false, times: Default::default(), must_change: Vec::new() }
+        Harness { model: Model::new(), sut, fresh, fs_handles: Vec::new(), step: 0, op: Sync, op_note: String::new(), times: Default::default(), must_change: Vec::new() }
     }
 
     fn ctx(&self) -> String {
@@ -1096,10 +1087,6 @@ impl Harness {
         }
     }
 
-    fn known_bug(&self, repro: &'static [Op]) -> bool {
-        self.skip_known_bugs && known_bug(repro)
-    }
-
     // ---- the state check -------------------------------------------------------------
 
     /// Compare everything visible: the tree from the root, every reachable and every open
@@ -1248,28 +1235,12 @@ fn remove_tree(fs: &FileSystem, dir: u64) {
     }
 }
 
-/// Run a random sequence; steps that would only hit an engine bug already known (see
-/// [`known_bug`]) are skipped or defused, so the search goes on past it.
+/// Run a sequence, checking the whole state after every step.
 fn run_ops(ops: &[Op], background: bool) {
-    run_with(ops, background, true)
-}
-
-/// Run a sequence exactly as given (regression tests).
-fn run_exact(ops: &[Op]) {
-    run_with(ops, false, false)
-}
-
-fn run_with(ops: &[Op], background: bool, skip_known_bugs: bool) {
     let mut h = Harness::new(background);
-    h.skip_known_bugs = skip_known_bugs;
     for (i, op) in ops.iter().enumerate() {
         h.step = i;
-        let freed = h.model.freed;
         h.run(op);
-        let may_reuse = h.model.freed != freed || matches!(op, Remount | CrashAfterSync);
-        if may_reuse && h.known_bug(INODE_REUSE_IN_ONE_CHECKPOINT) {
-            h.sut.fs().sync().unwrap();
-        }
         h.check_state();
     }
     h.teardown();
@@ -1348,22 +1319,6 @@ fn model_outcome_stats() {
 // ---------------------------------------------------------------------------------------
 
 
-/// The repro of a known engine bug, and whether the engine still has it (checked once per
-/// test binary). While it does, the random tests skip the steps that would hit it, so they
-/// keep searching for other divergences; once it is fixed, nothing is skipped.
-fn known_bug(repro: &'static [Op]) -> bool {
-    static SEEN: std::sync::Mutex<BTreeMap<usize, bool>> = std::sync::Mutex::new(BTreeMap::new());
-    let key = repro.as_ptr() as usize;
-    if let Some(&b) = SEEN.lock().unwrap().get(&key) {
-        return b;
-    }
-    let was_quiet = QUIET.with(|q| q.replace(true));
-    let present = std::panic::catch_unwind(|| run_exact(repro)).is_err();
-    QUIET.with(|q| q.set(was_quiet));
-    SEEN.lock().unwrap().insert(key, present);
-    present
-}
-
 /// rename(2) into a directory that was removed while open must fail with ENOENT, as
 /// Linux does (may_create: IS_DEADDIR) and as create and link there do. The engine used to
 /// let it succeed: the entry landed in the dead directory, and when its last handle went,
@@ -1378,14 +1333,14 @@ const RENAME_INTO_REMOVED_DIR: &[Op] = &[
 
 #[test]
 fn regression_rename_into_removed_dir() {
-    run_exact(RENAME_INTO_REMOVED_DIR);
+    run_ops(RENAME_INTO_REMOVED_DIR, false);
 }
 
 /// An inode number freed and handed out again before the next checkpoint: the new inode's
-/// log image is dropped, because the CIL keeps the copy with the higher per-object log
-/// version and a new in-memory `Inode` counts from 0 again (the freed one had logged at
-/// least as many versions). After a remount the new file "b" has the old file's size (10)
-/// and block map: it reads blocks that are free.
+/// log image must win over the freed inode's. The engine used to drop it, because the CIL
+/// keeps the copy with the higher per-object log version and a new in-memory `Inode`
+/// counted from 0 again (the freed one had logged at least as many versions): after a
+/// remount the new file "b" had the old file's size (10) and block map.
 const INODE_REUSE_IN_ONE_CHECKPOINT: &[Op] = &[
     Create { at: In(D("/"), "a") },
     Remount,
@@ -1396,9 +1351,8 @@ const INODE_REUSE_IN_ONE_CHECKPOINT: &[Op] = &[
 ];
 
 #[test]
-#[ignore = "engine bug: a reused inode number loses its new log image (CIL version compare)"]
 fn regression_inode_reuse_in_one_checkpoint() {
-    run_exact(INODE_REUSE_IN_ONE_CHECKPOINT);
+    run_ops(INODE_REUSE_IN_ONE_CHECKPOINT, false);
 }
 
 

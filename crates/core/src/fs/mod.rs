@@ -259,7 +259,7 @@ impl FileSystem {
         }
         let mut tx = Tx::new(&self.m)?;
         let pref = if is_dir { self.next_dir_ag() } else { ino_ag(parent) };
-        let (ino, gen) = tx.alloc_inode(pref, if is_dir { 0 } else { dir::INSERT_RESERVE })?;
+        let (ino, gen, log_version) = tx.alloc_inode(pref, if is_dir { 0 } else { dir::INSERT_RESERVE })?;
         if is_dir {
             tx.reserve(ino_ag(parent), dir::INSERT_RESERVE)?;
         }
@@ -283,7 +283,7 @@ impl FileSystem {
         }
         pd.mtime = di.ctime;
         pd.ctime = di.ctime;
-        let inode = Inode::new(ino, di.clone());
+        let inode = Inode::new(ino, di.clone(), log_version);
         tx.log_inode(&inode, &di, true);
         tx.log_inode(&p, &pd, false);
         self.m.icache.insert_new(inode);
@@ -432,7 +432,7 @@ impl FileSystem {
         }
         let small = matches!(cd.fork, Fork::Empty | Fork::Inline { .. } | Fork::Device(_) | Fork::Extents { .. }) && cd.xattr_root == 0;
         if c.open_count.load(Acquire) == 0 && small {
-            self.free_small(tx, c.ino, cd)?;
+            self.free_small(tx, c, cd)?;
             return Ok(true);
         }
         if cd.orphan_slot == 0 {
@@ -443,16 +443,16 @@ impl FileSystem {
     }
 
     /// Free an inode whose blocks fit one transaction (inline extents, no xattr tree).
-    fn free_small(&self, tx: &mut Tx, ino: u64, cd: &mut DiskInode) -> Result<()> {
+    fn free_small(&self, tx: &mut Tx, c: &InodeRef, cd: &mut DiskInode) -> Result<()> {
         if let Fork::Extents { n, ext } = cd.fork {
             for e in &ext[..n as usize] {
                 tx.free_blocks(e.pblk, e.len as u64, false);
             }
         }
         if cd.orphan_slot != 0 {
-            tx.orphan_remove(ino, cd);
+            tx.orphan_remove(c.ino, cd);
         }
-        tx.free_inode(ino);
+        tx.free_inode(c);
         Ok(())
     }
 
@@ -476,7 +476,7 @@ impl FileSystem {
                 if nd.orphan_slot != 0 {
                     tx.orphan_remove(i.ino, &mut nd);
                 }
-                tx.free_inode(i.ino);
+                tx.free_inode(i);
                 tx.commit()?;
                 *g = nd;
                 self.m.icache.remove(i.ino);

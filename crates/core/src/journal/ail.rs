@@ -74,14 +74,15 @@ impl Ail {
         self.inner.lock().used * 100 / self.ring_blocks
     }
 
-    /// Claim ring space for the next record: `(rec_seq, ring offset, epoch)`, or `None` when
-    /// the tail must move first. The record joins the AIL at once (not yet durable) so the
-    /// tail can never be moved past it.
-    pub fn reserve(&self, blocks: u64) -> Option<(u64, u64, u64)> {
+    /// Claim ring space for the next record: `(rec_seq, ring offset, epoch)`, or, when the
+    /// tail must move first, how many ring blocks must be free for it to fit: the record's
+    /// own and, when it does not fit before the ring's end, the run skipped there. The record
+    /// joins the AIL at once (not yet durable) so the tail can never be moved past it.
+    pub fn reserve(&self, blocks: u64) -> Result<(u64, u64, u64), u64> {
         let mut g = self.inner.lock();
         let waste = if g.head + blocks > self.ring_blocks { self.ring_blocks - g.head } else { 0 };
         if g.used + waste + blocks > self.ring_blocks {
-            return None;
+            return Err(waste + blocks);
         }
         let off = if waste > 0 { 0 } else { g.head };
         let rec_seq = g.next_rec_seq;
@@ -89,13 +90,7 @@ impl Ail {
         g.used += waste + blocks;
         g.head = (off + blocks) % self.ring_blocks;
         g.entries.push_back(Entry { rec_seq, off, span: waste + blocks, durable: false, items: Vec::new() });
-        Some((rec_seq, off, g.epoch))
-    }
-
-    pub fn reserve_would_fail(&self, blocks: u64) -> bool {
-        let g = self.inner.lock();
-        let waste = if g.head + blocks > self.ring_blocks { self.ring_blocks - g.head } else { 0 };
-        g.used + waste + blocks > self.ring_blocks
+        Ok((rec_seq, off, g.epoch))
     }
 
     pub fn mark_durable(&self, rec_seq: u64, items: Vec<(ItemKey, Box<[u8]>)>) {

@@ -52,6 +52,8 @@ struct CilItem {
 struct CilShard {
     items: FxHashMap<ItemKey, CilItem>,
     busy: Vec<BusyExtent>,
+    /// Log bytes this shard's items take (their part of `Journal::cil_bytes`).
+    bytes: u64,
 }
 
 /// What a committing transaction sees of the CIL: the locked shard of its CPU.
@@ -66,24 +68,29 @@ impl CilWriter<'_> {
         debug_assert!(!matches!(key, ItemKey::Revoke(_)));
         debug_assert_eq!(image.len(), key.image_len());
         match self.shard.items.get_mut(&key) {
-            Some(it) if it.version < version => match &mut it.image {
-                Some(img) => img.copy_from_slice(image),
-                None => it.image = Some(image.into()),
-            },
-            Some(_) => {}
+            Some(it) => {
+                // An item's versions are taken under its owner's lock, which is held through
+                // the commit, and never restart (a reused inode number continues its AG's
+                // floor; cached buffers live as long as the mount): they reach a shard in
+                // increasing order. A lower one would lose this change at the checkpoint.
+                debug_assert!(it.version < version, "{key:?}: version {version} logged after {}", it.version);
+                it.version = version;
+                match &mut it.image {
+                    Some(img) => img.copy_from_slice(image),
+                    None => it.image = Some(image.into()),
+                }
+            }
             None => {
                 self.added_bytes += item_bytes(key) as u64;
                 self.shard.items.insert(key, CilItem { version, image: Some(image.into()) });
             }
         }
-        if let Some(it) = self.shard.items.get_mut(&key) {
-            it.version = it.version.max(version);
-        }
     }
 
     /// The metadata block was freed: drop any logged image and revoke older ones.
     pub fn revoke(&mut self, blkno: u64, version: u64) {
-        self.shard.items.insert(ItemKey::Block(blkno), CilItem { version, image: None });
+        let old = self.shard.items.insert(ItemKey::Block(blkno), CilItem { version, image: None });
+        debug_assert!(old.is_none_or(|o| o.version < version), "block {blkno}: revoke version {version} not above the logged one");
         self.added_bytes += item_bytes(ItemKey::Revoke(blkno)) as u64;
     }
 
@@ -119,6 +126,9 @@ pub struct JournalConfig {
     /// Background checkpoint when the CIL holds this many bytes (seed 003, patch 1).
     pub cil_push_bytes: u64,
     /// Commits wait when the CIL holds this many bytes (bounded memory, bounded record).
+    /// At most a quarter of the ring (a larger value is lowered to that): a checkpoint is
+    /// one record of at most half the ring, and the rest is headroom for the transactions
+    /// that began just below the bound.
     pub cil_max_bytes: u64,
     /// Background checkpoint at least this often while the CIL is not empty.
     pub push_interval: Duration,
@@ -192,12 +202,14 @@ fn my_shard(n: usize) -> usize {
 impl Journal {
     /// Start the journal on an image whose log has been recovered (it is empty: `header`
     /// points its tail at its head).
-    pub fn start(dev: Arc<dyn BlockDevice>, geo: Geometry, header: LogHeader, cfg: JournalConfig, on_durable: DurableHook) -> Arc<Journal> {
+    pub fn start(dev: Arc<dyn BlockDevice>, geo: Geometry, header: LogHeader, mut cfg: JournalConfig, on_durable: DurableHook) -> Arc<Journal> {
+        let ring_blocks = geo.log_blocks - LOG_HEADER_BLOCKS;
+        cfg.cil_max_bytes = cfg.cil_max_bytes.min(ring_blocks * BLOCK_SIZE as u64 / 4);
         let nshards = (std::thread::available_parallelism().map_or(4, |n| n.get()) * 2).next_power_of_two().clamp(4, 64);
         let shards = (0..nshards).map(|i| CachePadded::new(Mutex::new_indexed(&CIL_SHARD, i as u64, CilShard::default()))).collect();
         let log_start = geo.ag_layout(0).log;
         let j = Arc::new(Journal {
-            ail: Ail::new(log_start, geo.log_blocks - LOG_HEADER_BLOCKS, header),
+            ail: Ail::new(log_start, ring_blocks, header),
             dev,
             geo,
             cfg,
@@ -263,30 +275,37 @@ impl Journal {
         let mut w = CilWriter { shard: &mut g, added_bytes: 0 };
         f(&mut w);
         let added = w.added_bytes;
+        // Counted under the shard lock, so the switch (which holds every shard lock) takes
+        // out exactly the bytes of the items it takes.
+        g.bytes += added;
+        let total = self.cil_bytes.fetch_add(added, Relaxed) + added;
         drop(g);
         self.stats.commits.fetch_add(1, Relaxed);
-        if added > 0 {
-            let total = self.cil_bytes.fetch_add(added, Relaxed) + added;
-            if total >= self.cfg.cil_push_bytes {
-                self.request_push();
-            }
+        if added > 0 && total >= self.cfg.cil_push_bytes {
+            self.request_push();
         }
         seq
     }
 
     /// Bounded CIL: wait while it is over its hard limit (the background push drains it).
     /// Called when a transaction begins, before it takes any AG lock.
-    pub fn throttle(&self) {
+    pub fn throttle(&self) -> Result<()> {
         if self.cil_bytes.load(Relaxed) < self.cfg.cil_max_bytes {
-            return;
+            return Ok(());
         }
         self.stats.commit_throttles.fetch_add(1, Relaxed);
+        if !self.cfg.background {
+            // No worker would ever drain the CIL: write the checkpoint here. The caller has
+            // no transaction open and holds no AG lock, as for fsync.
+            return self.checkpoint();
+        }
         let mut w = self.worker.lock();
         while self.cil_bytes.load(Relaxed) >= self.cfg.cil_max_bytes && !w.stop && !self.is_failed() {
             w.push_requested = true;
             self.worker_cv.notify_all();
             self.throttle_cv.wait_for(&mut w, Duration::from_millis(50));
         }
+        Ok(())
     }
 
     fn request_push(&self) {
@@ -337,10 +356,15 @@ impl Journal {
             return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
         }
         let (seq, items, busy) = self.switch();
-        self.cil_bytes.store(0, Relaxed);
         self.throttle_cv.notify_all();
         if !items.is_empty() {
-            self.write_checkpoint(items)?;
+            if let Err(e) = self.write_checkpoint(items) {
+                // The items have left the CIL and are lost: nothing committed later may reach
+                // the log either (it may depend on them), so the journal stops here and the
+                // image stays at its last durable checkpoint.
+                self.failed.store(true, Relaxed);
+                return Err(e);
+            }
         }
         self.durable_seq.store(seq, Release);
         (self.on_durable)(busy);
@@ -353,6 +377,7 @@ impl Journal {
         let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let seq = self.open_seq.fetch_add(1, AcqRel);
         let taken: Vec<CilShard> = guards.iter_mut().map(|g| std::mem::take(&mut **g)).collect();
+        self.cil_bytes.fetch_sub(taken.iter().map(|s| s.bytes).sum(), Relaxed);
         drop(guards);
         let mut merged: FxHashMap<ItemKey, CilItem> = FxHashMap::default();
         let mut busy = Vec::new();
@@ -360,7 +385,7 @@ impl Journal {
             busy.extend(shard.busy);
             for (k, it) in shard.items {
                 match merged.get(&k) {
-                    Some(old) if old.version >= it.version => {}
+                    Some(old) if old.version >= it.version => debug_assert_ne!(old.version, it.version, "{:?}: one version logged twice", k),
                     _ => {
                         merged.insert(k, it);
                     }
@@ -414,15 +439,18 @@ impl Journal {
         if blocks > self.ail.ring_blocks() / 2 {
             return Err(Error::Invalid("checkpoint larger than half the log"));
         }
-        loop {
-            if let Some(r) = self.ail.reserve(blocks) {
-                return Ok(r);
-            }
-            self.stats.log_space_waits.fetch_add(1, Relaxed);
-            if self.push_ail(blocks)? == 0 && self.ail.reserve_would_fail(blocks) {
-                return Err(Error::Busy("log full and nothing to write back".into()));
-            }
-        }
+        let need_free = match self.ail.reserve(blocks) {
+            Ok(r) => return Ok(r),
+            Err(need_free) => need_free,
+        };
+        self.stats.log_space_waits.fetch_add(1, Relaxed);
+        self.push_ail(need_free)?;
+        // Checkpoints are serialised by the push lock, so every record in the AIL is durable
+        // and the head has not moved: the writeback freed `need_free` blocks, or emptied the
+        // AIL, and a record of at most half the ring fits in an empty one wherever the head is.
+        let r = self.ail.reserve(blocks);
+        debug_assert!(r.is_ok(), "a record of {blocks} blocks does not fit after writeback to {need_free} free blocks");
+        r.map_err(|_| Error::Busy("log full after writeback".into()))
     }
 
     fn request_ail(&self) {
