@@ -32,7 +32,8 @@ pub struct MountArgs {
     /// An existing directory to mount on.
     pub mountpoint: PathBuf,
     /// Mount options, comma separated: ro, rw, allow_other, allow_root, default_permissions,
-    /// threads=N, writeback_cache, entry_timeout=SECS, attr_timeout=SECS, fsname=NAME, and
+    /// threads=N, cache_size=SIZE, writeback_cache, entry_timeout=SECS, attr_timeout=SECS,
+    /// fsname=NAME, and
     /// the generic ones (noatime, nosuid, nodev, noexec, ...), which go to the kernel.
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
@@ -91,6 +92,7 @@ fn config(args: &MountArgs) -> Result<MountConfig, String> {
             "entry_timeout" => cfg.entry_timeout = Duration::from_secs_f64(number(value).ok_or(format!("bad option '{o}': a number of seconds"))?),
             "attr_timeout" => cfg.attr_timeout = Duration::from_secs_f64(number(value).ok_or(format!("bad option '{o}': a number of seconds"))?),
             "fsname" => cfg.fs_name = value.map(str::to_string),
+            "cache_size" => cfg.cache_bytes = Some(value.ok_or(format!("bad option '{o}': cache_size takes a size (e.g. 512M)")).and_then(parse_size).map_err(|e| format!("bad option '{o}': {e}"))?),
             // Options for mount(8) and fstab only, not for the file system.
             "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail" | "owner" | "group" | "comment" => {}
             _ if key.starts_with("x-") => {}
@@ -238,8 +240,9 @@ mod tests {
 
     #[test]
     fn options_set_the_config_and_pass_generic_ones_through() {
-        let c = parse(&["/", "dir", "-o", "ro,noatime,threads=4,x-systemd.automount,defaults,allow_other"]).unwrap();
+        let c = parse(&["/", "dir", "-o", "ro,noatime,threads=4,x-systemd.automount,defaults,allow_other,cache_size=64M"]).unwrap();
         assert!(c.read_only && c.allow_other);
+        assert_eq!(c.cache_bytes, Some(64 << 20));
         assert_eq!(c.threads, 4);
         assert_eq!(c.options, vec!["noatime".to_string()]);
         assert_eq!(c.fs_name.as_deref(), Some("/"));
@@ -248,6 +251,7 @@ mod tests {
     #[test]
     fn bad_options_are_named() {
         assert!(parse(&["/", "dir", "-o", "threads=lots"]).unwrap_err().contains("threads=lots"));
+        assert!(parse(&["/", "dir", "-o", "cache_size=big"]).unwrap_err().contains("cache_size=big"));
         assert!(parse(&["/", "dir", "-o", "entry_timeout=-1"]).unwrap_err().contains("entry_timeout=-1"));
         assert!(parse(&["/", "dir", "--threads", "100000"]).unwrap_err().contains("at most"));
     }

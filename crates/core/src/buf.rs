@@ -2,6 +2,7 @@
 //! lock for AG headers and bitmaps, the inode lock for an inode's B+tree blocks); the buffer's
 //! own lock only keeps readers from seeing a half-copied block.
 
+use crate::cache::Reclaimable;
 use crate::format::BLOCK_SIZE;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,13 +20,24 @@ pub struct Buf {
     /// reinitialised. Later changes keep it valid (asserted where they are made), so a
     /// structure is validated once, not on every access.
     verified: AtomicBool,
+    /// CIL sequence of the last commit that logged this block (0: never logged since read).
+    pub last_seq: AtomicU64,
+    /// Looked up since the last reclaim scan.
+    referenced: AtomicBool,
 }
 
 pub type BufRef = Arc<Buf>;
 
 impl Buf {
     pub fn new(blkno: u64, data: Box<Block>) -> BufRef {
-        Arc::new(Buf { blkno, data: RwLock::new(data), log_version: AtomicU64::new(0), verified: AtomicBool::new(false) })
+        Arc::new(Buf {
+            blkno,
+            data: RwLock::new(data),
+            log_version: AtomicU64::new(0),
+            verified: AtomicBool::new(false),
+            last_seq: AtomicU64::new(0),
+            referenced: AtomicBool::new(true),
+        })
     }
 
     pub fn zeroed(blkno: u64) -> BufRef {
@@ -50,5 +62,21 @@ impl Buf {
 
     pub fn next_log_version(&self) -> u64 {
         self.log_version.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn note_commit(&self, seq: u64) {
+        self.last_seq.fetch_max(seq, Ordering::Relaxed);
+    }
+}
+
+impl Reclaimable for Buf {
+    fn referenced(&self) -> &AtomicBool {
+        &self.referenced
+    }
+
+    /// Written home: a reload reads exactly this block. (Its log version may then restart,
+    /// which is safe: no image of it is left in the log to outrank.)
+    fn is_clean(&self, home_seq: u64) -> bool {
+        self.last_seq.load(Ordering::Relaxed) <= home_seq
     }
 }

@@ -1,81 +1,290 @@
-//! Caches keyed by number: the metadata buffer cache and the inode cache share one sharded
-//! hash map. Lookups take only a shard's read lock (never an exclusive lock); shards are
-//! cache-line padded so two CPUs looking up different keys do not bounce one line.
+//! Caches keyed by number, grouped by allocation group, and the memory budget they share.
+//!
+//! The metadata buffer cache and the inode cache are both an [`AgCache`]: per AG a few hash
+//! map shards. Lookups take only a shard's read lock (never an exclusive lock), and shards
+//! are cache-line padded so two CPUs looking up different keys do not bounce one line.
+//!
+//! Reclaim (seed 003) works one AG at a time. Each AG has a reclaim lock and a cursor: a
+//! reclaimer *tries* the lock and goes to the next AG when another reclaimer is there, so
+//! reclaimers never pile onto one AG; it scans one shard (a batch) under the shard's read
+//! lock, giving every referenced object a second chance (clock), and then removes the
+//! candidates under short write-lock holds, so lookups are never stalled for a whole scan.
+//! An object is dropped only when nobody else holds it and its newest logged image is at its
+//! home location (`Reclaimable::is_clean`): a later miss then reads exactly what was cached.
+//!
+//! A [`CacheBudget`] may be shared by several mounted file systems (seed 004: each keeps its
+//! own caches, so unmounting one walks only its objects); reclaim visits their AGs in one
+//! round-robin order, so the file system that grows pays no more than the others.
 
 use crate::buf::{Buf, BufRef};
 use crate::dev::BlockDevice;
 use crate::error::Result;
 use crate::format::{verify_block, BLOCK_SIZE};
-use crate::lockstat::{LockClass, RwLock};
+use crate::lockstat::{LockClass, Mutex, RwLock};
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Weak};
 
-const SHARDS: usize = 64;
+/// Hash map shards per AG.
+const SHARDS_PER_AG: usize = 8;
+/// Objects removed per write-lock hold.
+const EVICT_BATCH: usize = 64;
+/// An AG's cache checks the budget each time it grows by this many objects (fewer for a
+/// budget so small that this many would overrun it).
+const CHECK_EVERY: u64 = 256;
 
-pub struct ShardedMap<V: Clone> {
-    shards: Box<[CachePadded<RwLock<FxHashMap<u64, V>>>]>,
+static RECLAIM: LockClass = LockClass::ranked("cache-reclaim", 55);
+static BUDGET: LockClass = LockClass::ranked("cache-budget", 80);
+
+/// What a cached object tells reclaim.
+pub trait Reclaimable {
+    /// Set on lookup, cleared by a reclaim scan: an object is dropped only if no lookup
+    /// touched it since the last scan.
+    fn referenced(&self) -> &AtomicBool;
+    /// Its newest image is at home (nothing in the log is newer) and it holds no state the
+    /// disk does not (dirty data, open handles): dropping it loses nothing.
+    fn is_clean(&self, home_seq: u64) -> bool;
 }
 
-impl<V: Clone> ShardedMap<V> {
-    pub fn new(class: &'static LockClass) -> Self {
-        ShardedMap { shards: (0..SHARDS).map(|i| CachePadded::new(RwLock::new_indexed(class, i as u64, FxHashMap::default()))).collect() }
+struct AgPart {
+    /// Objects cached for this AG (changed under a shard write lock).
+    len: AtomicU64,
+    /// The next shard of this AG to scan.
+    reclaim: Mutex<usize>,
+}
+
+pub struct AgCache<V> {
+    shards: Box<[CachePadded<RwLock<FxHashMap<u64, Arc<V>>>>]>,
+    ags: Box<[CachePadded<AgPart>]>,
+    /// `key >> ag_shift` is a key's AG for inode numbers; `key / ag_div` for block numbers.
+    ag_of: fn(u64, u64) -> u64,
+    ag_param: u64,
+    budget: Arc<CacheBudget>,
+    check_every: u64,
+}
+
+/// Keys are inode numbers: the AG is in the high 32 bits.
+pub fn inode_ag(ino: u64, _: u64) -> u64 {
+    ino >> 32
+}
+
+/// Keys are block numbers: the AG is the block number divided by the AG size.
+pub fn block_ag(blkno: u64, ag_blocks: u64) -> u64 {
+    blkno / ag_blocks
+}
+
+impl<V: Reclaimable> AgCache<V> {
+    pub fn new(class: &'static LockClass, ag_count: u32, ag_of: fn(u64, u64) -> u64, ag_param: u64, budget: Arc<CacheBudget>) -> Self {
+        let n = ag_count.max(1) as usize;
+        AgCache {
+            shards: (0..n * SHARDS_PER_AG).map(|i| CachePadded::new(RwLock::new_indexed(class, (i / SHARDS_PER_AG) as u64, FxHashMap::default()))).collect(),
+            ags: (0..n).map(|i| CachePadded::new(AgPart { len: AtomicU64::new(0), reclaim: Mutex::new_indexed(&RECLAIM, i as u64, 0) })).collect(),
+            ag_of,
+            ag_param,
+            check_every: (budget.limit / (n as u64 * BLOCK_SIZE as u64 * 4)).clamp(1, CHECK_EVERY),
+            budget,
+        }
     }
 
-    fn shard(&self, k: u64) -> &RwLock<FxHashMap<u64, V>> {
-        // Fibonacci hashing spreads sequential inode and block numbers over the shards.
-        &self.shards[(k.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % SHARDS]
+    fn ag(&self, k: u64) -> usize {
+        // A key outside the geometry (a corrupt number that got this far) still lands in a
+        // valid AG; its lookup then simply misses.
+        ((self.ag_of)(k, self.ag_param) as usize).min(self.ags.len() - 1)
     }
 
-    pub fn get(&self, k: u64) -> Option<V> {
-        self.shard(k).read().get(&k).cloned()
+    fn shard(&self, k: u64) -> &RwLock<FxHashMap<u64, Arc<V>>> {
+        // Fibonacci hashing spreads sequential numbers over the AG's shards.
+        let h = (k.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % SHARDS_PER_AG;
+        &self.shards[self.ag(k) * SHARDS_PER_AG + h]
     }
 
-    /// Insert unless present; returns the value that is in the map afterwards.
-    pub fn get_or_insert(&self, k: u64, v: V) -> V {
-        self.shard(k).write().entry(k).or_insert(v).clone()
+    pub fn get(&self, k: u64) -> Option<Arc<V>> {
+        let v = self.shard(k).read().get(&k).cloned()?;
+        // Only write the line when the bit changes: hot objects stay shared-clean.
+        if !v.referenced().load(Relaxed) {
+            v.referenced().store(true, Relaxed);
+        }
+        Some(v)
     }
 
-    pub fn insert(&self, k: u64, v: V) {
-        self.shard(k).write().insert(k, v);
+    /// Insert unless present; returns the value in the map afterwards. Every
+    /// `check_every` objects an AG's cache grows by, the inserting thread checks the budget
+    /// (and reclaims, if it is exceeded) once it holds no cache lock.
+    pub fn get_or_insert(&self, k: u64, v: Arc<V>) -> Arc<V> {
+        let mut s = self.shard(k).write();
+        let mut grew = false;
+        let out = s
+            .entry(k)
+            .or_insert_with(|| {
+                grew = true;
+                v
+            })
+            .clone();
+        drop(s);
+        if grew && (self.ags[self.ag(k)].len.fetch_add(1, Relaxed) + 1) % self.check_every == 0 {
+            self.budget.check();
+        }
+        out
     }
 
-    pub fn remove(&self, k: u64) -> Option<V> {
-        self.shard(k).write().remove(&k)
+    pub fn remove(&self, k: u64) -> Option<Arc<V>> {
+        let v = self.shard(k).write().remove(&k)?;
+        self.ags[self.ag(k)].len.fetch_sub(1, Relaxed);
+        Some(v)
     }
 
-    pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().len()).sum()
+    pub fn len(&self) -> u64 {
+        self.ags.iter().map(|a| a.len.load(Relaxed)).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Visit every value, one shard at a time, without holding a lock while `f` runs: a
-    /// shard's values are copied out in a batch first (seed 003: batched cache walks).
-    pub fn for_each(&self, mut f: impl FnMut(u64, &V)) {
-        for s in self.shards.iter() {
-            let batch: Vec<(u64, V)> = s.read().iter().map(|(k, v)| (*k, v.clone())).collect();
-            for (k, v) in &batch {
-                f(*k, v);
+    pub fn ag_count(&self) -> u32 {
+        self.ags.len() as u32
+    }
+
+    /// Scan the next shard of AG `ag` and drop what is unreferenced and clean. Returns the
+    /// objects dropped, or `None` when another reclaimer is working on this AG.
+    pub fn reclaim_ag(&self, ag: u32, home_seq: u64) -> Option<u64> {
+        let part = &self.ags[ag as usize];
+        let mut cursor = part.reclaim.try_lock()?;
+        let shard = &self.shards[ag as usize * SHARDS_PER_AG + *cursor];
+        *cursor = (*cursor + 1) % SHARDS_PER_AG;
+        let candidates: Vec<u64> = shard
+            .read()
+            .iter()
+            .filter(|(_, v)| !v.referenced().swap(false, Relaxed) && Arc::strong_count(v) == 1 && v.is_clean(home_seq))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut dropped = 0;
+        for batch in candidates.chunks(EVICT_BATCH) {
+            // Freed after the write lock is released: an object's drop is not free.
+            let mut gone = Vec::with_capacity(batch.len());
+            let mut s = shard.write();
+            for k in batch {
+                // Re-checked under the write lock: nobody can take a new reference now.
+                if s.get(k).is_some_and(|v| Arc::strong_count(v) == 1 && !v.referenced().load(Relaxed) && v.is_clean(home_seq)) {
+                    gone.extend(s.remove(k));
+                }
             }
+            drop(s);
+            part.len.fetch_sub(gone.len() as u64, Relaxed);
+            dropped += gone.len() as u64;
+        }
+        Some(dropped)
+    }
+}
+
+/// One file system's caches as the budget sees them.
+pub trait CacheOwner: Send + Sync {
+    /// Bytes its caches hold (estimated from object counts).
+    fn cache_bytes(&self) -> u64;
+    fn ag_count(&self) -> u32;
+    /// Reclaim a batch from AG `ag`: bytes freed, `None` if another reclaimer is there.
+    fn reclaim_ag(&self, ag: u32) -> Option<u64>;
+    /// Nothing more is clean: ask for the log to be written home so more becomes clean.
+    fn push_dirty(&self);
+}
+
+/// A memory budget shared by the caches of one or more file systems. When they together
+/// pass the limit, the thread whose insert noticed it reclaims down to 7/8 of the limit,
+/// visiting (file system, AG) pairs in one round-robin order.
+pub struct CacheBudget {
+    limit: u64,
+    members: Mutex<Vec<Weak<dyn CacheOwner>>>,
+    /// Position in the round-robin order over every member's AGs.
+    cursor: AtomicUsize,
+    pub stats: CacheStats,
+}
+
+#[derive(Default, Debug)]
+pub struct CacheStats {
+    pub reclaim_passes: AtomicU64,
+    pub reclaimed_bytes: AtomicU64,
+    /// Reclaim found nothing clean enough and asked for log writeback.
+    pub dirty_pushes: AtomicU64,
+}
+
+impl std::fmt::Debug for CacheBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheBudget").field("limit", &self.limit).field("members", &self.members.lock().len()).finish()
+    }
+}
+
+/// The default budget of a file system that is not given one.
+pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
+
+impl CacheBudget {
+    pub fn new(limit: u64) -> Arc<CacheBudget> {
+        Arc::new(CacheBudget { limit, members: Mutex::new(&BUDGET, Vec::new()), cursor: AtomicUsize::new(0), stats: CacheStats::default() })
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn join(&self, owner: Weak<dyn CacheOwner>) {
+        let mut m = self.members.lock();
+        m.retain(|w| w.strong_count() > 0);
+        m.push(owner);
+    }
+
+    fn live_members(&self) -> Vec<Arc<dyn CacheOwner>> {
+        self.members.lock().iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Bytes held by every member's caches.
+    pub fn used(&self) -> u64 {
+        self.live_members().iter().map(|m| m.cache_bytes()).sum()
+    }
+
+    /// Called by an insert at a check point: reclaim if the members are over the limit.
+    pub fn check(&self) {
+        let members = self.live_members();
+        let mut used: u64 = members.iter().map(|m| m.cache_bytes()).sum();
+        if used <= self.limit {
+            return;
+        }
+        self.stats.reclaim_passes.fetch_add(1, Relaxed);
+        let target = self.limit / 8 * 7;
+        let slots: Vec<(usize, u32)> = members.iter().enumerate().flat_map(|(i, m)| (0..m.ag_count()).map(move |a| (i, a))).collect();
+        // Two sweeps over every AG at most: the second catches what the first's scans marked
+        // unreferenced. Whatever is still over then is dirty: the log must be written home.
+        for _ in 0..2 * slots.len() * SHARDS_PER_AG {
+            if used <= target {
+                return;
+            }
+            let (m, ag) = slots[self.cursor.fetch_add(1, Relaxed) % slots.len()];
+            if let Some(freed) = members[m].reclaim_ag(ag) {
+                self.stats.reclaimed_bytes.fetch_add(freed, Relaxed);
+                used = used.saturating_sub(freed);
+            }
+        }
+        if used > target {
+            self.stats.dirty_pushes.fetch_add(1, Relaxed);
+            members.iter().for_each(|m| m.push_dirty());
         }
     }
 }
 
 static BUF_CACHE: LockClass = LockClass::ranked("buf-cache", 60);
 
+/// Bytes one cached metadata block costs: the block, its header and its map entry.
+pub const BUF_COST: u64 = (BLOCK_SIZE + std::mem::size_of::<Buf>() + 48) as u64;
+
 /// Verified metadata blocks. A block is checked once, when it is first read; from then on
 /// the in-memory copy is authoritative (every change to it goes through the journal).
 pub struct BufCache {
     dev: Arc<dyn BlockDevice>,
-    map: ShardedMap<BufRef>,
+    map: AgCache<Buf>,
 }
 
 impl BufCache {
-    pub fn new(dev: Arc<dyn BlockDevice>) -> BufCache {
-        BufCache { dev, map: ShardedMap::new(&BUF_CACHE) }
+    pub fn new(dev: Arc<dyn BlockDevice>, ag_count: u32, ag_blocks: u64, budget: Arc<CacheBudget>) -> BufCache {
+        BufCache { dev, map: AgCache::new(&BUF_CACHE, ag_count, block_ag, ag_blocks.max(1), budget) }
     }
 
     /// The cached block, reading and verifying it on a miss.
@@ -102,11 +311,15 @@ impl BufCache {
         self.map.get(blkno)
     }
 
-    pub fn len(&self) -> usize {
+    pub fn len(&self) -> u64 {
         self.map.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
+    }
+
+    pub fn reclaim_ag(&self, ag: u32, home_seq: u64) -> Option<u64> {
+        self.map.reclaim_ag(ag, home_seq)
     }
 }

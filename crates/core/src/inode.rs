@@ -4,7 +4,7 @@
 //! decoded inode is the authoritative copy while cached; it is encoded into the journal when
 //! a transaction changes it and written home by the AIL.
 
-use crate::cache::ShardedMap;
+use crate::cache::{inode_ag, AgCache, CacheBudget, Reclaimable};
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{DiskInode, Geometry, INODE_SIZE};
@@ -27,6 +27,8 @@ pub struct Inode {
     pub data_dirty: AtomicBool,
     /// Open handles; an unlinked inode is freed when the last one closes.
     pub open_count: AtomicU32,
+    /// Looked up since the last reclaim scan.
+    referenced: AtomicBool,
 }
 
 pub type InodeRef = Arc<Inode>;
@@ -43,6 +45,7 @@ impl Inode {
             last_data_seq: AtomicU64::new(0),
             data_dirty: AtomicBool::new(false),
             open_count: AtomicU32::new(0),
+            referenced: AtomicBool::new(true),
         })
     }
 
@@ -64,17 +67,30 @@ impl Inode {
     }
 }
 
-pub struct InodeCache {
-    map: ShardedMap<InodeRef>,
-}
+impl Reclaimable for Inode {
+    fn referenced(&self) -> &AtomicBool {
+        &self.referenced
+    }
 
-impl Default for InodeCache {
-    fn default() -> Self {
-        InodeCache { map: ShardedMap::new(&ICACHE) }
+    /// Its last change is home, no data written in place awaits an fsync (the flag would
+    /// be lost), and no handle is open (an unlinked open inode exists only here).
+    fn is_clean(&self, home_seq: u64) -> bool {
+        self.last_seq.load(Relaxed) <= home_seq && !self.data_dirty.load(Relaxed) && self.open_count.load(Relaxed) == 0
     }
 }
 
+/// Bytes one cached inode costs: the inode, its reference count and its map entry.
+pub const INODE_COST: u64 = (std::mem::size_of::<Inode>() + 16 + 32) as u64;
+
+pub struct InodeCache {
+    map: AgCache<Inode>,
+}
+
 impl InodeCache {
+    pub fn new(ag_count: u32, budget: Arc<CacheBudget>) -> InodeCache {
+        InodeCache { map: AgCache::new(&ICACHE, ag_count, inode_ag, 0, budget) }
+    }
+
     pub fn get(&self, ino: u64) -> Option<InodeRef> {
         self.map.get(ino)
     }
@@ -101,7 +117,7 @@ impl InodeCache {
         self.map.remove(ino);
     }
 
-    pub fn len(&self) -> usize {
+    pub fn len(&self) -> u64 {
         self.map.len()
     }
 
@@ -109,7 +125,7 @@ impl InodeCache {
         self.map.is_empty()
     }
 
-    pub fn for_each(&self, f: impl FnMut(u64, &InodeRef)) {
-        self.map.for_each(f)
+    pub fn reclaim_ag(&self, ag: u32, home_seq: u64) -> Option<u64> {
+        self.map.reclaim_ag(ag, home_seq)
     }
 }

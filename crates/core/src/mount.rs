@@ -2,21 +2,24 @@
 //! bringing them up (recovery, then orphan processing) and down (checkpoint, clean log).
 
 use crate::ag::Ag;
-use crate::cache::BufCache;
+use crate::cache::{BufCache, CacheBudget, CacheOwner, BUF_COST, DEFAULT_CACHE_BYTES};
 use crate::dev::{BlockDevice, OverlayDevice};
 use crate::error::{Error, Result};
 use crate::format::sb::MAGIC_SB;
 use crate::format::{ino_ag, ino_index, Geometry, Superblock, BLOCK_SIZE};
-use crate::inode::{InodeCache, InodeRef};
+use crate::inode::{InodeCache, InodeRef, INODE_COST};
 use crate::journal::{recover, Journal, JournalConfig, RecoveryReport};
 use std::sync::atomic::{AtomicBool, Ordering::*};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 #[derive(Clone, Debug, Default)]
 pub struct MountOptions {
     pub read_only: bool,
     /// Override journal tunables (tests use tiny CILs to exercise wrap-around).
     pub journal: Option<JournalConfig>,
+    /// The memory budget of the inode and buffer caches, possibly shared with other mounted
+    /// file systems; default: a budget of this mount's own of `DEFAULT_CACHE_BYTES`.
+    pub cache: Option<Arc<CacheBudget>>,
 }
 
 pub struct Mount {
@@ -90,7 +93,8 @@ impl Mount {
             let r = recover(&*dev, &geo, true)?;
             (dev, r)
         };
-        let bufs = BufCache::new(dev.clone());
+        let budget = opts.cache.clone().unwrap_or_else(|| CacheBudget::new(DEFAULT_CACHE_BYTES));
+        let bufs = BufCache::new(dev.clone(), geo.ag_count, geo.ag_blocks, budget.clone());
         let ags: Arc<[Ag]> = (0..geo.ag_count).map(|a| Ag::load(&bufs, &geo, a)).collect::<Result<Vec<_>>>()?.into();
         let mut cfg = opts.journal.clone().unwrap_or_else(|| JournalConfig::for_log(geo.log_blocks - 2));
         cfg.background &= !opts.read_only;
@@ -101,19 +105,21 @@ impl Mount {
             }
         });
         let journal = Journal::start(dev.clone(), geo, recovery.header, cfg, on_durable);
-        Ok(Arc::new(Mount {
+        let m = Arc::new(Mount {
             sb,
             geo,
             dev,
             bufs,
             ags,
             journal,
-            icache: InodeCache::default(),
+            icache: InodeCache::new(geo.ag_count, budget.clone()),
             recovery,
             read_only: opts.read_only,
             dead: AtomicBool::new(false),
             orphan_tracking: AtomicBool::new(true),
-        }))
+        });
+        budget.join(Arc::downgrade(&m) as Weak<dyn CacheOwner>);
+        Ok(m)
     }
 
     pub fn is_read_only(&self) -> bool {
@@ -177,5 +183,29 @@ impl Mount {
         let r = self.journal.shutdown();
         self.dead.store(true, Relaxed);
         r
+    }
+}
+
+/// What the shared cache budget sees of this file system: its own caches only (seed 004).
+impl CacheOwner for Mount {
+    fn cache_bytes(&self) -> u64 {
+        self.icache.len() * INODE_COST + self.bufs.len() * BUF_COST
+    }
+
+    fn ag_count(&self) -> u32 {
+        self.geo.ag_count
+    }
+
+    fn reclaim_ag(&self, ag: u32) -> Option<u64> {
+        let home = self.journal.home_seq();
+        let inodes = self.icache.reclaim_ag(ag, home)?;
+        let bufs = self.bufs.reclaim_ag(ag, home).unwrap_or(0);
+        Some(inodes * INODE_COST + bufs * BUF_COST)
+    }
+
+    fn push_dirty(&self) {
+        if !self.read_only {
+            self.journal.request_writeback();
+        }
     }
 }

@@ -272,13 +272,14 @@ impl<'m> Tx<'m> {
         bufs.dedup_by_key(|b| b.blkno);
         bufs.retain(|b| !revoked.contains(&b.blkno));
         let inodes = std::mem::take(&mut self.inodes);
+        let revoked_bufs: Vec<Option<BufRef>> = revoked.iter().map(|&blkno| m.bufs.get(blkno)).collect();
         let seq = m.journal.commit(|cil| {
             for b in &bufs {
                 let v = b.next_log_version();
                 cil.log(ItemKey::Block(b.blkno), v, &b.read()[..]);
             }
-            for &blkno in &revoked {
-                cil.revoke(blkno, m.bufs.get(blkno).map_or(0, |b| b.next_log_version()));
+            for (&blkno, b) in revoked.iter().zip(&revoked_bufs) {
+                cil.revoke(blkno, b.as_ref().map_or(0, |b| b.next_log_version()));
             }
             for l in &inodes {
                 cil.log(ItemKey::Inode(l.inode.ino), l.version, &l.image[..]);
@@ -290,6 +291,12 @@ impl<'m> Tx<'m> {
         drop(guards);
         for l in &inodes {
             l.inode.note_commit(seq, l.data);
+        }
+        // Until `seq` is home, reclaim must keep these buffers: a reloaded buffer's log
+        // version would restart below the images (or revokes) the log still holds. Holding
+        // them here (strong references) keeps them cached until their sequence is noted.
+        for b in bufs.iter().chain(revoked_bufs.iter().flatten()) {
+            b.note_commit(seq);
         }
         self.done = true;
         Ok(seq)

@@ -131,3 +131,44 @@ fn truncate_sparse_and_unlinked_open() {
     let fs = remount(&dev, fs);
     assert!(fs.getattr(f.ino).is_err(), "orphan freed at mount");
 }
+
+/// A file system whose caches are far smaller than its tree keeps them within the budget
+/// once the log is home, and reads back exactly what it dropped. Two file systems sharing a
+/// budget are reclaimed together.
+#[test]
+fn caches_respect_a_shared_budget() {
+    use ferrofs::cache::{CacheBudget, CacheOwner};
+    let budget = CacheBudget::new(2 << 20);
+    let opts = MountOptions { cache: Some(budget.clone()), ..MountOptions::default() };
+    let mount = |size| {
+        let dev = Arc::new(MemDevice::new(size));
+        FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+        FileSystem::mount_device(dev, &opts).unwrap()
+    };
+    let (a, b) = (mount(256 << 20), mount(64 << 20));
+    let dirs: Vec<u64> = (0..4).map(|d| a.mkdir(ROOT, format!("d{d}").as_bytes(), 0o755, C).unwrap().ino).collect();
+    for i in 0..20_000u32 {
+        let f = a.create(dirs[i as usize % 4], format!("f{i}").as_bytes(), 0o644, C).unwrap();
+        if i % 1000 == 0 {
+            a.write(f.ino, 0, &i.to_le_bytes()).unwrap();
+        }
+    }
+    for i in 0..2_000u32 {
+        b.create(ROOT, format!("g{i}").as_bytes(), 0o644, C).unwrap();
+    }
+    // Everything written home is clean: a pass over the whole tree must now stay in budget.
+    a.mount().journal.quiesce().unwrap();
+    b.mount().journal.quiesce().unwrap();
+    for i in 0..20_000u32 {
+        let f = a.lookup(dirs[i as usize % 4], format!("f{i}").as_bytes()).unwrap();
+        if i % 1000 == 0 {
+            assert_eq!(a.read(f.ino, 0, 4).unwrap(), i.to_le_bytes(), "file f{i} after its inode was dropped");
+        }
+    }
+    let used = a.mount().cache_bytes() + b.mount().cache_bytes();
+    assert!(used <= budget.limit() + budget.limit() / 4, "caches hold {used} bytes, budget {}", budget.limit());
+    assert!(budget.stats.reclaimed_bytes.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert_eq!(names(&b, ROOT).iter().filter(|n| n.starts_with(b"g")).count(), 2_000);
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+}

@@ -33,7 +33,7 @@ fn mount_options() -> MountOptions {
     let mut cfg = JournalConfig::for_log(ferrofs::mkfs::plan(IMAGE_SIZE, &MkfsOptions::default()).unwrap().log_blocks - 2);
     cfg.background = false;
     cfg.cil_max_bytes = u64::MAX; // nothing drains the CIL but our syncs (see crash.rs)
-    MountOptions { read_only: false, journal: Some(cfg) }
+    MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }
 }
 
 fn mount(dev: Arc<dyn BlockDevice>) -> Result<FileSystem> {
@@ -231,7 +231,7 @@ fn tree_root_and_child(dev: &MemDevice, root: u64) -> (u64, u64) {
 
 /// The inode at `path` (a read-only mount of a copy: the image is not changed).
 fn ino_at(dev: &MemDevice, path: &str) -> u64 {
-    let fs = FileSystem::mount_device(Arc::new(dev.snapshot()), &MountOptions { read_only: true, journal: None }).unwrap();
+    let fs = FileSystem::mount_device(Arc::new(dev.snapshot()), &MountOptions { read_only: true, ..MountOptions::default() }).unwrap();
     fs.resolve(path).unwrap().ino
 }
 

@@ -49,7 +49,7 @@ fn mount_options() -> MountOptions {
     // Without background threads the recorded write/flush sequence is deterministic: the
     // workload's own syncs, and the throttle when the CIL is full, write the checkpoints.
     cfg.background = false;
-    MountOptions { read_only: false, journal: Some(cfg) }
+    MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }
 }
 
 fn mount(dev: Arc<dyn BlockDevice>) -> Result<FileSystem> {
@@ -816,7 +816,7 @@ fn regression_throttle_without_background_threads() {
         FileSystem::mkfs(&*dev, &mkfs_options()).unwrap();
         let mut cfg = JournalConfig::for_log(LOG_BLOCKS - 2);
         cfg.background = false;
-        let fs = FileSystem::mount_device(dev, &MountOptions { read_only: false, journal: Some(cfg) }).unwrap();
+        let fs = FileSystem::mount_device(dev, &MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }).unwrap();
         let dirs: Vec<u64> = (0..16).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
         fs.sync().unwrap();
         for d in dirs {

@@ -668,17 +668,30 @@ struct Sut {
     opts: MountOptions,
 }
 
+/// How the system under test runs its journal and caches.
+#[derive(Clone, Copy, PartialEq)]
+enum Setup {
+    /// No background threads: checkpoints happen only when operations force them.
+    Manual,
+    /// Background checkpoints and writeback (a 16 KiB CIL push threshold, a 5 ms interval).
+    Background,
+    /// Background journal and a cache budget of a few dozen objects: inodes and blocks are
+    /// dropped and read back from home all the time.
+    TinyCache,
+}
+
 impl Sut {
-    fn new(background: bool) -> Sut {
+    fn new(setup: Setup) -> Sut {
         let dev = Arc::new(template().snapshot());
         let ring = ferrofs::mkfs::plan(DEV_SIZE, &MkfsOptions::default()).unwrap().log_blocks - 2;
         let mut cfg = JournalConfig::for_log(ring);
-        cfg.background = background;
-        if background {
+        cfg.background = setup != Setup::Manual;
+        if cfg.background {
             cfg.cil_push_bytes = 16 << 10;
             cfg.push_interval = std::time::Duration::from_millis(5);
         }
-        let opts = MountOptions { read_only: false, journal: Some(cfg) };
+        let cache = (setup == Setup::TinyCache).then(|| ferrofs::cache::CacheBudget::new(48 << 10));
+        let opts = MountOptions { read_only: false, journal: Some(cfg), cache };
         let mut s = Sut { dev, fs: None, opts };
         s.mount();
         s
@@ -798,8 +811,8 @@ fn same_bytes(what: &dyn Debug, off: u64, exp: &[u8], got: &[u8]) {
 }
 
 impl Harness {
-    fn new(background: bool) -> Harness {
-        let sut = Sut::new(background);
+    fn new(setup: Setup) -> Harness {
+        let sut = Sut::new(setup);
         let fresh = counts(sut.fs());
         Harness { model: Model::new(), sut, fresh, fs_handles: Vec::new(), step: 0, op: Sync, op_note: String::new(), times: Default::default(), must_change: Vec::new() }
     }
@@ -1208,8 +1221,14 @@ impl Harness {
         assert_eq!(counts(self.sut.fs()), self.fresh, "free blocks/inodes after deleting everything");
         self.sut.remount();
         assert_eq!(counts(self.sut.fs()), self.fresh, "free blocks/inodes after deleting everything and remounting");
+        if let Some(budget) = &self.sut.opts.cache {
+            CACHE_RECLAIMED.fetch_add(budget.stats.reclaimed_bytes.load(std::sync::atomic::Ordering::Relaxed), std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
+
+/// Bytes the tiny-cache runs reclaimed: proof that they did drop and reload objects.
+static CACHE_RECLAIMED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn readdir(fs: &FileSystem, ino: u64, cookie: u64) -> ferrofs::Result<Vec<DirEntry>> {
     let mut v = Vec::new();
@@ -1236,8 +1255,8 @@ fn remove_tree(fs: &FileSystem, dir: u64) {
 }
 
 /// Run a sequence, checking the whole state after every step.
-fn run_ops(ops: &[Op], background: bool) {
-    let mut h = Harness::new(background);
+fn run_ops(ops: &[Op], setup: Setup) {
+    let mut h = Harness::new(setup);
     for (i, op) in ops.iter().enumerate() {
         h.step = i;
         h.run(op);
@@ -1275,11 +1294,11 @@ fn config(cases: u32) -> ProptestConfig {
 
 /// Run `cases` random sequences; on a failure, panic with proptest's report (the reason and
 /// the shrunk sequence), which the quiet hook must not swallow.
-fn check_sequences(cases: u32, background: bool) {
+fn check_sequences(cases: u32, setup: Setup) {
     let mut runner = proptest::test_runner::TestRunner::new(config(cases));
     quiet_panics();
     let result = runner.run(&prop::collection::vec(op_s(), 1..60), |ops| {
-        run_ops(&ops, background);
+        run_ops(&ops, setup);
         Ok(())
     });
     QUIET.with(|q| q.set(false));
@@ -1290,14 +1309,22 @@ fn check_sequences(cases: u32, background: bool) {
 
 #[test]
 fn model_matches() {
-    check_sequences(cases(), false);
+    check_sequences(cases(), Setup::Manual);
 }
 
 /// Background checkpoints and AIL writeback run concurrently with the operations (a 16 KiB
 /// CIL push threshold and a 5 ms interval): results must not change.
 #[test]
 fn model_matches_with_background_journal() {
-    check_sequences((cases() / 10).max(1), true);
+    check_sequences((cases() / 10).max(1), Setup::Background);
+}
+
+/// The caches are far too small for the workload: results must not change when inodes and
+/// blocks are dropped and read back.
+#[test]
+fn model_matches_with_tiny_cache() {
+    check_sequences((cases() / 10).max(1), Setup::TinyCache);
+    assert!(CACHE_RECLAIMED.load(std::sync::atomic::Ordering::Relaxed) > 0, "the cache never reclaimed anything");
 }
 
 /// How often each operation succeeds or fails how: a check that the generator reaches the
@@ -1307,7 +1334,7 @@ fn model_matches_with_background_journal() {
 fn model_outcome_stats() {
     proptest::test_runner::TestRunner::new(config(cases()))
         .run(&prop::collection::vec(op_s(), 1..60), |ops| {
-            run_ops(&ops, false);
+            run_ops(&ops, Setup::Manual);
             Ok(())
         })
         .unwrap();
@@ -1333,7 +1360,7 @@ const RENAME_INTO_REMOVED_DIR: &[Op] = &[
 
 #[test]
 fn regression_rename_into_removed_dir() {
-    run_ops(RENAME_INTO_REMOVED_DIR, false);
+    run_ops(RENAME_INTO_REMOVED_DIR, Setup::Manual);
 }
 
 /// An inode number freed and handed out again before the next checkpoint: the new inode's
@@ -1352,7 +1379,7 @@ const INODE_REUSE_IN_ONE_CHECKPOINT: &[Op] = &[
 
 #[test]
 fn regression_inode_reuse_in_one_checkpoint() {
-    run_ops(INODE_REUSE_IN_ONE_CHECKPOINT, false);
+    run_ops(INODE_REUSE_IN_ONE_CHECKPOINT, Setup::Manual);
 }
 
 
@@ -1372,7 +1399,7 @@ fn fill_up(few_inodes: bool) {
     let mut cfg = JournalConfig::for_log(ferrofs::mkfs::plan(size, &mkfs).unwrap().log_blocks - 2);
     cfg.background = false;
     cfg.cil_max_bytes = u64::MAX; // we sync often enough
-    let opts = MountOptions { read_only: false, journal: Some(cfg) };
+    let opts = MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() };
     let fs = FileSystem::mount_device(dev.clone(), &opts).unwrap();
     let fresh = counts(&fs);
     let enospc = |what: &str, r: ferrofs::Result<()>| match r {

@@ -105,6 +105,9 @@ pub struct MountConfig {
     /// Generic mount options passed through (`noatime`, `nodev`, `dirsync`, `subtype=...`,
     /// anything else goes to the kernel as is). Each string may hold several, comma separated.
     pub options: Vec<String>,
+    /// Memory budget of the engine's inode and buffer caches, in bytes; `None`: the
+    /// engine's default (`ferrofs::cache::DEFAULT_CACHE_BYTES`).
+    pub cache_bytes: Option<u64>,
     /// How long to wait for an image lock held by another process (e.g. a daemon that is just
     /// finishing its unmount) before failing with [`MountError::ImageInUse`].
     pub lock_timeout: Duration,
@@ -124,6 +127,7 @@ impl MountConfig {
             attr_timeout: Duration::from_secs(1),
             writeback_cache: false,
             options: Vec::new(),
+            cache_bytes: None,
             lock_timeout: Duration::ZERO,
         }
     }
@@ -275,7 +279,7 @@ fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
             MountError::Image { path: path.clone(), source }
         }
     })?;
-    let mopts = MountOptions { read_only: opts.read_only, ..MountOptions::default() };
+    let mopts = MountOptions { read_only: opts.read_only, cache: opts.cache_bytes.map(ferrofs::cache::CacheBudget::new), ..MountOptions::default() };
     FileSystem::mount_device(Arc::new(dev), &mopts).map_err(|source| MountError::Engine { path, source })
 }
 

@@ -10,12 +10,15 @@ use crate::lockstat::{LockClass, Mutex};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::*};
 
 static AIL: LockClass = LockClass::ranked("ail", 50);
 static AIL_IO: LockClass = LockClass::ranked("ail-io", 20);
 
 struct Entry {
     rec_seq: u64,
+    /// The CIL sequence this record checkpoints.
+    cil_seq: u64,
     off: u64,
     /// Ring blocks this record accounts for, including any wasted run before a wrap.
     span: u64,
@@ -39,6 +42,8 @@ pub(super) struct Ail {
     ring_blocks: u64,
     inner: Mutex<Inner>,
     io: Mutex<()>,
+    /// Every change of this CIL sequence and before is at its home location.
+    home_seq: AtomicU64,
 }
 
 fn home(k: ItemKey) -> ItemKey {
@@ -59,7 +64,7 @@ impl Ail {
             epoch: h.epoch,
             gen: h.gen,
         };
-        Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, ()) }
+        Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, ()), home_seq: AtomicU64::new(0) }
     }
 
     pub fn ring_start(&self) -> u64 {
@@ -89,11 +94,15 @@ impl Ail {
         g.next_rec_seq += 1;
         g.used += waste + blocks;
         g.head = (off + blocks) % self.ring_blocks;
-        g.entries.push_back(Entry { rec_seq, off, span: waste + blocks, durable: false, items: Vec::new() });
+        g.entries.push_back(Entry { rec_seq, cil_seq: 0, off, span: waste + blocks, durable: false, items: Vec::new() });
         Ok((rec_seq, off, g.epoch))
     }
 
-    pub fn mark_durable(&self, rec_seq: u64, items: Vec<(ItemKey, Box<[u8]>)>) {
+    pub fn home_seq(&self) -> u64 {
+        self.home_seq.load(Acquire)
+    }
+
+    pub fn mark_durable(&self, rec_seq: u64, cil_seq: u64, items: Vec<(ItemKey, Box<[u8]>)>) {
         let mut g = self.inner.lock();
         for (k, _) in &items {
             g.latest.insert(home(*k), rec_seq);
@@ -101,6 +110,7 @@ impl Ail {
         let e = g.entries.iter_mut().rev().find(|e| e.rec_seq == rec_seq).expect("reserved record is in the AIL");
         debug_assert!(!e.durable);
         e.durable = true;
+        e.cil_seq = cil_seq;
         e.items = items;
     }
 
@@ -112,6 +122,7 @@ impl Ail {
         if batch.is_empty() {
             return Ok((0, 0));
         }
+        let homed_seq = batch.iter().map(|e| e.cil_seq).max().unwrap_or(0);
         let writes = self.live_items(batch);
         let mut homed: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len());
         for (k, img) in &writes {
@@ -125,6 +136,9 @@ impl Ail {
         homed.sort_unstable_by_key(|(off, _)| *off);
         write_coalesced(dev, &homed)?;
         dev.flush()?;
+        // Records are written home in sequence order, so everything up to here is home: a
+        // cache may now drop what these records logged and read it back from home.
+        self.home_seq.fetch_max(homed_seq, Release);
         let (hdr, blkno) = self.advance_tail(freed);
         dev.write_at(&hdr.encode(blkno)[..], blkno * BLOCK_SIZE as u64)?;
         dev.flush()?;

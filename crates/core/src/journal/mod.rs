@@ -182,6 +182,8 @@ pub struct Journal {
 struct WorkerState {
     push_requested: bool,
     ail_requested: bool,
+    /// Write the whole log home, not just enough to make room.
+    ail_all_requested: bool,
     stop: bool,
 }
 
@@ -358,7 +360,7 @@ impl Journal {
         let (seq, items, busy) = self.switch();
         self.throttle_cv.notify_all();
         if !items.is_empty() {
-            if let Err(e) = self.write_checkpoint(items) {
+            if let Err(e) = self.write_checkpoint(seq, items) {
                 // The items have left the CIL and are lost: nothing committed later may reach
                 // the log either (it may depend on them), so the journal stops here and the
                 // image stays at its last durable checkpoint.
@@ -397,7 +399,7 @@ impl Journal {
         (seq, items, busy)
     }
 
-    fn write_checkpoint(&self, items: Vec<(ItemKey, Option<Box<[u8]>>)>) -> Result<()> {
+    fn write_checkpoint(&self, seq: u64, items: Vec<(ItemKey, Option<Box<[u8]>>)>) -> Result<()> {
         let bytes: usize = items.iter().map(|(k, img)| if img.is_some() { item_bytes(*k) } else { item_bytes(ItemKey::Revoke(0)) }).sum();
         let blocks = (RECORD_HDR + bytes).div_ceil(BLOCK_SIZE) as u64;
         let (rec_seq, off, epoch) = self.reserve_log(blocks)?;
@@ -426,7 +428,7 @@ impl Journal {
         self.stats.checkpoints.fetch_add(1, Relaxed);
         self.stats.items_logged.fetch_add(sealed.len() as u64, Relaxed);
         self.stats.log_bytes.fetch_add(record.len() as u64, Relaxed);
-        self.ail.mark_durable(rec_seq, sealed);
+        self.ail.mark_durable(rec_seq, seq, sealed);
         if self.ail.used_percent() >= self.cfg.ail_push_percent {
             self.request_ail();
         }
@@ -497,11 +499,13 @@ impl Journal {
                 if w.stop {
                     return;
                 }
-                !std::mem::take(&mut w.ail_requested)
+                let (asked, all) = (std::mem::take(&mut w.ail_requested), std::mem::take(&mut w.ail_all_requested));
+                !asked || all
             };
             let pct = self.ail.used_percent();
-            // Under pressure write back to half the trigger level; when idle, everything, so
-            // a crash after a quiet period replays almost nothing.
+            // Under pressure write back to half the trigger level; when idle (or asked by a
+            // cache that wants to drop objects), everything, so a crash after a quiet period
+            // replays almost nothing.
             let target = if idle { self.ail.ring_blocks() } else { self.ail.ring_blocks() * (100 - self.cfg.ail_push_percent / 2) / 100 };
             if (pct > 0 || idle) && self.push_ail(target).is_err() {
                 return;
@@ -529,6 +533,20 @@ impl Journal {
 
     /// Checkpoint everything and write it all home: the log is empty afterwards and holds no
     /// memory (what unmount, freeze and the memory benchmark want).
+    /// Every change of this CIL sequence and before is at its home location: a cache may
+    /// drop an object whose last change is that old and read it back from home.
+    pub fn home_seq(&self) -> u64 {
+        self.ail.home_seq()
+    }
+
+    /// Ask the background writer to write the whole log home (caches want to drop objects
+    /// that are only dirty because their images are still in the log).
+    pub fn request_writeback(&self) {
+        let mut w = self.worker.lock();
+        (w.push_requested, w.ail_requested, w.ail_all_requested) = (true, true, true);
+        self.worker_cv.notify_all();
+    }
+
     pub fn quiesce(&self) -> Result<()> {
         self.checkpoint()?;
         self.push_ail(self.ail.ring_blocks()).map(|_| ())
