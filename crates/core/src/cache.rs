@@ -128,6 +128,25 @@ impl<V: Reclaimable> AgCache<V> {
         out
     }
 
+    /// Insert, replacing whatever is cached under `k` (which is returned).
+    pub fn replace(&self, k: u64, v: Arc<V>) -> Option<Arc<V>> {
+        let old = self.shard(k).write().insert(k, v);
+        if old.is_none() && (self.ags[self.ag(k)].len.fetch_add(1, Relaxed) + 1) % self.check_every == 0 {
+            self.budget.check();
+        }
+        old
+    }
+
+    /// Remove `k` if it still maps to `v` (and not to something inserted since).
+    pub fn remove_if(&self, k: u64, v: &Arc<V>) {
+        let mut s = self.shard(k).write();
+        if s.get(&k).is_some_and(|cur| Arc::ptr_eq(cur, v)) {
+            s.remove(&k);
+            drop(s);
+            self.ags[self.ag(k)].len.fetch_sub(1, Relaxed);
+        }
+    }
+
     pub fn remove(&self, k: u64) -> Option<Arc<V>> {
         let v = self.shard(k).write().remove(&k)?;
         self.ags[self.ag(k)].len.fetch_sub(1, Relaxed);

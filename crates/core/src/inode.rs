@@ -108,9 +108,15 @@ impl InodeCache {
         Ok(self.map.get_or_insert(ino, Inode::new(ino, di, log_version)))
     }
 
+    /// A just-allocated inode. It replaces anything cached under its number: only a stale
+    /// copy of a freed inode, loaded by a lookup that raced with the free, can be there.
     pub fn insert_new(&self, inode: InodeRef) {
-        let old = self.map.get_or_insert(inode.ino, inode.clone());
-        debug_assert!(Arc::ptr_eq(&old, &inode), "inode {} allocated while cached", inode.ino);
+        self.map.replace(inode.ino, inode);
+    }
+
+    /// Drop `inode` from the cache unless something else has replaced it there.
+    pub fn remove_if(&self, inode: &InodeRef) {
+        self.map.remove_if(inode.ino, inode);
     }
 
     pub fn remove(&self, ino: u64) {

@@ -168,8 +168,17 @@ impl Mount {
         if ino == 0 || agno >= self.geo.ag_count || idx >= self.geo.inodes_per_ag {
             return Err(Error::Stale);
         }
-        let log_version = self.ags[agno as usize].inode_log_version_base(idx).ok_or(Error::Stale)?;
-        self.icache.load(&*self.dev, &self.geo, ino, log_version)
+        let ag = &self.ags[agno as usize];
+        let log_version = ag.inode_log_version_base(idx).ok_or(Error::Stale)?;
+        let inode = self.icache.load(&*self.dev, &self.geo, ino, log_version)?;
+        // A free of this number may have run between the check and the insert: then what we
+        // loaded is a dead copy and must not stay cached (a create of the number replaces it
+        // anyway, see `InodeCache::insert_new`).
+        if !ag.inode_in_use(idx) {
+            self.icache.remove_if(&inode);
+            return Err(Error::Stale);
+        }
+        Ok(inode)
     }
 
     /// Checkpoint everything and write it home: the log is empty afterwards. Every later
