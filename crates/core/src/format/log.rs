@@ -140,6 +140,13 @@ pub fn decode_record(rec: &[u8]) -> Option<Result<Vec<(ItemKey, &[u8])>>> {
     Some(parse_items(rec))
 }
 
+/// The items of a record this process built (`encode_record`), with each image's byte
+/// offset in the record.
+pub fn item_offsets(rec: &[u8]) -> Result<Vec<(ItemKey, usize)>> {
+    let base = rec.as_ptr() as usize;
+    Ok(parse_items(rec)?.into_iter().map(|(k, img)| (k, img.as_ptr() as usize - base)).collect())
+}
+
 fn parse_items(rec: &[u8]) -> Result<Vec<(ItemKey, &[u8])>> {
     let n = get_u32(rec, 28) as usize;
     let bad = |d: String| Error::corrupt("log record", get_u64(rec, 8), d);

@@ -4,7 +4,7 @@
 //! written home once however often it was relogged; then the tail moves past what was written.
 
 use crate::dev::BlockDevice;
-use crate::format::log::{ItemKey, LogHeader, LOG_HEADER_BLOCKS};
+use crate::format::log::{item_offsets, ItemKey, LogHeader, LOG_HEADER_BLOCKS};
 use crate::format::{Geometry, BLOCK_SIZE};
 use crate::lockstat::{LockClass, Mutex};
 use rustc_hash::FxHashMap;
@@ -23,7 +23,11 @@ struct Entry {
     /// Ring blocks this record accounts for, including any wasted run before a wrap.
     span: u64,
     durable: bool,
-    items: Vec<(ItemKey, Box<[u8]>)>,
+    /// The record as written to the log: writeback copies the images home from it, so the
+    /// AIL holds one large buffer per checkpoint, not one small one per item.
+    record: Vec<u8>,
+    /// Each item and the offset of its image in `record`.
+    items: Vec<(ItemKey, usize)>,
 }
 
 struct Inner {
@@ -94,7 +98,7 @@ impl Ail {
         g.next_rec_seq += 1;
         g.used += waste + blocks;
         g.head = (off + blocks) % self.ring_blocks;
-        g.entries.push_back(Entry { rec_seq, cil_seq: 0, off, span: waste + blocks, durable: false, items: Vec::new() });
+        g.entries.push_back(Entry { rec_seq, cil_seq: 0, off, span: waste + blocks, durable: false, record: Vec::new(), items: Vec::new() });
         Ok((rec_seq, off, g.epoch))
     }
 
@@ -102,7 +106,8 @@ impl Ail {
         self.home_seq.load(Acquire)
     }
 
-    pub fn mark_durable(&self, rec_seq: u64, cil_seq: u64, items: Vec<(ItemKey, Box<[u8]>)>) {
+    pub fn mark_durable(&self, rec_seq: u64, cil_seq: u64, record: Vec<u8>) {
+        let items = item_offsets(&record).expect("a record this journal encoded parses");
         let mut g = self.inner.lock();
         for (k, _) in &items {
             g.latest.insert(home(*k), rec_seq);
@@ -111,6 +116,7 @@ impl Ail {
         debug_assert!(!e.durable);
         e.durable = true;
         e.cil_seq = cil_seq;
+        e.record = record;
         e.items = items;
     }
 
@@ -123,15 +129,15 @@ impl Ail {
             return Ok((0, 0));
         }
         let homed_seq = batch.iter().map(|e| e.cil_seq).max().unwrap_or(0);
-        let writes = self.live_items(batch);
+        let writes = self.live_items(&batch);
         let mut homed: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len());
-        for (k, img) in &writes {
+        for &(k, entry, at) in &writes {
             let off = match k {
                 ItemKey::Block(b) => b * BLOCK_SIZE as u64,
-                ItemKey::Inode(ino) => geo.inode_offset(*ino).map_err(io::Error::other)?,
+                ItemKey::Inode(ino) => geo.inode_offset(ino).map_err(io::Error::other)?,
                 ItemKey::Revoke(_) => unreachable!("revokes are never written home"),
             };
-            homed.push((off, &img[..]));
+            homed.push((off, &batch[entry].record[at..at + k.image_len()]));
         }
         homed.sort_unstable_by_key(|(off, _)| *off);
         write_coalesced(dev, &homed)?;
@@ -159,16 +165,17 @@ impl Ail {
         (g.entries.drain(..n).collect(), freed)
     }
 
-    /// The items of `batch` that no later record supersedes (revokes write nothing).
-    fn live_items(&self, batch: Vec<Entry>) -> Vec<(ItemKey, Box<[u8]>)> {
+    /// The items of `batch` that no later record supersedes (revokes write nothing), as
+    /// (item, index of its entry in `batch`, offset of its image in that entry's record).
+    fn live_items(&self, batch: &[Entry]) -> Vec<(ItemKey, usize, usize)> {
         let mut g = self.inner.lock();
         let mut out = Vec::new();
-        for e in batch {
-            for (k, img) in e.items {
+        for (i, e) in batch.iter().enumerate() {
+            for &(k, at) in &e.items {
                 if g.latest.get(&home(k)) == Some(&e.rec_seq) {
                     g.latest.remove(&home(k));
                     if !matches!(k, ItemKey::Revoke(_)) {
-                        out.push((k, img));
+                        out.push((k, i, at));
                     }
                 }
             }

@@ -428,7 +428,8 @@ impl Journal {
         self.stats.checkpoints.fetch_add(1, Relaxed);
         self.stats.items_logged.fetch_add(sealed.len() as u64, Relaxed);
         self.stats.log_bytes.fetch_add(record.len() as u64, Relaxed);
-        self.ail.mark_durable(rec_seq, seq, sealed);
+        drop(sealed);
+        self.ail.mark_durable(rec_seq, seq, record);
         if self.ail.used_percent() >= self.cfg.ail_push_percent {
             self.request_ail();
         }
