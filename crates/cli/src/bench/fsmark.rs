@@ -11,7 +11,7 @@ use super::targets::{Env, Kind, Mounted, Size};
 use super::BenchArgs;
 use crate::failure::{CliResult, Context, Failure};
 use crate::units::{grouped, human_bytes};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::process::Command;
@@ -44,9 +44,10 @@ pub struct FsmarkArgs {
     /// ../shared/peers from the repository root).
     #[arg(long)]
     pub peers: Option<PathBuf>,
-    /// fsmark: mount options for the ferrofs target (`ferrofs mount -o ...`), comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    pub ferrofs_options: Vec<String>,
+    /// fsmark: extra mount options of one target, as TARGET:OPTS (OPTS comma-separated, as
+    /// for its `-o`); may be repeated. E.g. ferrofs:entry_timeout=60 or minifuse:default_permissions.
+    #[arg(long = "mount-options", value_parser = parse_target_options)]
+    pub mount_options: Vec<(Kind, String)>,
 }
 
 /// Every figure of one target, one run, one thread count.
@@ -77,7 +78,8 @@ pub struct Report {
     pub threads: Vec<usize>,
     pub create_command: String,
     pub remove_command: String,
-    pub ferrofs_options: Vec<String>,
+    /// Extra mount options given per target.
+    pub mount_options: Vec<(Kind, String)>,
     pub targets: Vec<TargetReport>,
     pub ratios: Vec<Ratio>,
     pub skipped: Vec<Skipped>,
@@ -144,7 +146,7 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
     let threads = args.threads_or(DEFAULT_THREADS);
     let files = args.files.unwrap_or(DEFAULT_FILES);
     let slow_files = f.slow_files.unwrap_or((files / SLOW_DIVISOR).max(1));
-    let env = Env::new(f.peers.clone(), f.ferrofs_options.clone())?;
+    let env = Env::new(f.peers.clone(), f.mount_options.clone())?;
     let mut wanted: Vec<Kind> = if f.targets.is_empty() {
         Kind::ALL.to_vec()
     } else {
@@ -239,12 +241,21 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
             "fs_mark -S0 -s0 -k -L1 -D {FSMARK_SUBDIRS} -n FILES/T -t 1 -d DIR/0 ... -d DIR/T-1"
         ),
         remove_command: "rm -rf DIR/0 & ... & rm -rf DIR/T-1 (T processes at once)".into(),
-        ferrofs_options: f.ferrofs_options.clone(),
+        mount_options: f.mount_options.clone(),
         targets,
         ratios,
         skipped,
         samples,
     })
+}
+
+/// `TARGET:OPTS` of --mount-options.
+fn parse_target_options(text: &str) -> Result<(Kind, String), String> {
+    let (name, opts) = text
+        .split_once(':')
+        .ok_or("expected TARGET:OPTIONS, e.g. ferrofs:entry_timeout=60")?;
+    let kind = Kind::from_str(name, true)?;
+    Ok((kind, opts.to_string()))
 }
 
 fn skip(skipped: &mut Vec<Skipped>, k: Kind, reason: String) {
@@ -469,11 +480,8 @@ impl Report {
                 grouped(self.slow_files)
             ),
         }
-        if !self.ferrofs_options.is_empty() {
-            println!(
-                "  ferrofs mounted with -o {}",
-                self.ferrofs_options.join(",")
-            );
+        for (k, o) in &self.mount_options {
+            println!("  {} mounted with -o {o}", k.name());
         }
         println!("  files/s = files / wall clock from the first process's start to the last one's exit: median [min-max]\n");
         println!(

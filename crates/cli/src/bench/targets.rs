@@ -169,6 +169,7 @@ impl Kind {
                 let exe = env.minifuse()?;
                 let mut cmd = Command::new(exe);
                 cmd.arg(&m.root).arg("-f");
+                env.push_options(self, &mut cmd);
                 m.start_daemon(env, cmd)?;
             }
             Kind::Fuse2fs => {
@@ -179,6 +180,7 @@ impl Kind {
                     .arg(&image))?;
                 let mut cmd = Command::new("fuse2fs");
                 cmd.arg(&image).arg(&m.root).args(["-f", "-o", "fakeroot"]);
+                env.push_options(self, &mut cmd);
                 m.start_daemon(env, cmd)?;
             }
             Kind::Ext4 | Kind::Xfs | Kind::Btrfs => {
@@ -204,16 +206,17 @@ impl Kind {
                     }
                 };
                 run(mkfs.arg(&dev))?;
-                run(Command::new("mount")
-                    .args(["-t", self.name()])
-                    .arg(&dev)
-                    .arg(&m.root))?;
+                let mut mount = Command::new("mount");
+                mount.args(["-t", self.name()]);
+                env.push_options(self, &mut mount);
+                run(mount.arg(&dev).arg(&m.root))?;
                 m.undo.push(Undo::Mount(m.root.clone()));
             }
             Kind::Tmpfs => {
-                run(Command::new("mount")
-                    .args(["-t", "tmpfs", "ferrofs-bench"])
-                    .arg(&m.root))?;
+                let mut mount = Command::new("mount");
+                mount.args(["-t", "tmpfs"]);
+                env.push_options(self, &mut mount);
+                run(mount.arg("ferrofs-bench").arg(&m.root))?;
                 m.undo.push(Undo::Mount(m.root.clone()));
             }
         }
@@ -250,8 +253,8 @@ pub struct Env {
     work: PathBuf,
     images: PathBuf,
     ferrofs: PathBuf,
-    /// `-o` options for `ferrofs mount`.
-    pub ferrofs_options: Vec<String>,
+    /// Extra mount options per target, comma-separated as for `-o`.
+    mount_options: Vec<(Kind, String)>,
     peers: Option<PathBuf>,
     minifuse: OnceCell<PathBuf>,
     counter: std::cell::Cell<u32>,
@@ -260,7 +263,7 @@ pub struct Env {
 impl Env {
     /// `peers`: the directory holding minifuse.c (else $FERROFS_PEERS, else `shared/peers`
     /// next to the repository this binary was built from or run in).
-    pub fn new(peers: Option<PathBuf>, ferrofs_options: Vec<String>) -> CliResult<Env> {
+    pub fn new(peers: Option<PathBuf>, mount_options: Vec<(Kind, String)>) -> CliResult<Env> {
         let ferrofs = std::env::current_exe().context(|| "find this program's path".into())?;
         // Short: fs_mark takes directory names of under 40 bytes only.
         let work = std::env::temp_dir().join(format!("ffb.{}", std::process::id()));
@@ -275,11 +278,30 @@ impl Env {
             work,
             images,
             ferrofs,
-            ferrofs_options,
+            mount_options,
             peers: peers.or_else(|| std::env::var_os(PEERS_ENV).map(PathBuf::from)),
             minifuse: OnceCell::new(),
             counter: std::cell::Cell::new(0),
         })
+    }
+
+    /// The extra mount options given for `kind`, comma-separated; empty if none.
+    pub fn options(&self, kind: Kind) -> String {
+        let given: Vec<&str> = self
+            .mount_options
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, o)| o.as_str())
+            .collect();
+        given.join(",")
+    }
+
+    /// `-o OPTS` for `kind`'s mount command, if any were given.
+    fn push_options(&self, kind: Kind, cmd: &mut Command) {
+        let o = self.options(kind);
+        if !o.is_empty() {
+            cmd.arg("-o").arg(o);
+        }
     }
 
     /// The work directory: programs that write files into their current directory (fs_mark's
@@ -523,9 +545,7 @@ impl Mounted {
             .arg("--daemon")
             .arg(&image)
             .arg(&self.root);
-        if !env.ferrofs_options.is_empty() {
-            mount.arg("-o").arg(env.ferrofs_options.join(","));
-        }
+        env.push_options(Kind::Ferrofs, &mut mount);
         // The daemon is only known by the lock it holds on the image; wait for it to let go
         // on every way out, even if the mount command itself failed half-way.
         self.undo.push(Undo::ImageLock {
