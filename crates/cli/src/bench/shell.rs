@@ -3,6 +3,7 @@
 //! (SIGINT) or SIGTERM turned into an ordinary error, so set-up guards still tear down.
 
 use crate::failure::{CliResult, Failure};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::mpsc;
@@ -120,6 +121,9 @@ pub fn run_timed(cmds: Vec<Command>) -> CliResult<Timed> {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // A group of its own: an interrupt kills what it forked too (fs_mark forks a
+            // worker per directory), which would otherwise hold its output pipe open.
+            .process_group(0)
             .spawn();
         match child {
             Ok(child) => {
@@ -184,11 +188,12 @@ pub fn run_timed(cmds: Vec<Command>) -> CliResult<Timed> {
     })
 }
 
+/// Kill each process's group (each leads its own, see [`run_timed`]).
 fn kill_all(pids: &[u32]) {
     for &pid in pids {
-        // SAFETY: kill only sends a signal; a pid that already exited (not yet reaped by
-        // its waiter thread) is still ours, so it cannot name another process.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        // SAFETY: kill only sends a signal; a group whose leader already exited (not yet
+        // reaped by its waiter thread) still has its id reserved, so it names no other group.
+        unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
     }
 }
 
