@@ -473,12 +473,17 @@ impl Report {
             .collect();
         match slow.is_empty() {
             true => println!("  files per run and thread count: {}", grouped(self.files)),
-            false => println!(
-                "  files per run and thread count: {}; {}: {} (slow; rates are files/s, so comparable)",
-                grouped(self.files),
-                slow.join(", "),
-                grouped(self.slow_files)
-            ),
+            false => {
+                println!(
+                    "  files per run and thread count: {}; {}: {} (slow: fewer files, rates in files/s)",
+                    grouped(self.files),
+                    slow.join(", "),
+                    grouped(self.slow_files)
+                );
+                if self.slow_files < self.files {
+                    println!("  (fewer files favour a target whose rate falls as directories grow, as fuse2fs's does: ratios over it are then conservative; --slow-files sets the count)");
+                }
+            }
         }
         for (k, o) in &self.mount_options {
             println!("  {} mounted with -o {o}", k.name());
