@@ -32,9 +32,9 @@ pub struct MountArgs {
     /// An existing directory to mount on.
     pub mountpoint: PathBuf,
     /// Mount options, comma separated: ro, rw, allow_other, allow_root, default_permissions,
-    /// threads=N, cache_size=SIZE, writeback_cache, entry_timeout=SECS, attr_timeout=SECS,
-    /// fsname=NAME, and
-    /// the generic ones (noatime, nosuid, nodev, noexec, ...), which go to the kernel.
+    /// threads=N, cache_size=SIZE, writeback_cache, entry_timeout=SECS, attr_timeout=SECS
+    /// (default 3600), fsname=NAME, and the generic ones (noatime, nosuid, nodev, noexec,
+    /// ...), which go to the kernel.
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
     /// FUSE worker threads, each with its own /dev/fuse descriptor (default: one per CPU,

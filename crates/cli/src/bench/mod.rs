@@ -9,6 +9,7 @@
 //! their own and share the image, timing, median and report code here.
 
 mod commit;
+mod fsmark;
 mod fsync;
 mod names;
 mod orphan;
@@ -18,6 +19,8 @@ mod report;
 mod scale;
 mod scratch;
 mod session;
+mod shell;
+mod targets;
 mod unlinked;
 mod unmount;
 
@@ -55,13 +58,14 @@ pub struct BenchArgs {
     /// commit: files per thread (default 16). unlinked: files opened, unlinked and closed
     /// (default 200,000). fsync: files the fsync thread writes and syncs per run and load
     /// (default 2,000). unmount: cached inodes of file system A (default 1,000,000).
+    /// fsmark: files per run and thread count (default 40,000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub files: Option<u64>,
     /// Thread counts to measure, comma-separated. embedded: default 1,2,8,48. commit:
     /// committing threads, default 1,2. orphan: truncating threads, default 1,2,4,10,20,40.
     /// fsync: file-creating threads beside the fsync thread and the checkpoint thread in
     /// the loaded measurement, default 1 (the first value is used). scale: default
-    /// 1,2,4,8,16,48.
+    /// 1,2,4,8,16,48. fsmark: fs_mark threads and rm -rf processes, default 1,2,8.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub threads: Vec<u64>,
     /// Also run every thread count with all threads in one shared directory (embedded).
@@ -97,6 +101,8 @@ pub struct BenchArgs {
     /// nothing (`off`: to measure what the counting costs; the lock table is then empty).
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub lock_counting: Switch,
+    #[command(flatten)]
+    pub fsmark: fsmark::FsmarkArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -123,6 +129,9 @@ pub enum Mode {
     /// Unmount time of a small file system beside one holding a million cached inodes
     /// (seed 004).
     Unmount,
+    /// fs_mark creates and parallel rm -rf on ferrofs through FUSE and its peers
+    /// (minifuse, fuse2fs, kernel ext4/XFS/btrfs, tmpfs), mounted here (needs root).
+    Fsmark,
 }
 
 impl BenchArgs {
@@ -190,6 +199,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         Mode::Fsync => fsync::run(args),
         Mode::Scale => scale::run(args),
         Mode::Unmount => unmount::run(args),
+        Mode::Fsmark => fsmark::run(args),
     }
 }
 

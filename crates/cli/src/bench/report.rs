@@ -382,13 +382,13 @@ impl JournalReport {
     }
 }
 
-fn sorted(v: &[f64]) -> Vec<f64> {
+pub(super) fn sorted(v: &[f64]) -> Vec<f64> {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     s
 }
 
-fn median(sorted: &[f64]) -> f64 {
+pub(super) fn median(sorted: &[f64]) -> f64 {
     let mid = sorted.len() / 2;
     if sorted.len().is_multiple_of(2) {
         (sorted[mid - 1] + sorted[mid]) / 2.0

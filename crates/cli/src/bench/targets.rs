@@ -1,0 +1,815 @@
+//! File systems to measure side by side, each set up and torn down on this machine: ferrofs
+//! through FUSE (this binary's `mount --daemon`, a separate process as users run it),
+//! fuse2fs, kernel ext4, XFS and btrfs on loop images, tmpfs, and minifuse (the FUSE ceiling
+//! from the shared peers directory).
+//!
+//! A workload is a function over a mounted directory ([`Mounted::root`]); a benchmark walks
+//! a list of [`Kind`]s, asks each whether it can run here ([`Kind::unavailable`]: a reason to
+//! skip, never a failure), mounts it ([`Kind::mount`]) and unmounts it ([`Mounted::unmount`]).
+//! Everything a set-up creates — image files, loop devices, mounts, daemons, directories — is
+//! pushed on an undo stack as it is made; the stack unwinds in reverse on unmount, on any
+//! error half-way through a set-up, on a panic and (with [`super::shell::catch_interrupts`])
+//! on Ctrl-C.
+
+use super::scratch;
+use super::shell::{self, check_interrupt, describe, run};
+use crate::failure::{CliResult, Context, Failure};
+use clap::ValueEnum;
+use ferrofs::format::BLOCK_SIZE;
+use serde::Serialize;
+use std::cell::OnceCell;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a FUSE daemon may take to mount, and to exit (or let go of its image) after
+/// its unmount.
+const DAEMON_WAIT: Duration = Duration::from_secs(60);
+/// Between polls of /proc while waiting for a mount to appear or a lock to go.
+const POLL: Duration = Duration::from_millis(10);
+/// Loop images (kernel file systems, fuse2fs) are sparse files in /dev/shm: only what a file
+/// system writes takes memory. At least this big (XFS and btrfs have minimum sizes) ...
+const MIN_IMAGE_BYTES: u64 = 2 << 30;
+/// ... and this much space per file of the workload.
+const IMAGE_BYTES_PER_FILE: u64 = 16 << 10;
+/// ext4 (kernel and fuse2fs) makes its inode table at mkfs time: this many inodes per file
+/// of the workload (plus directories), so the table never limits a run.
+const EXT4_INODES_PER_FILE: u64 = 2;
+const EXT4_MIN_INODES: u64 = 65_536;
+/// Environment variable naming the directory that holds `minifuse.c`.
+pub const PEERS_ENV: &str = "FERROFS_PEERS";
+const MINIFUSE_SOURCE: &str = "minifuse.c";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// This binary's `mount --daemon` on a fresh image in /dev/shm.
+    Ferrofs,
+    /// minifuse.c: in-memory libfuse3 low-level server, the FUSE ceiling.
+    Minifuse,
+    /// fuse2fs on an ext4 image in /dev/shm.
+    Fuse2fs,
+    /// Kernel ext4 on a loop image in /dev/shm.
+    Ext4,
+    /// Kernel XFS on a loop image in /dev/shm.
+    Xfs,
+    /// Kernel btrfs on a loop image in /dev/shm.
+    Btrfs,
+    Tmpfs,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 7] = [
+        Kind::Ferrofs,
+        Kind::Minifuse,
+        Kind::Fuse2fs,
+        Kind::Ext4,
+        Kind::Xfs,
+        Kind::Btrfs,
+        Kind::Tmpfs,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Ferrofs => "ferrofs",
+            Kind::Minifuse => "minifuse",
+            Kind::Fuse2fs => "fuse2fs",
+            Kind::Ext4 => "ext4",
+            Kind::Xfs => "xfs",
+            Kind::Btrfs => "btrfs",
+            Kind::Tmpfs => "tmpfs",
+        }
+    }
+
+    /// What it is, for report headers.
+    pub fn description(self) -> &'static str {
+        match self {
+            Kind::Ferrofs => "ferrofs through FUSE (ferrofs mount --daemon), image in /dev/shm",
+            Kind::Minifuse => "minifuse, in-memory libfuse3 server (FUSE ceiling)",
+            Kind::Fuse2fs => "fuse2fs, user-space ext4, image in /dev/shm",
+            Kind::Ext4 => "kernel ext4, loop image in /dev/shm",
+            Kind::Xfs => "kernel XFS, loop image in /dev/shm",
+            Kind::Btrfs => "kernel btrfs, loop image in /dev/shm",
+            Kind::Tmpfs => "tmpfs",
+        }
+    }
+
+    /// Whether it is served by a user-space daemon through /dev/fuse.
+    pub fn is_fuse(self) -> bool {
+        matches!(self, Kind::Ferrofs | Kind::Minifuse | Kind::Fuse2fs)
+    }
+
+    /// Programs its set-up runs.
+    fn programs(self) -> &'static [&'static str] {
+        match self {
+            Kind::Ferrofs => &["umount"],
+            Kind::Minifuse => &["gcc", "pkg-config", "umount"],
+            Kind::Fuse2fs => &["fuse2fs", "mkfs.ext4", "umount"],
+            Kind::Ext4 => &["losetup", "mkfs.ext4", "mount", "umount"],
+            Kind::Xfs => &["losetup", "mkfs.xfs", "mount", "umount"],
+            Kind::Btrfs => &["losetup", "mkfs.btrfs", "mount", "umount"],
+            Kind::Tmpfs => &["mount", "umount"],
+        }
+    }
+
+    /// Why it cannot be set up on this machine, if it cannot (checked before any set-up).
+    pub fn unavailable(self, env: &Env) -> Option<String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Some("needs root (mount, loop devices)".into());
+        }
+        if let Some(p) = self.programs().iter().find(|p| !shell::have(p)) {
+            return Some(format!("{p} not found"));
+        }
+        if self.is_fuse() && !Path::new("/dev/fuse").exists() {
+            return Some("no /dev/fuse".into());
+        }
+        match self {
+            Kind::Ext4 | Kind::Xfs | Kind::Btrfs => {
+                if !Path::new("/dev/loop-control").exists() {
+                    return Some("no loop devices (/dev/loop-control)".into());
+                }
+                if !kernel_has(self.name()) {
+                    return Some(format!("the kernel has no {} support", self.name()));
+                }
+            }
+            Kind::Minifuse => {
+                if let Err(why) = env.minifuse_source() {
+                    return Some(why);
+                }
+                if let Err(e) = run(Command::new("pkg-config").args(["--exists", "fuse3"])) {
+                    return Some(format!(
+                        "no fuse3 development files (libfuse3-dev): {}",
+                        e.why
+                    ));
+                }
+            }
+            _ => {}
+        }
+        None
+    }
+
+    /// Make, mount and return it, ready for `size`'s workload. On failure everything made so
+    /// far is undone.
+    pub fn mount(self, env: &Env, size: &Size) -> CliResult<Mounted> {
+        check_interrupt()?;
+        let mut m = Mounted {
+            kind: self,
+            root: env.unique_dir(self.name()),
+            daemon: None,
+            undo: Vec::new(),
+        };
+        std::fs::create_dir(&m.root).context(|| format!("mkdir {}", m.root.display()))?;
+        m.undo.push(Undo::Dir(m.root.clone()));
+        match self {
+            Kind::Ferrofs => m.mount_ferrofs(env, size)?,
+            Kind::Minifuse => {
+                let exe = env.minifuse()?;
+                let mut cmd = Command::new(exe);
+                cmd.arg(&m.root).arg("-f");
+                env.push_options(self, &mut cmd);
+                m.start_daemon(env, cmd)?;
+            }
+            Kind::Fuse2fs => {
+                let image = m.new_image(env, size.image_bytes())?;
+                run(Command::new("mkfs.ext4")
+                    .args(["-q", "-F", "-N"])
+                    .arg(size.ext4_inodes().to_string())
+                    .arg(&image))?;
+                let mut cmd = Command::new("fuse2fs");
+                cmd.arg(&image).arg(&m.root).args(["-f", "-o", "fakeroot"]);
+                env.push_options(self, &mut cmd);
+                m.start_daemon(env, cmd)?;
+            }
+            Kind::Ext4 | Kind::Xfs | Kind::Btrfs => {
+                let image = m.new_image(env, size.image_bytes())?;
+                let out = run(Command::new("losetup").args(["-f", "--show"]).arg(&image))?;
+                let dev = out.trim().to_string();
+                m.undo.push(Undo::Loop(dev.clone()));
+                let mut mkfs = match self {
+                    Kind::Ext4 => {
+                        let mut c = Command::new("mkfs.ext4");
+                        c.args(["-q", "-F", "-N", &size.ext4_inodes().to_string()]);
+                        c
+                    }
+                    Kind::Xfs => {
+                        let mut c = Command::new("mkfs.xfs");
+                        c.args(["-q", "-f"]);
+                        c
+                    }
+                    _ => {
+                        let mut c = Command::new("mkfs.btrfs");
+                        c.args(["-q", "-f"]);
+                        c
+                    }
+                };
+                run(mkfs.arg(&dev))?;
+                let mut mount = Command::new("mount");
+                mount.args(["-t", self.name()]);
+                env.push_options(self, &mut mount);
+                run(mount.arg(&dev).arg(&m.root))?;
+                m.undo.push(Undo::Mount(m.root.clone()));
+            }
+            Kind::Tmpfs => {
+                let mut mount = Command::new("mount");
+                mount.args(["-t", "tmpfs"]);
+                env.push_options(self, &mut mount);
+                run(mount.arg("ferrofs-bench").arg(&m.root))?;
+                m.undo.push(Undo::Mount(m.root.clone()));
+            }
+        }
+        Ok(m)
+    }
+}
+
+/// What the workload will hold at most, to size images.
+#[derive(Clone, Copy, Debug)]
+pub struct Size {
+    /// Files alive at once.
+    pub files: u64,
+    /// Directories alive at once.
+    pub dirs: u64,
+    /// Threads working at once (ferrofs: one allocation group each).
+    pub threads: usize,
+}
+
+impl Size {
+    fn image_bytes(&self) -> u64 {
+        (self.files + self.dirs)
+            .saturating_mul(IMAGE_BYTES_PER_FILE)
+            .max(MIN_IMAGE_BYTES)
+    }
+
+    fn ext4_inodes(&self) -> u64 {
+        ((self.files + self.dirs) * EXT4_INODES_PER_FILE).max(EXT4_MIN_INODES)
+    }
+}
+
+/// What all targets of one benchmark run share: a work directory (mount points, the
+/// compiled minifuse, daemon logs), where images go, how ferrofs is mounted.
+pub struct Env {
+    work: PathBuf,
+    images: PathBuf,
+    ferrofs: PathBuf,
+    /// Extra mount options per target, comma-separated as for `-o`.
+    mount_options: Vec<(Kind, String)>,
+    peers: Option<PathBuf>,
+    minifuse: OnceCell<PathBuf>,
+    counter: std::cell::Cell<u32>,
+}
+
+impl Env {
+    /// `peers`: the directory holding minifuse.c (else $FERROFS_PEERS, else `shared/peers`
+    /// next to the repository this binary was built from or run in).
+    pub fn new(peers: Option<PathBuf>, mount_options: Vec<(Kind, String)>) -> CliResult<Env> {
+        let ferrofs = std::env::current_exe().context(|| "find this program's path".into())?;
+        // Short: fs_mark takes directory names of under 40 bytes only.
+        let work = std::env::temp_dir().join(format!("ffb.{}", std::process::id()));
+        std::fs::create_dir_all(&work).context(|| format!("mkdir {}", work.display()))?;
+        let shm = Path::new("/dev/shm");
+        let images = if shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            work.clone()
+        };
+        Ok(Env {
+            work,
+            images,
+            ferrofs,
+            mount_options,
+            peers: peers.or_else(|| std::env::var_os(PEERS_ENV).map(PathBuf::from)),
+            minifuse: OnceCell::new(),
+            counter: std::cell::Cell::new(0),
+        })
+    }
+
+    /// The extra mount options given for `kind`, comma-separated; empty if none.
+    pub fn options(&self, kind: Kind) -> String {
+        let given: Vec<&str> = self
+            .mount_options
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, o)| o.as_str())
+            .collect();
+        given.join(",")
+    }
+
+    /// `-o OPTS` for `kind`'s mount command, if any were given.
+    fn push_options(&self, kind: Kind, cmd: &mut Command) {
+        let o = self.options(kind);
+        if !o.is_empty() {
+            cmd.arg("-o").arg(o);
+        }
+    }
+
+    /// The work directory: programs that write files into their current directory (fs_mark's
+    /// log) run here.
+    pub fn work_dir(&self) -> &Path {
+        &self.work
+    }
+
+    /// Where images go.
+    pub fn image_dir(&self) -> &Path {
+        &self.images
+    }
+
+    fn unique(&self, dir: &Path, what: &str, suffix: &str) -> PathBuf {
+        let n = self.counter.get() + 1;
+        self.counter.set(n);
+        dir.join(format!(
+            "ferrofs-bench-{}-{what}-{n}{suffix}",
+            std::process::id()
+        ))
+    }
+
+    /// A mount point in the work directory, named short (see [`Env::new`]).
+    fn unique_dir(&self, what: &str) -> PathBuf {
+        let n = self.counter.get() + 1;
+        self.counter.set(n);
+        self.work.join(format!("{what}{n}"))
+    }
+
+    fn minifuse_source(&self) -> Result<PathBuf, String> {
+        let candidates: Vec<PathBuf> = match &self.peers {
+            Some(p) => vec![p.clone()],
+            None => repo_roots()
+                .into_iter()
+                .map(|r| r.join("../shared/peers"))
+                .collect(),
+        };
+        candidates
+            .iter()
+            .map(|d| d.join(MINIFUSE_SOURCE))
+            .find(|f| f.is_file())
+            .ok_or_else(|| {
+                let tried: Vec<String> =
+                    candidates.iter().map(|c| c.display().to_string()).collect();
+                format!(
+                    "{MINIFUSE_SOURCE} not found (give --peers DIR or ${PEERS_ENV}; looked in {})",
+                    tried.join(", ")
+                )
+            })
+    }
+
+    /// minifuse, compiled into the work directory on first use.
+    fn minifuse(&self) -> CliResult<&Path> {
+        if let Some(p) = self.minifuse.get() {
+            return Ok(p);
+        }
+        let src = self
+            .minifuse_source()
+            .map_err(|why| Failure::new("minifuse", why))?;
+        let flags = run(Command::new("pkg-config").args(["--cflags", "--libs", "fuse3"]))?;
+        let exe = self.work.join("minifuse");
+        run(Command::new("gcc")
+            .args(["-O2", "-Wall"])
+            .arg(&src)
+            .args(flags.split_whitespace())
+            .arg("-lpthread")
+            .arg("-o")
+            .arg(&exe))?;
+        Ok(self.minifuse.get_or_init(|| exe))
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Never delete through a mount point that outlived its teardown.
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let work = self.work.to_string_lossy();
+        if info.lines().any(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|m| unescape(m).starts_with(&*work))
+        }) {
+            eprintln!(
+                "ferrofs: {} still has mounts in it; left in place",
+                self.work.display()
+            );
+            return;
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.work) {
+            eprintln!("ferrofs: remove {}: {e}", self.work.display());
+        }
+    }
+}
+
+/// The repository roots this binary may belong to: the one it was built in and any the
+/// current directory is in.
+fn repo_roots() -> Vec<PathBuf> {
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf();
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let mut roots = Vec::new();
+    for start in [cwd, built] {
+        if let Some(r) = start
+            .ancestors()
+            .find(|a| a.join(".git").exists() || a.join("Cargo.lock").is_file())
+        {
+            if !roots.contains(&r.to_path_buf()) {
+                roots.push(r.to_path_buf());
+            }
+        }
+    }
+    roots
+}
+
+fn kernel_has(fs: &str) -> bool {
+    let listed = |t: &str| {
+        std::fs::read_to_string("/proc/filesystems")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split_whitespace().last() == Some(t))
+    };
+    // A module not loaded yet is not listed: try loading it (mount would do the same).
+    listed(fs)
+        || (shell::have("modprobe") && run(Command::new("modprobe").arg(fs)).is_ok() && listed(fs))
+}
+
+/// A mounted target. Unmount with [`Mounted::unmount`] to see teardown errors; dropping it
+/// tears down too, reporting errors on stderr.
+pub struct Mounted {
+    pub kind: Kind,
+    root: PathBuf,
+    daemon: Option<u32>,
+    undo: Vec<Undo>,
+}
+
+/// One thing to take back, in reverse order of making.
+enum Undo {
+    Dir(PathBuf),
+    File(PathBuf),
+    Loop(String),
+    Mount(PathBuf),
+    /// A daemon started by us: after its unmount it must exit.
+    Child {
+        child: Child,
+        what: String,
+        log: PathBuf,
+    },
+    /// A ferrofs daemon (not our child): after its unmount it must let go of its image.
+    ImageLock {
+        image: PathBuf,
+        id: FileId,
+    },
+}
+
+impl Mounted {
+    /// The mounted directory, where workloads run.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The daemon's peak resident set size so far (VmHWM), bytes.
+    pub fn daemon_peak_rss(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.daemon?)).ok()?;
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    }
+
+    /// User + system CPU time of all the daemon's threads so far.
+    pub fn daemon_cpu(&self) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.daemon?)).ok()?;
+        // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split(' ').collect();
+        let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+    }
+
+    /// Unmount and take back everything the set-up made; the first error, if any, after
+    /// trying every step.
+    pub fn unmount(mut self) -> CliResult<()> {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> CliResult<()> {
+        let mut first = None;
+        while let Some(u) = self.undo.pop() {
+            if let Err(e) = u.undo() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// A new sparse image file of `bytes`, deleted on teardown.
+    fn new_image(&mut self, env: &Env, bytes: u64) -> CliResult<PathBuf> {
+        let path = env.unique(env.image_dir(), self.kind.name(), ".img");
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .context(|| format!("create {}", path.display()))?;
+        self.undo.push(Undo::File(path.clone()));
+        f.set_len(bytes)
+            .context(|| format!("size {}", path.display()))?;
+        Ok(path)
+    }
+
+    fn mount_ferrofs(&mut self, env: &Env, size: &Size) -> CliResult<()> {
+        // The embedded benchmark's image geometry: one AG per thread, a large log.
+        let bytes = scratch::image_size(size.files + size.dirs + 2 * size.threads as u64);
+        let opts = scratch::mkfs_options(size.threads);
+        let image = env.unique(env.image_dir(), "ferrofs", ".img");
+        self.undo.push(Undo::File(image.clone()));
+        let mut mkfs = Command::new(&env.ferrofs);
+        mkfs.arg("mkfs")
+            .arg(&image)
+            .arg("--size")
+            .arg(bytes.to_string());
+        if let Some(ags) = opts.ag_count {
+            mkfs.arg("--ags").arg(ags.to_string());
+        }
+        mkfs.arg("--bytes-per-inode")
+            .arg(opts.bytes_per_inode.to_string());
+        if let Some(log) = opts.log_blocks {
+            mkfs.arg("--log-size")
+                .arg((log * BLOCK_SIZE as u64).to_string());
+        }
+        run(&mut mkfs)?;
+        let id = FileId::of(&image)?;
+        let mut mount = Command::new(&env.ferrofs);
+        mount
+            .arg("mount")
+            .arg("--daemon")
+            .arg(&image)
+            .arg(&self.root);
+        env.push_options(Kind::Ferrofs, &mut mount);
+        // The daemon is only known by the lock it holds on the image; wait for it to let go
+        // on every way out, even if the mount command itself failed half-way.
+        self.undo.push(Undo::ImageLock {
+            image: image.clone(),
+            id,
+        });
+        let mounted = run(&mut mount);
+        if is_mounted(&self.root) {
+            self.undo.push(Undo::Mount(self.root.clone()));
+        }
+        mounted?;
+        if !is_mounted(&self.root) {
+            return Err(Failure::new(
+                describe(&mount),
+                "returned success but nothing is mounted",
+            ));
+        }
+        self.daemon = id.lock_holder();
+        Ok(())
+    }
+
+    /// Start a FUSE daemon in the foreground (its own process group, so a Ctrl-C at the
+    /// terminal reaches us, not it: we unmount it) and wait until its mount is there.
+    fn start_daemon(&mut self, env: &Env, mut cmd: Command) -> CliResult<()> {
+        let line = describe(&cmd);
+        let log = env.unique(&env.work, self.kind.name(), ".log");
+        let log_file =
+            std::fs::File::create(&log).context(|| format!("create {}", log.display()))?;
+        let err_file = log_file
+            .try_clone()
+            .context(|| format!("open {}", log.display()))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log_file)
+            .stderr(err_file)
+            .process_group(0)
+            .spawn()
+            .context(|| format!("run `{line}`"))?;
+        self.daemon = Some(child.id());
+        self.undo.push(Undo::Child {
+            child,
+            what: line.clone(),
+            log: log.clone(),
+        });
+        let started = Instant::now();
+        loop {
+            if is_mounted(&self.root) {
+                self.undo.push(Undo::Mount(self.root.clone()));
+                return Ok(());
+            }
+            if let Some(Undo::Child { child, .. }) = self.undo.last_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    return Err(Failure::new(
+                        format!("`{line}`"),
+                        format!(
+                            "exited before mounting ({status}): {}",
+                            shell::last_lines(&text)
+                        ),
+                    ));
+                }
+            }
+            check_interrupt()?;
+            if started.elapsed() > DAEMON_WAIT {
+                return Err(Failure::new(
+                    format!("`{line}`"),
+                    format!("not mounted after {} s", DAEMON_WAIT.as_secs()),
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            eprintln!("ferrofs: tear down {}: {e}", self.kind.name());
+        }
+    }
+}
+
+impl Undo {
+    fn undo(self) -> CliResult<()> {
+        match self {
+            Undo::Dir(d) => std::fs::remove_dir(&d).context(|| format!("rmdir {}", d.display())),
+            Undo::File(f) => match std::fs::remove_file(&f) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Failure::new(format!("rm {}", f.display()), e))
+                }
+                _ => Ok(()),
+            },
+            Undo::Loop(dev) => run(Command::new("losetup").arg("-d").arg(&dev)).map(drop),
+            Undo::Mount(dir) => unmount(&dir),
+            Undo::Child {
+                mut child,
+                what,
+                log,
+            } => {
+                if shell::wait_exit(&mut child, DAEMON_WAIT) {
+                    return Ok(());
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                Err(Failure::new(
+                    format!("`{what}`"),
+                    format!(
+                        "still running {} s after its unmount; killed: {}",
+                        DAEMON_WAIT.as_secs(),
+                        shell::last_lines(&text)
+                    ),
+                ))
+            }
+            Undo::ImageLock { image, id } => {
+                let started = Instant::now();
+                while id.lock_holder().is_some() {
+                    if started.elapsed() > DAEMON_WAIT {
+                        return Err(Failure::new(
+                            format!("ferrofs daemon of {}", image.display()),
+                            format!(
+                                "still holds the image {} s after its unmount",
+                                DAEMON_WAIT.as_secs()
+                            ),
+                        ));
+                    }
+                    std::thread::sleep(POLL);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `umount DIR`; if that fails while it is still mounted, detach it lazily and report.
+fn unmount(dir: &Path) -> CliResult<()> {
+    if !is_mounted(dir) {
+        return Ok(());
+    }
+    match run(Command::new("umount").arg(dir)) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            if is_mounted(dir) {
+                let _ = run(Command::new("umount").arg("-l").arg(dir));
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Whether something is mounted exactly on `dir`.
+pub fn is_mounted(dir: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    info.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|m| Path::new(&unescape(m)) == want)
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        match rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok())
+        {
+            Some(b) => {
+                out.push(b as char);
+                rest = &rest[i + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out + rest
+}
+
+/// A file's identity as /proc/locks shows it.
+#[derive(Clone, Copy, Debug)]
+struct FileId {
+    major: u64,
+    minor: u64,
+    ino: u64,
+}
+
+impl FileId {
+    fn of(path: &Path) -> CliResult<FileId> {
+        let m = std::fs::metadata(path).context(|| format!("stat {}", path.display()))?;
+        let dev = m.dev();
+        Ok(FileId {
+            major: libc::major(dev) as u64,
+            minor: libc::minor(dev) as u64,
+            ino: m.ino(),
+        })
+    }
+
+    /// The process holding a lock on the file (`/proc/locks`: `1: FLOCK ADVISORY WRITE
+    /// <pid> <major>:<minor>:<inode> 0 EOF`, major and minor in hex).
+    fn lock_holder(&self) -> Option<u32> {
+        let locks = std::fs::read_to_string("/proc/locks").ok()?;
+        locks.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // "->" marks a waiter, which shifts the fields.
+            let f = if f.get(1) == Some(&"->") {
+                &f[1..]
+            } else {
+                &f[..]
+            };
+            let (pid, id) = (f.get(4)?, f.get(5)?);
+            let mut p = id.split(':');
+            let major = u64::from_str_radix(p.next()?, 16).ok()?;
+            let minor = u64::from_str_radix(p.next()?, 16).ok()?;
+            let ino: u64 = p.next()?.parse().ok()?;
+            (major == self.major && minor == self.minor && ino == self.ino)
+                .then(|| pid.parse().ok())
+                .flatten()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape(r"/tmp/a\040b"), "/tmp/a b");
+        assert_eq!(unescape(r"/x\\y"), r"/x\\y");
+        assert_eq!(unescape("/plain"), "/plain");
+    }
+
+    #[test]
+    fn lock_holder_finds_this_process() {
+        let dir = std::env::temp_dir().join(format!("ferrofs-locktest-{}", std::process::id()));
+        let f = std::fs::File::create(&dir).unwrap();
+        let id = FileId::of(&dir).unwrap();
+        assert_eq!(id.lock_holder(), None);
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor we own.
+        assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+        assert_eq!(id.lock_holder(), Some(std::process::id()));
+        drop(f);
+        std::fs::remove_file(&dir).unwrap();
+    }
+
+    #[test]
+    fn sizes_grow_with_the_workload() {
+        let s = |files| Size {
+            files,
+            dirs: 0,
+            threads: 1,
+        };
+        assert_eq!(s(10).image_bytes(), MIN_IMAGE_BYTES);
+        assert!(s(10_000_000).image_bytes() > MIN_IMAGE_BYTES);
+        assert_eq!(s(10).ext4_inodes(), EXT4_MIN_INODES);
+        assert_eq!(s(1_000_000).ext4_inodes(), 2_000_000);
+    }
+}

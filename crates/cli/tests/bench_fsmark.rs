@@ -1,0 +1,69 @@
+//! `ferrofs bench fsmark` end to end, on the one target every Linux has (tmpfs), tiny.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferrofs");
+
+fn on_path(program: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|d| d.join(program).is_file())
+}
+
+fn unavailable() -> Option<&'static str> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root to mount tmpfs");
+    }
+    if !on_path("fs_mark") {
+        return Some("fs_mark not installed (scripts/install-bench-deps.sh)");
+    }
+    None
+}
+
+#[test]
+fn fsmark_on_tmpfs_reports_files_per_second_and_cleans_up() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED bench_fsmark: {why}");
+    }
+    let json =
+        std::env::temp_dir().join(format!("ferrofs-fsmark-test-{}.json", std::process::id()));
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            "fsmark",
+            "--targets",
+            "tmpfs",
+            "--files",
+            "200",
+            "--threads",
+            "1,2",
+            "--runs",
+            "1",
+            "--json",
+        ])
+        .arg(&json)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ferrofs");
+    let work = std::env::temp_dir().join(format!("ffb.{}", o.id()));
+    let o = o.wait_with_output().expect("wait for ferrofs");
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("files/s") && out.contains("tmpfs"), "{out}");
+    let text = std::fs::read_to_string(&json).expect("JSON report");
+    let _ = std::fs::remove_file(&json);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let samples = v["samples"].as_array().expect("samples");
+    assert_eq!(samples.len(), 2, "{text}");
+    assert!(samples
+        .iter()
+        .all(|s| s["files"].as_u64() == Some(200) && s["create_seconds"].as_f64().unwrap() > 0.0));
+    // Nothing left behind: no mount and no work directory of that run.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains("/ffb."), "{mounts}");
+    assert!(!work.exists(), "{} left behind", work.display());
+}
