@@ -573,9 +573,18 @@ fn describe(steps: &[(usize, After)]) -> String {
     steps.iter().map(|&(s, a)| format!("{}+{a:?}", STEPS[s].name)).collect::<Vec<_>>().join(", ")
 }
 
-/// Every sequence of `len` steps, spread over the available cores.
+/// Every sequence of `len` steps, spread over the available cores. `CRASH_SLICE=k/n` runs
+/// only the workloads whose number is k modulo n, so a long run can be split over machines
+/// or sessions (the n slices together are the whole run).
 fn exhaustive(len: u32, budget: Budget) {
     let per = STEPS.len() * AFTERS.len();
+    let (slice, slices) = std::env::var("CRASH_SLICE")
+        .ok()
+        .map(|v| {
+            let (k, n) = v.split_once('/').and_then(|(k, n)| Some((k.parse::<usize>().ok()?, n.parse::<usize>().ok()?))).filter(|&(k, n)| k < n).unwrap_or_else(|| panic!("CRASH_SLICE={v}: want k/n with k < n"));
+            (k, n)
+        })
+        .unwrap_or((0, 1));
     let total = per.pow(len);
     let checked = AtomicUsize::new(0);
     let failures = Mutex::new(Vec::new());
@@ -584,7 +593,7 @@ fn exhaustive(len: u32, budget: Budget) {
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
+                let n = next.fetch_add(1, Ordering::Relaxed) * slices + slice;
                 if n >= total {
                     return;
                 }
@@ -600,8 +609,9 @@ fn exhaustive(len: u32, budget: Budget) {
         }
     });
     let failures = failures.into_inner().unwrap();
-    println!("{total} workloads of {len} steps, {} crash states checked, {} workloads failed", checked.load(Ordering::Relaxed), failures.len());
-    assert!(failures.is_empty(), "{} of {total} workloads failed; first ones:\n{}", failures.len(), failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
+    let ran = (total + slices - 1 - slice) / slices;
+    println!("{ran} of {total} workloads of {len} steps (slice {slice}/{slices}), {} crash states checked, {} workloads failed", checked.load(Ordering::Relaxed), failures.len());
+    assert!(failures.is_empty(), "{} of {ran} workloads failed; first ones:\n{}", failures.len(), failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
 }
 
 #[test]
