@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Debian packages ferrofs needs at run and test time (FUSE userspace tools and headers).
+# Debian packages ferrofs needs at run and test time: FUSE userspace tools and headers, and
+# e2fsprogs for the differential test against kernel ext4.
 # Installs only what is missing; needs root (skips with a message otherwise).
 set -euo pipefail
-pkgs=(fuse3 libfuse3-dev pkg-config)
+pkgs=(fuse3 libfuse3-dev pkg-config e2fsprogs)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
