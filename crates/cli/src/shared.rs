@@ -364,6 +364,9 @@ impl Daemon {
 
     fn handle(&mut self, request: Request) -> Reply {
         match request {
+            Request::Mount { image, mountpoint, .. } if !image.is_absolute() || !mountpoint.is_absolute() => Reply::Error {
+                message: format!("the shared daemon needs absolute paths, not {} and {}", image.display(), mountpoint.display()),
+            },
             Request::Mount { image, mountpoint, options } => {
                 let args = MountArgs { image, mountpoint, options, threads: None, mkfs: None, daemon: false, shared: true };
                 let res = mount::config(&args).and_then(|cfg| match mount::mounted_on(&cfg.image) {

@@ -79,7 +79,7 @@ impl Scratch {
     /// Wait until the daemon has released image `name` (its lock) after an unmount.
     fn wait_released(&self, name: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while ferrofs::dev::FileDevice::open(&self.image(name), false).is_err() {
+        while ferrofs::dev::FileDevice::open(self.image(name), false).is_err() {
             assert!(Instant::now() < deadline, "daemon kept {name} locked");
             std::thread::sleep(Duration::from_millis(20));
         }
