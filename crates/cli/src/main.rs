@@ -10,6 +10,7 @@ mod lockstat;
 mod mkfs;
 mod mount;
 mod progress;
+mod shared;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -33,8 +34,10 @@ enum Command {
     Fsck(fsck::FsckArgs),
     /// Show the superblock, free space and per-allocation-group layout of an image.
     Info(info::InfoArgs),
-    /// Mount an image through FUSE (foreground unless --daemon).
+    /// Mount an image through FUSE (foreground unless --daemon or --shared).
     Mount(mount::MountArgs),
+    /// List what the shared daemon (`ferrofs mount --shared`) serves.
+    Mounts(shared::MountsArgs),
     /// Show the lock statistics of a running mount.
     Lockstat(lockstat::LockstatArgs),
     /// Measure metadata performance: create, stat and remove many files.
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
         Command::Info(a) => (info::run(a).map(|()| 0), 1),
         Command::Lockstat(a) => (lockstat::run(a).map(|()| 0), 1),
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
+        Command::Mounts(a) => (shared::list(a).map(|()| 0), 1),
         Command::Bench(a) => (bench::run(a).map(|()| 0), 1),
     };
     match result {

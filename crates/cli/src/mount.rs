@@ -5,6 +5,9 @@
 //! `fuse.ferrofs`; that name is a link to this binary, which then behaves as
 //! `ferrofs mount --daemon`: it returns once the file system is ready to use (or failed, with
 //! the reason on stderr and a non-zero exit), and the daemon serves until unmounted.
+//!
+//! `--shared` hands the mount to the user's shared daemon instead (see `shared.rs`), which
+//! serves several images in one process with one cache budget.
 
 use crate::failure::{CliResult, Context, Failure};
 use crate::mkfs::{self, MkfsArgs};
@@ -20,7 +23,7 @@ use std::time::Duration;
 
 /// How long a mount waits for the image lock of a daemon that is still finishing the
 /// previous unmount of the same image (the kernel lets `umount` return before it has).
-const LOCK_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// The names this binary answers to as a mount helper.
 pub const HELPER_NAMES: [&str; 2] = ["mount.fuse.ferrofs", "mount.ferrofs"];
@@ -47,6 +50,11 @@ pub struct MountArgs {
     /// Detach once the file system is mounted; the daemon serves until unmounted.
     #[arg(long, short = 'd')]
     pub daemon: bool,
+    /// Serve this mount from the shared daemon (started if none runs), which serves several
+    /// images in one process, all sharing the cache budget set by the mount that started it.
+    /// Implies --daemon.
+    #[arg(long)]
+    pub shared: bool,
 }
 
 pub fn run(args: &MountArgs) -> CliResult<()> {
@@ -57,6 +65,9 @@ pub fn run(args: &MountArgs) -> CliResult<()> {
     let cfg = config(args).map_err(|why| Failure::new(what(), why))?;
     if let Some(dir) = mounted_on(&cfg.image) {
         return Err(Failure::new(what(), format!("the image is already mounted on {dir}")));
+    }
+    if args.shared {
+        return crate::shared::mount(args, &cfg).map_err(|why| Failure::new(what(), why));
     }
     if args.daemon {
         return daemonize(&cfg).context(what);
@@ -72,7 +83,7 @@ pub fn run(args: &MountArgs) -> CliResult<()> {
 }
 
 /// Build the mount configuration from the arguments and `-o` options.
-fn config(args: &MountArgs) -> Result<MountConfig, String> {
+pub(crate) fn config(args: &MountArgs) -> Result<MountConfig, String> {
     // The canonical image path is the mount's source, as `mount` and `df` show it, and how
     // a second mount of the same image is recognised.
     let image = args.image.canonicalize().map_err(|e| format!("image {}: {e}", args.image.display()))?;
@@ -110,7 +121,7 @@ fn config(args: &MountArgs) -> Result<MountConfig, String> {
 
 /// Where `image` is mounted through FUSE now, if it is. A mount of an image that is merely
 /// locked (its daemon is finishing an unmount) waits for the lock instead.
-fn mounted_on(image: &std::path::Path) -> Option<String> {
+pub(crate) fn mounted_on(image: &std::path::Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
@@ -148,8 +159,7 @@ fn daemonize(cfg: &MountConfig) -> std::io::Result<()> {
 /// The daemon: a new session, no terminal; report to the parent through `report`: "ok" once
 /// the mount is ready, else why it failed.
 fn daemon_main(cfg: &MountConfig, report: std::fs::File) -> i32 {
-    // SAFETY: setsid has no preconditions; in a freshly forked child it cannot fail with EPERM.
-    unsafe { libc::setsid() };
+    become_daemon();
     let report = RefCell::new(Some(report));
     let res = ferrofs_fuse::mount(cfg, || {
         if let Some(mut r) = report.borrow_mut().take() {
@@ -165,7 +175,20 @@ fn daemon_main(cfg: &MountConfig, report: std::fs::File) -> i32 {
     1
 }
 
-fn pipe() -> std::io::Result<(std::fs::File, OwnedFd)> {
+/// What every daemon does first after the fork: a session of its own (no controlling
+/// terminal), and SIGPIPE ignored — `main` restores its default for the command-line tools,
+/// but a control-socket client that hangs up before reading its answer must not kill the
+/// daemon and every mount it serves.
+pub(crate) fn become_daemon() {
+    // SAFETY: setsid has no preconditions (in a freshly forked child it cannot fail with
+    // EPERM), and ignoring a signal involves no handler code.
+    unsafe {
+        libc::setsid();
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+}
+
+pub(crate) fn pipe() -> std::io::Result<(std::fs::File, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors pipe2 writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -176,7 +199,7 @@ fn pipe() -> std::io::Result<(std::fs::File, OwnedFd)> {
 }
 
 /// Point stdin, stdout and stderr at /dev/null: the daemon outlives the terminal.
-fn detach_stdio() {
+pub(crate) fn detach_stdio() {
     if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
         for fd in 0..3 {
             // SAFETY: dup2 onto a standard descriptor; `null` stays open for the call.
@@ -186,7 +209,7 @@ fn detach_stdio() {
 }
 
 /// A daemon's only voice once detached.
-fn log_to_syslog(msg: &str) {
+pub(crate) fn log_to_syslog(msg: &str) {
     if let Ok(c) = std::ffi::CString::new(msg.replace('%', "%%")) {
         // SAFETY: both strings are NUL-terminated and live across the call.
         unsafe { libc::syslog(libc::LOG_ERR | libc::LOG_DAEMON, c"%s".as_ptr(), c.as_ptr()) };

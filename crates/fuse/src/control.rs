@@ -25,14 +25,20 @@ use std::thread::JoinHandle;
 /// Longest command line a client may send.
 const COMMAND_MAX: u64 = 64;
 
+/// The directory of this user's ferrofs sockets: `/run/ferrofs` for root (and for a user
+/// without `$XDG_RUNTIME_DIR`), else `$XDG_RUNTIME_DIR/ferrofs`.
+pub fn runtime_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    match (unsafe { libc::geteuid() }, std::env::var_os("XDG_RUNTIME_DIR")) {
+        (0, _) | (_, None) => PathBuf::from("/run/ferrofs"),
+        (_, Some(d)) => Path::new(&d).join("ferrofs"),
+    }
+}
+
 /// Where the control socket of the mount on `mountpoint` lives.
 pub fn socket_path(mountpoint: &Path) -> io::Result<PathBuf> {
     let canon = mountpoint.canonicalize()?;
-    // SAFETY: geteuid has no preconditions.
-    let dir = match (unsafe { libc::geteuid() }, std::env::var_os("XDG_RUNTIME_DIR")) {
-        (0, _) | (_, None) => PathBuf::from("/run/ferrofs"),
-        (_, Some(d)) => Path::new(&d).join("ferrofs"),
-    };
+    let dir = runtime_dir();
     // A hash keeps the name short and free of slashes; the canonical path makes it unique.
     let crc = crc32c::crc32c(canon.as_os_str().as_encoded_bytes());
     let base = canon.file_name().map_or("root".into(), |n| n.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric(), "_"));

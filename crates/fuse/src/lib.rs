@@ -4,7 +4,9 @@
 //! (log recovery, orphan processing), mounts FUSE at the mount point and serves requests until
 //! the file system is unmounted (`umount`, `fusermount3 -u`) or the process gets SIGTERM or
 //! SIGINT; then it checkpoints the engine (`FileSystem::unmount`: clean log) and returns.
-//! [`spawn_mount`] does the same in background threads and hands back a [`MountHandle`].
+//! [`spawn_mount`] does the same in background threads and hands back a [`MountHandle`]; a
+//! process may hold several, each its own FUSE session and engine, and may have them share
+//! one cache budget ([`MountConfig::cache`]).
 //!
 //! # Threads and descriptors: why `fuser` 0.18
 //!
@@ -63,16 +65,17 @@ mod ops;
 mod options;
 mod seek;
 
+use ferrofs::cache::{CacheBudget, CacheOwner};
 use ferrofs::dev::FileDevice;
 use ferrofs::{FileSystem, MountOptions};
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use control::{request as control_request, socket_path as control_socket_path};
+pub use control::{request as control_request, runtime_dir, socket_path as control_socket_path};
 pub use options::parse_option;
 
 /// Default entry and attribute timeouts: see "Why the timeouts are long" above.
@@ -119,8 +122,13 @@ pub struct MountConfig {
     /// anything else goes to the kernel as is). Each string may hold several, comma separated.
     pub options: Vec<String>,
     /// Memory budget of the engine's inode and buffer caches, in bytes; `None`: the
-    /// engine's default (`ferrofs::cache::DEFAULT_CACHE_BYTES`).
+    /// engine's default (`ferrofs::cache::DEFAULT_CACHE_BYTES`). Ignored when
+    /// [`MountConfig::cache`] is set.
     pub cache_bytes: Option<u64>,
+    /// A cache budget shared with other file systems of this process (a daemon serving
+    /// several images): reclaim then runs over all of them in one round-robin order, while
+    /// each keeps its own caches. `None`: a budget of this mount's own, of `cache_bytes`.
+    pub cache: Option<Arc<CacheBudget>>,
     /// How long to wait for an image lock held by another process (e.g. a daemon that is just
     /// finishing its unmount) before failing with [`MountError::ImageInUse`].
     pub lock_timeout: Duration,
@@ -141,6 +149,7 @@ impl MountConfig {
             writeback_cache: false,
             options: Vec::new(),
             cache_bytes: None,
+            cache: None,
             lock_timeout: Duration::ZERO,
         }
     }
@@ -269,6 +278,9 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     };
     let unmounter = session.unmount_callable();
     let mountpoint = opts.mountpoint.clone();
+    // Weak: the handle reads the cache usage while the session lives, but must not keep the
+    // engine (and its caches, counted against a shared budget) alive after it has ended.
+    let engine = Arc::downgrade(&fs);
     // Statistics are a diagnostic: a mount without its control socket still serves files.
     let control = control::ControlServer::start(&opts.mountpoint)
         .inspect_err(|e| eprintln!("ferrofs: no control socket for {} (ferrofs lockstat will not reach it): {e}", opts.mountpoint.display()))
@@ -280,7 +292,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
             serve(session, fs, mountpoint)
         })
         .map_err(|source| MountError::Session { path: opts.mountpoint.clone(), source })?;
-    Ok(MountHandle { mountpoint: opts.mountpoint.clone(), unmounter: Arc::new(Mutex::new(unmounter)), thread: Some(thread) })
+    Ok(MountHandle { mountpoint: opts.mountpoint.clone(), image: opts.image.clone(), engine, unmounter: Arc::new(Mutex::new(unmounter)), thread: Some(thread) })
 }
 
 fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
@@ -292,7 +304,8 @@ fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
             MountError::Image { path: path.clone(), source }
         }
     })?;
-    let mopts = MountOptions { read_only: opts.read_only, cache: opts.cache_bytes.map(ferrofs::cache::CacheBudget::new), ..MountOptions::default() };
+    let cache = opts.cache.clone().or_else(|| opts.cache_bytes.map(CacheBudget::new));
+    let mopts = MountOptions { read_only: opts.read_only, cache, ..MountOptions::default() };
     FileSystem::mount_device(Arc::new(dev), &mopts).map_err(|source| MountError::Engine { path, source })
 }
 
@@ -337,6 +350,8 @@ fn lazy_unmount(mountpoint: &Path) -> io::Result<()> {
 /// A mount served by background threads. Dropping it unmounts (lazily if busy) and waits.
 pub struct MountHandle {
     mountpoint: PathBuf,
+    image: PathBuf,
+    engine: Weak<FileSystem>,
     unmounter: Arc<Mutex<SessionUnmounter>>,
     thread: Option<JoinHandle<Result<(), MountError>>>,
 }
@@ -344,6 +359,15 @@ pub struct MountHandle {
 impl MountHandle {
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    pub fn image(&self) -> &Path {
+        &self.image
+    }
+
+    /// Bytes this file system's inode and buffer caches hold (0 once the session has ended).
+    pub fn cache_bytes(&self) -> u64 {
+        self.engine.upgrade().map_or(0, |fs| fs.mount().cache_bytes())
     }
 
     /// Whether the session has ended (unmounted from outside, or failed).
@@ -354,10 +378,17 @@ impl MountHandle {
     /// Unmount (lazily if files are still open), wait for the session to end and the engine
     /// to checkpoint.
     pub fn unmount(mut self) -> Result<(), MountError> {
-        if !self.is_finished() {
-            request_unmount(&self.unmounter, &self.mountpoint).map_err(|source| MountError::Session { path: self.mountpoint.clone(), source })?;
-        }
+        self.request_unmount()?;
         self.wait()
+    }
+
+    /// Ask for the unmount (lazily if files are still open) without waiting for it, so that
+    /// a process serving several mounts can detach them all before it waits for any.
+    pub fn request_unmount(&self) -> Result<(), MountError> {
+        if self.is_finished() {
+            return Ok(());
+        }
+        request_unmount(&self.unmounter, &self.mountpoint).map_err(|source| MountError::Session { path: self.mountpoint.clone(), source })
     }
 
     /// Wait until the file system is unmounted from outside (`umount`, `fusermount3 -u`).
