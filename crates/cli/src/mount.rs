@@ -66,7 +66,8 @@ pub fn run(args: &MountArgs) -> CliResult<()> {
     if let Some(dir) = mounted_on(&cfg.image) {
         return Err(Failure::new(what(), format!("the image is already mounted on {dir}")));
     }
-    if args.shared {
+    // `-o shared` is how mount(8) and fstab ask for it.
+    if args.shared || args.options.iter().any(|o| o.trim() == "shared") {
         return crate::shared::mount(args, &cfg).map_err(|why| Failure::new(what(), why));
     }
     if args.daemon {
@@ -105,6 +106,8 @@ pub(crate) fn config(args: &MountArgs) -> Result<MountConfig, String> {
             "fsname" => cfg.fs_name = value.map(str::to_string),
             "cache_size" => cfg.cache_bytes = Some(value.ok_or(format!("bad option '{o}': cache_size takes a size (e.g. 512M)")).and_then(parse_size).map_err(|e| format!("bad option '{o}': {e}"))?),
             // Options for mount(8) and fstab only, not for the file system.
+            // Handled by `run`: which daemon serves the mount, not how.
+            "shared" => {}
             "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail" | "owner" | "group" | "comment" => {}
             _ if key.starts_with("x-") => {}
             _ => cfg.options.push(o.to_string()),
