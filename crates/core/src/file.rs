@@ -39,13 +39,54 @@ pub fn extents_in(store: &mut dyn NodeStore, m: &Mount, ino: u64, di: &DiskInode
                 if k >= to {
                     return Ok(false);
                 }
-                out.push(decode_value(m, ino, k, v)?);
+                let e = decode_value(m, ino, k, v)?;
+                if e.unwritten && !di.is_reg() {
+                    return Err(Error::corrupt("extent", ino, format!("{:?} unwritten in a non-regular file", e)));
+                }
+                out.push(e);
                 Ok(out.len() < 1 << 20)
             })?;
             Ok(out)
         }
         _ => Ok(Vec::new()),
     }
+}
+
+/// The runs of file blocks in `[from, to)` that no extent maps (written or unwritten), in
+/// order. Streams the map, so its size bounds the answer, not a cap on extents read.
+pub fn holes(m: &Mount, ino: u64, di: &DiskInode, from: u64, to: u64) -> Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    let mut pos = from;
+    // Returns whether extents further on can still matter.
+    let mut visit = |e: &Extent| {
+        if e.lblk > pos {
+            out.push((pos, e.lblk.min(to)));
+        }
+        pos = pos.max(e.end());
+        pos < to
+    };
+    match &di.fork {
+        Fork::Extents { n, ext } => {
+            for e in ext[..*n as usize].iter().filter(|e| e.end() > from && e.lblk < to) {
+                if !visit(e) {
+                    break;
+                }
+            }
+        }
+        Fork::Btree(root) if di.is_reg() => {
+            let store = &mut ReadStore::new(m, ino);
+            let start = match btree::floor(store, *root, from)? {
+                Some((k, v)) if decode_value(m, ino, k, &v)?.end() > from => k,
+                _ => from,
+            };
+            btree::range(store, *root, start, &mut |k, v| Ok(k < to && visit(&decode_value(m, ino, k, v)?)))?;
+        }
+        _ => {}
+    }
+    if pos < to {
+        out.push((pos, to));
+    }
+    Ok(out)
 }
 
 pub fn read_extents(m: &Mount, ino: u64, di: &DiskInode, from: u64, to: u64) -> Result<Vec<Extent>> {

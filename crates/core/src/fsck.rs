@@ -1202,16 +1202,16 @@ impl<'a> Checker<'a> {
             Fork::Extents { n, ext } => {
                 let (mut prev_end, mut ok) = (0, true);
                 for e in &ext[..*n as usize] {
-                    ok &= self.claim_extent(ino, e, &mut prev_end);
+                    ok &= self.claim_extent(ino, di.is_reg(), e, &mut prev_end);
                 }
                 Ok(ok.then(|| ext[..*n as usize].iter().map(|e| u64::from(e.len)).sum()))
             }
-            Fork::Btree(root) => self.check_extent_tree(ino, *root),
+            Fork::Btree(root) => self.check_extent_tree(ino, di.is_reg(), *root),
             Fork::Empty | Fork::Inline { .. } | Fork::Device(_) => Ok(Some(0)),
         }
     }
 
-    fn check_extent_tree(&mut self, ino: u64, root: u64) -> Result<Option<u64>> {
+    fn check_extent_tree(&mut self, ino: u64, regular: bool, root: u64) -> Result<Option<u64>> {
         let Some(nodes) = self.check_tree(ino, "extent map", root)? else {
             return Ok(None);
         };
@@ -1225,7 +1225,7 @@ impl<'a> Checker<'a> {
                 return Ok(true);
             };
             let e = Extent::unpack(lblk, u64::from_le_bytes(raw));
-            if self.claim_extent(ino, &e, &mut prev_end) {
+            if self.claim_extent(ino, regular, &e, &mut prev_end) {
                 blocks += u64::from(e.len);
             } else {
                 ok = false;
@@ -1236,11 +1236,14 @@ impl<'a> Checker<'a> {
     }
 
     /// Check one extent of `ino` (extents come in file order) and claim its blocks. A bad one
-    /// is reported and leaves the file's ownership unknown.
-    fn claim_extent(&mut self, ino: u64, e: &Extent, prev_end: &mut u64) -> bool {
+    /// is reported and leaves the file's ownership unknown. Unwritten (preallocated) extents
+    /// are valid in `regular` files only, anywhere in the file: fallocate with KEEP_SIZE
+    /// maps them past the end.
+    fn claim_extent(&mut self, ino: u64, regular: bool, e: &Extent, prev_end: &mut u64) -> bool {
         let end = e.lblk.checked_add(u64::from(e.len)).filter(|&end| end <= MAX_FILE_BLOCKS);
         let problem = match end {
             _ if e.len == 0 => "is empty",
+            _ if e.unwritten && !regular => "is unwritten in a file that is not regular",
             None => "ends past the largest file",
             Some(_) if e.lblk < *prev_end => "overlaps the extent before it",
             Some(_) if !self.geo.is_data_range(e.pblk, u64::from(e.len)) => "lies outside the data area",

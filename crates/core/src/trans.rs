@@ -83,14 +83,27 @@ impl<'m> Tx<'m> {
     /// Reserve `n` blocks, preferring AG `pref`; returns the AG that granted them.
     pub fn reserve(&mut self, pref: u32, n: u64) -> Result<u32> {
         let count = self.m.geo.ag_count;
-        for i in 0..count {
-            let agno = (pref + i) % count;
-            if self.m.ags[agno as usize].reserve(n) {
-                self.add_reserved(agno, n);
-                return Ok(agno);
+        for attempt in 0..2 {
+            for i in 0..count {
+                let agno = (pref + i) % count;
+                if self.m.ags[agno as usize].reserve(n) {
+                    self.add_reserved(agno, n);
+                    return Ok(agno);
+                }
+            }
+            if attempt == 0 {
+                self.release_busy()?;
             }
         }
         Err(Error::NoSpace)
+    }
+
+    /// Before reporting ENOSPC: blocks freed by changes not yet durable are busy (held back
+    /// from reuse until the checkpoint that frees them is on disk), so a program that just
+    /// deleted files would see ENOSPC for space it has freed. Force the log so they come
+    /// back, as XFS flushes its busy extents. Nothing of this transaction is in the log.
+    fn release_busy(&self) -> Result<()> {
+        self.m.journal.force(self.m.journal.open_seq())
     }
 
     /// Claim a new inode number, preferring AG `pref`, and reserve `blocks` in that AG in
@@ -98,14 +111,19 @@ impl<'m> Tx<'m> {
     /// in-memory inode starts from).
     pub fn alloc_inode(&mut self, pref: u32, blocks: u64) -> Result<(u64, u32, u64)> {
         let count = self.m.geo.ag_count;
-        for i in 0..count {
-            let agno = (pref + i) % count;
-            if let Some((idx, gen, log_version)) = self.m.ags[agno as usize].claim_inode(blocks) {
-                let ino = make_ino(agno, idx);
-                debug_assert_ne!(ino, 0, "mkfs marks inode 0 used");
-                self.add_reserved(agno, blocks);
-                self.ops.push(AgOp::InodeAlloc { ino });
-                return Ok((ino, gen, log_version));
+        for attempt in 0..2 {
+            for i in 0..count {
+                let agno = (pref + i) % count;
+                if let Some((idx, gen, log_version)) = self.m.ags[agno as usize].claim_inode(blocks) {
+                    let ino = make_ino(agno, idx);
+                    debug_assert_ne!(ino, 0, "mkfs marks inode 0 used");
+                    self.add_reserved(agno, blocks);
+                    self.ops.push(AgOp::InodeAlloc { ino });
+                    return Ok((ino, gen, log_version));
+                }
+            }
+            if attempt == 0 {
+                self.release_busy()?;
             }
         }
         Err(Error::NoSpace)

@@ -48,6 +48,10 @@ const OFFSETS: &[u64] = &[0, 0, 1, 100, 4095, 4096, 4097, 8192, 12000, 65536, 1 
 const WRITE_LENS: &[usize] = &[1, 10, 511, 4096, 4097, 9000, 40000];
 const READ_LENS: &[usize] = &[0, 1, 100, 4096, 10000, 70000];
 const SIZES: &[u64] = &[0, 0, 1, 100, 4095, 4096, 5000, 8192, 70000, 1 << 20, (1 << 30) + 3, MAX_BYTES, MAX_BYTES + 1];
+const FALLOC_LENS: &[u64] = &[0, 1, 100, 4096, 9000, 70000, 1 << 20];
+/// Mode 0, KEEP_SIZE and punch hole, and two modes ferrofs refuses (punch hole without
+/// KEEP_SIZE, zero range).
+const FALLOC_MODES: &[u32] = &[0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, 0x10];
 const SYMLINK_LENS: &[usize] = &[1, 10, 64, 65, 300, 4095, 4096];
 const PERMS: &[u16] = &[0o644, 0o600, 0o4755, 0o2775, 0o1777, 0];
 const IDS: &[u32] = &[0, 1000, 4242];
@@ -85,6 +89,7 @@ enum Op {
     Link { obj: Ent, to: Ent },
     Write { obj: Ent, off: u64, len: usize, seed: u8 },
     Truncate { obj: Ent, size: u64 },
+    Fallocate { obj: Ent, off: u64, len: u64, mode: u32 },
     Read { obj: Ent, off: u64, len: usize },
     Readlink { obj: Ent },
     Chmod { obj: Ent, perm: u16 },
@@ -151,6 +156,7 @@ fn op_s() -> impl Strategy<Value = Op> {
         3 => (obj_s(), to_s()).prop_map(|(obj, to)| Link { obj, to }),
         7 => (obj_s(), select(OFFSETS), select(WRITE_LENS), any::<u8>()).prop_map(|(obj, off, len, seed)| Write { obj, off, len, seed }),
         3 => (obj_s(), select(SIZES)).prop_map(|(obj, size)| Truncate { obj, size }),
+        3 => (obj_s(), select(OFFSETS), select(FALLOC_LENS), select(FALLOC_MODES)).prop_map(|(obj, off, len, mode)| Fallocate { obj, off, len, mode }),
         3 => (obj_s(), select(OFFSETS), select(READ_LENS)).prop_map(|(obj, off, len)| Read { obj, off, len }),
         1 => obj_s().prop_map(|obj| Readlink { obj }),
         1 => (obj_s(), select(PERMS)).prop_map(|(obj, perm)| Chmod { obj, perm }),
@@ -189,12 +195,15 @@ type Mid = usize;
 const ROOT: Mid = 0;
 
 /// Sparse file contents in 4 KiB pages. `touched` remembers every page ever written, so the
-/// state check also reads regions that a shrinking truncate must have zeroed.
+/// state check also reads regions that a shrinking truncate must have zeroed. `alloc` holds
+/// the pages fallocate allocated (they read as zeros until written; a file owns the union
+/// of `pages` and `alloc`).
 #[derive(Clone, Debug, Default)]
 struct Bytes {
     size: u64,
     pages: BTreeMap<u64, Box<[u8; PAGE as usize]>>,
     touched: BTreeSet<u64>,
+    alloc: BTreeSet<u64>,
 }
 
 impl Bytes {
@@ -212,6 +221,11 @@ impl Bytes {
     }
 
     fn truncate(&mut self, size: u64) {
+        // As on ext4 and XFS: only a truncate that does not grow the file drops the
+        // preallocated pages past the new end.
+        if size <= self.size {
+            self.alloc.split_off(&size.div_ceil(PAGE));
+        }
         if size < self.size {
             self.pages.split_off(&size.div_ceil(PAGE));
             if let Some(p) = self.pages.get_mut(&(size / PAGE)) {
@@ -219,6 +233,40 @@ impl Bytes {
             }
         }
         self.size = size;
+    }
+
+    /// fallocate: allocate the unallocated pages of `[off, end)`; grow the size unless `keep`.
+    fn fallocate(&mut self, off: u64, end: u64, keep: bool) {
+        for pg in off / PAGE..end.div_ceil(PAGE) {
+            if !self.pages.contains_key(&pg) {
+                self.alloc.insert(pg);
+            }
+            self.touched.insert(pg);
+        }
+        if !keep {
+            self.size = self.size.max(end);
+        }
+    }
+
+    /// Punch a hole: whole pages go, the bytes of partial ones are zeroed; the size stays.
+    fn punch(&mut self, off: u64, end: u64) {
+        for pg in off.div_ceil(PAGE)..end / PAGE {
+            self.pages.remove(&pg);
+            self.alloc.remove(&pg);
+        }
+        for pg in [off / PAGE, (end - 1) / PAGE] {
+            if let Some(p) = self.pages.get_mut(&pg) {
+                let (lo, hi) = (off.max(pg * PAGE), end.min((pg + 1) * PAGE));
+                if lo < hi {
+                    p[(lo - pg * PAGE) as usize..(hi - pg * PAGE) as usize].fill(0);
+                }
+            }
+        }
+    }
+
+    /// Pages the file owns blocks for.
+    fn blocks(&self) -> u64 {
+        self.pages.len() as u64 + self.alloc.iter().filter(|p| !self.pages.contains_key(p)).count() as u64
     }
 
     fn read(&self, off: u64, len: usize) -> Vec<u8> {
@@ -541,6 +589,23 @@ impl Model {
         Ok(())
     }
 
+    fn fallocate(&mut self, m: Mid, off: u64, len: u64, mode: u32) -> Result<(), Errs> {
+        let mut errs = self.regular_errs(m, off.checked_add(len));
+        if len == 0 {
+            errs.push(libc::EINVAL);
+        }
+        if ![0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE].contains(&mode) {
+            errs.push(libc::EOPNOTSUPP);
+        }
+        check(errs)?;
+        if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+            self.nodes[m].data.punch(off, off + len);
+        } else {
+            self.nodes[m].data.fallocate(off, off + len, mode & FALLOC_FL_KEEP_SIZE != 0);
+        }
+        Ok(())
+    }
+
     fn setxattr(&mut self, m: Mid, name: &str, value: &[u8], flags: u32) -> Result<(), Errs> {
         if value.len() > 1024 {
             return fail(vec![libc::E2BIG, libc::ENOSPC]);
@@ -619,6 +684,7 @@ fn errname(e: i32) -> String {
         (libc::EEXIST, "EEXIST"),
         (libc::ENOTDIR, "ENOTDIR"),
         (libc::EISDIR, "EISDIR"),
+        (libc::EOPNOTSUPP, "EOPNOTSUPP"),
         (libc::ENOTEMPTY, "ENOTEMPTY"),
         (libc::EINVAL, "EINVAL"),
         (libc::EPERM, "EPERM"),
@@ -979,6 +1045,14 @@ impl Harness {
                 let ok = agree(&ctx, exp, fs.setattr(ino, &SetAttr { size: Some(size), ..Default::default() }).map(|a| a.size).map_err(errno)).is_some();
                 self.changed(ok, &[(m, resized)]);
             }
+            Fallocate { obj, off, len, mode } => {
+                let Some((m, ino)) = self.obj(obj) else { return };
+                // mtime moves when the size grows or data is punched away; ctime always.
+                let grows = mode == 0 && off.saturating_add(len) > self.model.nodes[m].data.size;
+                let exp = self.model.fallocate(m, off, len, mode);
+                let ok = agree(&ctx, exp, fs.fallocate(ino, off, len, mode).map_err(errno)).is_some();
+                self.changed(ok, &[(m, grows || mode & FALLOC_FL_PUNCH_HOLE != 0)]);
+            }
             Read { obj, off, len } => {
                 let Some((m, ino)) = self.obj(obj) else { return };
                 let node = &self.model.nodes[m];
@@ -1161,7 +1235,7 @@ impl Harness {
         const TREE_SLACK: u64 = 16;
         let n = &self.model.nodes[m];
         let data = match n.kind {
-            FileType::RegularFile => n.data.pages.len() as u64,
+            FileType::RegularFile => n.data.blocks(),
             FileType::Symlink => (n.target.len() > 64) as u64,
             FileType::Directory => return,
             _ => 0,

@@ -514,9 +514,13 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn fallocate(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _offset: u64, _length: u64, _mode: i32, reply: ReplyEmpty) {
-        // The engine has unwritten extents but no API to allocate them or punch holes.
-        reply.error(Errno::EOPNOTSUPP);
+    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        // The kernel has checked the arguments (EINVAL, EFBIG, file type); the engine refuses
+        // the modes it does not implement with EOPNOTSUPP. Linux's mode bits are the engine's.
+        match self.call("fallocate", |fs| fs.fallocate(ino.0, offset, length, mode as u32)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {

@@ -19,7 +19,7 @@ use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{symlink, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{symlink, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -480,26 +480,57 @@ fn names_longer_than_255_bytes() {
 
 #[test]
 fn fallocate_modes() {
-    let Some(fx) = Fixture::new("falloc", |_| {}) else { return };
+    let Some(mut fx) = Fixture::new("falloc", |_| {}) else { return };
     let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(fx.path("f")).unwrap();
     let fd = f.as_raw_fd();
     f.set_len(8192).unwrap();
+    let falloc = |mode: i32, off: i64, len: i64| check(unsafe { libc::fallocate(fd, mode, off, len) });
     // Modes the engine has no operation for are refused, and the file is untouched.
-    for mode in [
-        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-        libc::FALLOC_FL_ZERO_RANGE,
-        libc::FALLOC_FL_COLLAPSE_RANGE,
-        libc::FALLOC_FL_INSERT_RANGE,
-    ] {
-        let rc = unsafe { libc::fallocate(fd, mode, 0, 4096) };
-        assert_eq!(errno(check(rc)), libc::EOPNOTSUPP, "mode {mode:#x}");
+    for mode in [libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_ZERO_RANGE, libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, libc::FALLOC_FL_COLLAPSE_RANGE, libc::FALLOC_FL_INSERT_RANGE] {
+        assert_eq!(errno(falloc(mode, 0, 4096)), libc::EOPNOTSUPP, "mode {mode:#x}");
     }
-    assert_eq!(f.metadata().unwrap().len(), 8192);
+    assert_eq!((f.metadata().unwrap().len(), f.metadata().unwrap().blocks()), (8192, 0));
     // Invalid arguments are caught before the file system sees them.
-    assert_eq!(errno(check(unsafe { libc::fallocate(fd, 0, 0, 0) })), libc::EINVAL);
-    assert_eq!(errno(check(unsafe { libc::fallocate(fd, 0, -1, 10) })), libc::EINVAL);
+    assert_eq!(errno(falloc(0, 0, 0)), libc::EINVAL);
+    assert_eq!(errno(falloc(0, -1, 10)), libc::EINVAL);
     let d = File::open(&fx.mnt).unwrap();
     assert!(check(unsafe { libc::fallocate(d.as_raw_fd(), 0, 0, 4096) }).is_err());
+    drop(d);
+
+    // Mode 0: the size grows to the end of the range and every block is allocated.
+    falloc(0, 4096, (1 << 20) - 4096).unwrap();
+    let m = f.metadata().unwrap();
+    assert_eq!((m.len(), m.blocks()), (1 << 20, 2048 - 8), "block 0 is still a hole");
+    let mut want = vec![0u8; 1 << 20];
+    assert!(fs::read(fx.path("f")).unwrap() == want, "preallocated space reads as zeros");
+    // KEEP_SIZE: blocks past the end, no size change.
+    falloc(libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20).unwrap();
+    let m = f.metadata().unwrap();
+    assert_eq!((m.len(), m.blocks()), (1 << 20, 4096 - 8));
+    // Data written into preallocated blocks reads back, zeros around it; no block is added.
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
+    f.write_all_at(&data, 300_000).unwrap();
+    want[300_000..310_000].copy_from_slice(&data);
+    assert!(fs::read(fx.path("f")).unwrap() == want);
+    assert_eq!(f.metadata().unwrap().blocks(), 4096 - 8);
+    // Preallocated blocks are holes to SEEK_DATA: the first data is the written block.
+    let seek = |off: i64, whence: i32| unsafe { libc::lseek(fd, off, whence) };
+    assert_eq!(seek(0, libc::SEEK_DATA), 73 * 4096);
+    assert_eq!(seek(73 * 4096, libc::SEEK_HOLE), 76 * 4096);
+    // PUNCH_HOLE | KEEP_SIZE: the block at 73 is freed, the partial edges are zeroed.
+    falloc(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 73 * 4096 - 10, 4096 + 20).unwrap();
+    want[73 * 4096 - 10..74 * 4096 + 10].fill(0);
+    assert!(fs::read(fx.path("f")).unwrap() == want);
+    assert_eq!((f.metadata().unwrap().len(), f.metadata().unwrap().blocks()), (1 << 20, 4096 - 16));
+
+    // Everything survives a remount, and the image checks clean.
+    drop(f);
+    fx.remount();
+    let m = fs::metadata(fx.path("f")).unwrap();
+    assert_eq!((m.len(), m.blocks()), (1 << 20, 4096 - 16));
+    assert!(fs::read(fx.path("f")).unwrap() == want);
+    fx.unmount();
+    assert_fsck_clean(&fx.image);
 }
 
 #[test]

@@ -469,12 +469,15 @@ fn rename_flags() {
 }
 
 #[test]
-fn fallocate_is_not_supported() {
+fn fallocate_preallocates() {
     let Some(fx) = Fixture::new("fallocate", |_| {}) else { return };
     let f = File::create(fx.path("f")).unwrap();
-    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 1 << 20) };
-    assert_eq!(errno(check(rc)), libc::EOPNOTSUPP);
-    let rc = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, 4096) };
+    check(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 1 << 20) }).unwrap();
+    let m = f.metadata().unwrap();
+    assert_eq!((m.len(), m.blocks()), (1 << 20, 2048));
+    check(unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, 4096) }).unwrap();
+    assert_eq!(f.metadata().unwrap().blocks(), 2040);
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_ZERO_RANGE, 0, 4096) };
     assert_eq!(errno(check(rc)), libc::EOPNOTSUPP);
 }
 

@@ -302,6 +302,11 @@ impl DiskInode {
                 if e.len == 0 || e.lblk < prev_end || e.lblk > MAX_FILE_BLOCKS - e.len as u64 || !geo.is_data_range(e.pblk, e.len as u64) {
                     return Err(format!("bad extent {:?}", e));
                 }
+                // Only fallocate makes unwritten extents, and only on regular files: a
+                // symlink's target is always written data.
+                if e.unwritten && self.mode & S_IFMT != S_IFREG {
+                    return Err(format!("unwritten extent {:?} in a non-regular file", e));
+                }
                 prev_end = e.end();
             }
         }

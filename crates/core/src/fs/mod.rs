@@ -33,6 +33,10 @@ static RENAME_LOCK: LockClass = LockClass::ranked("rename", 5);
 /// Extents unmapped per transaction when truncating or freeing a file; a larger job runs as
 /// several transactions with the inode on the orphan list meanwhile.
 const UNMAP_BATCH: usize = 256;
+/// Most blocks one fallocate transaction maps (1 GiB); a larger range takes several.
+const FALLOC_BATCH: u64 = 1 << 18;
+/// Most extents one fallocate transaction maps: bounds the B+tree blocks it must reserve.
+const FALLOC_EXTENTS: u64 = 64;
 /// Hard links per inode.
 pub const LINK_MAX: u32 = 65_000;
 pub const SYMLINK_MAX: usize = 4095;
@@ -494,12 +498,18 @@ impl FileSystem {
     /// Unmap and free up to one batch of the file's blocks at or after block `from`.
     /// Returns whether nothing is left to unmap there.
     fn unmap_from(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode, from: u64) -> Result<bool> {
+        self.unmap_range(tx, ino, nd, from, MAX_FILE_BLOCKS)
+    }
+
+    /// Unmap and free up to one batch of the file's blocks in `[from, to)`. Returns whether
+    /// nothing is left to unmap there.
+    fn unmap_range(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode, from: u64, to: u64) -> Result<bool> {
         if !(nd.is_reg() || nd.is_symlink()) || matches!(nd.fork, Fork::Inline { .. }) {
             return Ok(true);
         }
         tx.reserve(ino_ag(ino), MAP_RESERVE)?;
         let mut s = TxStore::new(tx, ino, 0);
-        let (pieces, done) = file::unmap(&mut s, &self.m, ino, nd, from, MAX_FILE_BLOCKS, UNMAP_BATCH)?;
+        let (pieces, done) = file::unmap(&mut s, &self.m, ino, nd, from, to, UNMAP_BATCH)?;
         let tree_delta = s.blocks;
         for p in &pieces {
             tx.free_blocks(p.pblk, p.len as u64, false);
@@ -845,9 +855,24 @@ impl FileSystem {
             self.note_data(i);
             return Ok(false);
         }
-        let need: u64 = new_maps.iter().map(|e| e.len as u64).sum::<u64>() + to_convert.iter().map(|(lo, hi)| hi - lo).sum::<u64>();
+        // Converting unwritten blocks allocates no data blocks, only tree nodes: a conversion
+        // in the middle of an unwritten extent removes it and inserts up to three pieces
+        // (net two more extents). A conversion that keeps the map inline needs none, so a
+        // write into the preallocated space of such a file cannot fail with ENOSPC. With a
+        // B+tree map the worst case is reserved: there is no pool kept back for conversions
+        // (ext4's reserved clusters), so on a full file system that write can fail.
+        let fresh: u64 = new_maps.iter().map(|e| e.len as u64).sum::<u64>();
+        let inline = match nd.fork {
+            Fork::Empty => Some(0),
+            Fork::Extents { n, .. } => Some(n as usize),
+            _ => None,
+        };
+        let stays_inline = new_maps.is_empty() && inline.is_some_and(|n| n + 2 * to_convert.len() <= crate::format::inode::INLINE_EXTENTS);
+        let tree = if stays_inline { 0 } else { MAP_RESERVE * (new_maps.len() + 3 * to_convert.len()) as u64 };
         let goal = mapped.last().map_or(self.m.geo.ag_layout(ino_ag(i.ino)).data_start, |e| e.pblk + e.len as u64);
-        tx.reserve(ino_ag(i.ino), need + MAP_RESERVE * (new_maps.len() + to_convert.len()) as u64)?;
+        if fresh + tree > 0 {
+            tx.reserve(ino_ag(i.ino), fresh + tree)?;
+        }
         let mut goal = goal;
         for (lo, hi) in to_convert {
             let mut s = TxStore::new(tx, i.ino, 0);
@@ -911,10 +936,13 @@ impl FileSystem {
         }
         self.zero_tail(i, g, size)?;
         let from = size.div_ceil(BS);
+        // Only unwritten (preallocated) blocks can lie past the old end: growing keeps them,
+        // as ext4 and XFS do; a truncate to the same size or smaller drops them.
+        let grow = size > g.size;
         loop {
             let mut nd = g.clone();
             let mut tx = Tx::new(&self.m)?;
-            let done = self.unmap_from(&mut tx, i.ino, &mut nd, from)?;
+            let done = grow || self.unmap_from(&mut tx, i.ino, &mut nd, from)?;
             nd.size = size;
             if !done && nd.orphan_slot == 0 {
                 tx.orphan_add(i.ino, &mut nd)?;
@@ -927,6 +955,143 @@ impl FileSystem {
                 nd.mtime = t;
                 nd.ctime = t;
             }
+            tx.log_inode(i, &nd, true);
+            tx.commit()?;
+            *g = nd;
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    // ---- preallocation ----------------------------------------------------------------
+
+    /// fallocate(2). Supported modes: 0 (allocate, and grow the size to `off + len`),
+    /// `FALLOC_FL_KEEP_SIZE` (allocate only), and `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`
+    /// (deallocate; the range reads as zeros). Anything else is `NotSupported` (EOPNOTSUPP).
+    ///
+    /// Allocation maps *unwritten* extents over the holes of the range (blocks already
+    /// mapped are left as they are): they own their blocks but read as zeros, and a write
+    /// converts the blocks it covers to written in the transaction that writes them. The
+    /// space is checked before anything changes, so a request larger than the free space
+    /// fails with ENOSPC and the file as it was. A large range takes several transactions
+    /// (`FALLOC_BATCH`); should one of the later ones still find no space (other writers
+    /// took it meanwhile, or no AG can hold a batch and its tree blocks), the call fails
+    /// with ENOSPC and keeps the extents already mapped, with the size unchanged: a
+    /// consistent state, as after a crash between two batches — the same partial result
+    /// ext4 and XFS give.
+    pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: u32) -> Result<()> {
+        if ![0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE].contains(&mode) {
+            return Err(Error::NotSupported);
+        }
+        if len == 0 {
+            return Err(Error::Invalid("fallocate of length 0"));
+        }
+        let end = off.checked_add(len).filter(|&end| end <= MAX_FILE_BLOCKS * BS).ok_or(Error::FileTooBig)?;
+        let i = self.m.iget(ino)?;
+        let mut g = i.core.write();
+        if g.is_dir() {
+            return Err(Error::IsDir);
+        }
+        if !g.is_reg() {
+            return Err(Error::Invalid("fallocate of a non-regular file"));
+        }
+        if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+            self.punch_hole(&i, &mut g, off, end)
+        } else {
+            self.preallocate(&i, &mut g, off, end, mode & FALLOC_FL_KEEP_SIZE == 0)
+        }
+    }
+
+    /// Map unwritten extents over the holes in file bytes `[off, end)`, a batch per
+    /// transaction; with `extend`, the last transaction grows the size to `end`. The inode
+    /// stays locked throughout, so the holes found at the start are the holes to fill.
+    fn preallocate(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64, extend: bool) -> Result<()> {
+        let holes = file::holes(&self.m, i.ino, g, off / BS, end.div_ceil(BS))?;
+        let need: u64 = holes.iter().map(|(lo, hi)| hi - lo).sum();
+        if need > 0 && need + MAP_RESERVE > self.statfs().bfree {
+            return Err(Error::NoSpace);
+        }
+        let size = if extend { g.size.max(end) } else { g.size };
+        self.zero_tail(i, g, size)?;
+        let mut holes = holes.into_iter().peekable();
+        let (mut goal, mut rest) = (self.m.geo.ag_layout(ino_ag(i.ino)).data_start, need);
+        loop {
+            let mut nd = g.clone();
+            let mut tx = Tx::new(&self.m)?;
+            if rest > 0 {
+                let (mut budget, mut extents) = self.reserve_falloc_batch(&mut tx, ino_ag(i.ino), rest)?;
+                // Data blocks come out of `budget` only: the rest of the reservation is
+                // for the tree blocks of at most `extents` inserts.
+                while budget > 0 && extents > 0 {
+                    let Some(&(lo, hi)) = holes.peek() else { break };
+                    let want = (hi - lo).min(budget).min(crate::format::inode::EXTENT_LEN_MAX as u64);
+                    let (pblk, len) = tx.alloc_blocks(goal, want)?;
+                    self.map_extent(&mut tx, i.ino, &mut nd, Extent { lblk: lo, pblk, len: len as u32, unwritten: true })?;
+                    nd.blocks += len;
+                    goal = pblk + len;
+                    budget -= len;
+                    rest -= len;
+                    extents -= 1;
+                    match lo + len {
+                        next if next < hi => *holes.peek_mut().expect("peeked") = (next, hi),
+                        _ => drop(holes.next()),
+                    }
+                }
+            }
+            let done = holes.peek().is_none();
+            let t = now();
+            if done && size != nd.size {
+                nd.size = size;
+                nd.mtime = t;
+            }
+            nd.ctime = t;
+            tx.log_inode(i, &nd, true);
+            tx.commit()?;
+            *g = nd;
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reserve one fallocate batch of up to `rest` data blocks plus the tree blocks its
+    /// extent inserts may need. Returns (data blocks, extents) the reservation covers; near
+    /// a full file system a batch shrinks to what one AG holds, down to a single extent.
+    fn reserve_falloc_batch(&self, tx: &mut Tx, pref: u32, rest: u64) -> Result<(u64, u64)> {
+        let room = self.m.ags.iter().map(|ag| ag.free_blocks()).max().unwrap_or(0);
+        for extents in [FALLOC_EXTENTS, 1] {
+            let tree = MAP_RESERVE * extents;
+            let data = rest.min(FALLOC_BATCH).min(room.saturating_sub(tree));
+            if data > 0 && tx.reserve(pref, data + tree).is_ok() {
+                return Ok((data, extents));
+            }
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// Deallocate file bytes `[off, end)`: whole blocks are unmapped and freed, a batch per
+    /// transaction (each state in between reads correctly: a block is either punched or
+    /// not), and the written parts of partial blocks at the edges are zeroed in place. The
+    /// size never changes.
+    fn punch_hole(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64) -> Result<()> {
+        let (from, to) = (off.div_ceil(BS), end / BS);
+        let head = (off % BS != 0).then(|| (off, end.min(from * BS)));
+        let tail = (end % BS != 0 && to >= from).then(|| (to * BS, end));
+        for (lo, hi) in head.into_iter().chain(tail) {
+            let blk = lo / BS;
+            if let Some(e) = file::read_extents(&self.m, i.ino, g, blk, blk + 1)?.first().filter(|e| !e.unwritten) {
+                self.m.dev.write_at(&vec![0u8; (hi - lo) as usize], (e.pblk + (blk - e.lblk)) * BS + lo % BS)?;
+                self.note_data(i);
+            }
+        }
+        loop {
+            let mut nd = g.clone();
+            let mut tx = Tx::new(&self.m)?;
+            let done = from >= to || self.unmap_range(&mut tx, i.ino, &mut nd, from, to)?;
+            let t = now();
+            nd.mtime = t;
+            nd.ctime = t;
             tx.log_inode(i, &nd, true);
             tx.commit()?;
             *g = nd;

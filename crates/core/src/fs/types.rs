@@ -5,6 +5,10 @@ use crate::format::{DiskInode, Fork, BLOCK_SIZE};
 
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
+/// fallocate(2) mode bits, Linux's values (`FileSystem::fallocate` says which combinations
+/// are supported).
+pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
+pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileType {

@@ -1,0 +1,195 @@
+//! fallocate through the API: preallocation (mode 0, KEEP_SIZE), punched holes, refused
+//! modes and arguments, ENOSPC, preallocated space on a full file system, multi-transaction
+//! ranges; each across a remount and with fsck clean at the end.
+
+use ferrofs::dev::{BlockDevice, MemDevice};
+use ferrofs::*;
+use std::sync::Arc;
+
+const ROOT: u64 = 1;
+const C: Cred = Cred { uid: 1000, gid: 1000 };
+
+fn fresh(size: u64) -> (Arc<MemDevice>, FileSystem) {
+    let dev = Arc::new(MemDevice::new(size));
+    FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
+    (dev, fs)
+}
+
+fn remount(dev: &Arc<MemDevice>, fs: FileSystem) -> FileSystem {
+    fs.unmount().unwrap();
+    drop(fs);
+    FileSystem::mount_device(dev.clone() as Arc<dyn BlockDevice>, &MountOptions::default()).unwrap()
+}
+
+fn fsck_clean(dev: &MemDevice) {
+    let report = ferrofs::fsck::check(dev, &ferrofs::fsck::FsckOptions::default(), &|_, _, _| {}).unwrap();
+    assert!(report.is_clean(), "fsck found errors:\n{}", report.messages.join("\n"));
+}
+
+/// Compare file contents without printing megabytes: the first differing offset.
+fn same(got: Vec<u8>, want: &[u8]) {
+    let first = got.iter().zip(want).position(|(a, b)| a != b);
+    assert!(got.len() == want.len() && first.is_none(), "read {} bytes, want {}; first difference at {first:?}", got.len(), want.len());
+}
+
+/// Data blocks (4 KiB) an inode owns, from st_blocks (512-byte units).
+fn blocks(fs: &FileSystem, ino: u64) -> u64 {
+    fs.getattr(ino).unwrap().blocks / 8
+}
+
+#[test]
+fn fallocate_maps_unwritten_space() {
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, C).unwrap().ino;
+    fs.write(f, 0, b"abc").unwrap();
+    fs.fallocate(f, 0, 1 << 20, 0).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, 1 << 20);
+    // Block 0 was already written and stays; the other 255 are new and read as zeros.
+    assert_eq!(blocks(&fs, f), 256);
+    let mut want = vec![0u8; 1 << 20];
+    want[..3].copy_from_slice(b"abc");
+    same(fs.read(f, 0, 1 << 20).unwrap(), &want);
+    // Unwritten extents are holes to SEEK_DATA/SEEK_HOLE.
+    assert_eq!(fs.seek(f, 0, true).unwrap(), 4096);
+    assert!(matches!(fs.seek(f, 4096, false), Err(Error::NoData)));
+
+    // A write into the preallocated range converts the blocks it covers and allocates none.
+    let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8 + 1).collect();
+    fs.write(f, 100_000, &data).unwrap();
+    want[100_000..105_000].copy_from_slice(&data);
+    assert_eq!(blocks(&fs, f), 256);
+    same(fs.read(f, 0, 1 << 20).unwrap(), &want);
+    assert_eq!(fs.seek(f, 4096, false).unwrap(), 24 * 4096);
+    assert_eq!(fs.seek(f, 24 * 4096, true).unwrap(), 26 * 4096);
+
+    // KEEP_SIZE past the end: blocks, no size.
+    fs.fallocate(f, 1 << 20, 1 << 20, FALLOC_FL_KEEP_SIZE).unwrap();
+    assert_eq!((fs.getattr(f).unwrap().size, blocks(&fs, f)), (1 << 20, 512));
+    assert_eq!(fs.read(f, 1 << 20, 4096).unwrap(), b"");
+    // Growing the size keeps them (and they read as zeros); a write there converts them.
+    fs.setattr(f, &SetAttr { size: Some((1 << 20) + 8192), ..Default::default() }).unwrap();
+    assert_eq!(blocks(&fs, f), 512);
+    want.resize((1 << 20) + 8192, 0);
+    fs.write(f, (1 << 20) + 10, b"past").unwrap();
+    want[(1 << 20) + 10..(1 << 20) + 14].copy_from_slice(b"past");
+    same(fs.read(f, 0, 3 << 20).unwrap(), &want);
+    // Six extents now: the map moved into a B+tree of one node.
+    assert_eq!(blocks(&fs, f), 513);
+
+    let fs = remount(&dev, fs);
+    same(fs.read(f, 0, 3 << 20).unwrap(), &want);
+    assert_eq!(blocks(&fs, f), 513);
+    // A truncate to the same size drops what lies past the end (blocks 258..512).
+    let size = fs.getattr(f).unwrap().size;
+    fs.setattr(f, &SetAttr { size: Some(size), ..Default::default() }).unwrap();
+    assert!((258..=259).contains(&blocks(&fs, f)), "{} blocks", blocks(&fs, f));
+    fs.unmount().unwrap();
+    drop(fs);
+    fsck_clean(&dev);
+}
+
+#[test]
+fn fallocate_punch_hole() {
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, C).unwrap().ino;
+    let data: Vec<u8> = (0..40_000u32).map(|i| (i % 253) as u8 + 1).collect();
+    fs.write(f, 0, &data).unwrap();
+    assert_eq!(blocks(&fs, f), 10);
+    let keep = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    // Bytes 5000..20000: block 1 is partly zeroed, blocks 2..4 freed, block 4 partly zeroed.
+    fs.fallocate(f, 5000, 15_000, keep).unwrap();
+    let mut want = data.clone();
+    want[5000..20_000].fill(0);
+    same(fs.read(f, 0, 50_000).unwrap(), &want);
+    assert_eq!((fs.getattr(f).unwrap().size, blocks(&fs, f)), (40_000, 8));
+    assert_eq!(fs.seek(f, 4096, true).unwrap(), 8192);
+    // Within one block, and past the end (nothing there): the size stays.
+    fs.fallocate(f, 30_001, 2, keep).unwrap();
+    want[30_001..30_003].fill(0);
+    fs.fallocate(f, 1 << 20, 1 << 20, keep).unwrap();
+    same(fs.read(f, 0, 50_000).unwrap(), &want);
+    assert_eq!(fs.getattr(f).unwrap().size, 40_000);
+    // Preallocated blocks are punched too.
+    fs.fallocate(f, 1 << 20, 1 << 20, FALLOC_FL_KEEP_SIZE).unwrap();
+    assert_eq!(blocks(&fs, f), 8 + 256);
+    fs.fallocate(f, (1 << 20) + 4096, 8192, keep).unwrap();
+    assert_eq!(blocks(&fs, f), 8 + 254);
+    let fs = remount(&dev, fs);
+    same(fs.read(f, 0, 50_000).unwrap(), &want);
+    fs.unmount().unwrap();
+    drop(fs);
+    fsck_clean(&dev);
+}
+
+#[test]
+fn fallocate_errors() {
+    let (_dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, C).unwrap().ino;
+    fs.write(f, 0, b"x").unwrap();
+    let before = fs.getattr(f).unwrap();
+    // Zeroing, collapsing, inserting ranges and a punch that may change the size are not
+    // supported; nothing changes.
+    for mode in [FALLOC_FL_PUNCH_HOLE, 0x10, 0x10 | FALLOC_FL_KEEP_SIZE, 0x08, 0x20, 0x40, 0x80] {
+        assert!(matches!(fs.fallocate(f, 0, 4096, mode), Err(Error::NotSupported)), "mode {mode:#x}");
+    }
+    assert!(matches!(fs.fallocate(f, 0, 0, 0), Err(Error::Invalid(_))));
+    assert!(matches!(fs.fallocate(f, u64::MAX - 10, 100, 0), Err(Error::FileTooBig)));
+    assert!(matches!(fs.fallocate(f, 1 << 56, 1, 0), Err(Error::FileTooBig)));
+    assert!(matches!(fs.fallocate(ROOT, 0, 4096, 0), Err(Error::IsDir)));
+    let l = fs.symlink(ROOT, b"l", b"f", C).unwrap().ino;
+    assert!(matches!(fs.fallocate(l, 0, 4096, 0), Err(Error::Invalid(_))));
+    // More than the free space: refused before anything changes.
+    let free = fs.statfs().bfree;
+    assert!(matches!(fs.fallocate(f, 0, 1 << 30, 0), Err(Error::NoSpace)));
+    assert_eq!(fs.statfs().bfree, free);
+    assert_eq!(fs.getattr(f).unwrap(), before);
+}
+
+#[test]
+fn preallocated_space_is_there_when_the_file_system_is_full() {
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, C).unwrap().ino;
+    fs.fallocate(f, 0, 4 << 20, FALLOC_FL_KEEP_SIZE).unwrap();
+    // Fill everything else.
+    let g = fs.create(ROOT, b"g", 0o644, C).unwrap().ino;
+    let mut off = 0;
+    for chunk in [vec![7u8; 1 << 16], vec![7u8; 4096]] {
+        loop {
+            match fs.write(g, off, &chunk) {
+                Ok(_) => off += chunk.len() as u64,
+                Err(Error::NoSpace) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    assert!(matches!(fs.write(g, off, &[1; 4096]), Err(Error::NoSpace)));
+    // The preallocated file can still be written in full.
+    let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 249) as u8).collect();
+    for (n, piece) in data.chunks(100_000).enumerate() {
+        fs.write(f, n as u64 * 100_000, piece).unwrap();
+    }
+    same(fs.read(f, 0, 4 << 20).unwrap(), &data);
+    assert_eq!(blocks(&fs, f), 1024);
+    fs.unmount().unwrap();
+    drop(fs);
+    fsck_clean(&dev);
+}
+
+#[test]
+fn fallocate_of_gigabytes_takes_several_transactions() {
+    let (dev, fs) = fresh(4 << 30);
+    let f = fs.create(ROOT, b"f", 0o644, C).unwrap().ino;
+    // 2.5 GiB: more than one transaction maps (1 GiB), and more than one 1 GiB AG holds.
+    let len = (5u64 << 30) / 2;
+    fs.fallocate(f, 4096, len, 0).unwrap();
+    assert_eq!((fs.getattr(f).unwrap().size, blocks(&fs, f) >= len / 4096), (4096 + len, true));
+    fs.write(f, len, b"end").unwrap();
+    assert_eq!(fs.read(f, len - 2, 10).unwrap(), b"\0\0end\0\0\0\0\0");
+    assert_eq!(fs.read(f, 0, 8192).unwrap(), vec![0; 8192]);
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.read(f, len - 2, 10).unwrap(), b"\0\0end\0\0\0\0\0");
+    fs.unmount().unwrap();
+    drop(fs);
+    fsck_clean(&dev);
+}
