@@ -57,6 +57,11 @@ fn journal() -> Arc<Journal> {
     Journal::start(Arc::new(MemDevice::new(DEV_BYTES)), geo, header, cfg, Box::new(|_| {}))
 }
 
+/// Per inode: its owner lock, holding the next version and every (version, sequence) committed.
+type Owners = Vec<CheckedMutex<(u64, Vec<(u64, u64)>)>>;
+/// Per switched sequence: its merged items.
+type Switched = BTreeMap<u64, HashMap<ItemKey, Option<Box<[u8]>>>>;
+
 fn image(key: u64, version: u64) -> Vec<u8> {
     let mut img = vec![0u8; INODE_SIZE];
     img[..8].copy_from_slice(&key.to_le_bytes());
@@ -74,8 +79,7 @@ fn image(key: u64, version: u64) -> Vec<u8> {
 fn cil_commit_and_switch_lose_nothing() {
     check(|| {
         let j = journal();
-        // Owner locks: the next version of each inode, and every (version, seq) committed.
-        let owners: Arc<Vec<CheckedMutex<(u64, Vec<(u64, u64)>)>>> = Arc::new((0..2).map(|_| CheckedMutex::new((0, Vec::new()))).collect());
+        let owners: Arc<Owners> = Arc::new((0..2).map(|_| CheckedMutex::new((0, Vec::new()))).collect());
         let committers: Vec<_> = (0..3u64)
             .map(|t| {
                 let (j, owners) = (Arc::clone(&j), Arc::clone(&owners));
@@ -100,7 +104,7 @@ fn cil_commit_and_switch_lose_nothing() {
         switched.sort_by_key(|(seq, _)| *seq);
         assert!(switched[0].0 < switched[1].0, "two switches closed sequence {}", switched[0].0);
         assert_eq!(j.cil_bytes_for_model(), 0, "CIL bytes left after the final switch");
-        let by_seq: BTreeMap<u64, HashMap<ItemKey, Option<Box<[u8]>>>> = switched.into_iter().map(|(seq, items)| (seq, items.into_iter().collect())).collect();
+        let by_seq: Switched = switched.into_iter().map(|(seq, items)| (seq, items.into_iter().collect())).collect();
         for (ino, owner) in owners.iter().enumerate() {
             let ino = ino as u64;
             let mut want: BTreeMap<u64, u64> = BTreeMap::new();
@@ -154,7 +158,8 @@ fn unhold(holders: &Holders, k: u64, v: Arc<Obj>) {
     drop(v);
 }
 
-/// Two threads look up or insert the same keys, holding and dropping their objects; one
+/// Two threads look up or insert the same keys, holding and dropping their objects (and
+/// checking that what they hold stays cached); one
 /// inserts, drops and removes a key of its own; two reclaim the AG (one sweep of its shards
 /// each, contending for its cursor). Nobody may see an object evicted under it (which shows
 /// as a second object for its key), and the AG's length counter must match the maps.
@@ -169,10 +174,12 @@ fn ag_cache_never_evicts_a_held_object() {
         for t in 0..2 {
             let (cache, holders) = (Arc::clone(&cache), Arc::clone(&holders));
             threads.push(thread::spawn(move || {
-                for k in [SHARED[t], SHARED[1 - t]] {
+                for k in [SHARED[t], SHARED[1 - t], SHARED[t]] {
                     let v = cache.get(k).unwrap_or_else(|| cache.get_or_insert(k, Arc::new(Obj { referenced: AtomicBool::new(false) })));
                     hold(&holders, k, &v);
                     thread::yield_now();
+                    // Nobody removes the shared keys, so what is held must still be cached.
+                    assert!(cache.get(k).is_some_and(|c| Arc::ptr_eq(&c, &v)), "key {k}: evicted while held");
                     unhold(&holders, k, v);
                 }
             }));
