@@ -4,7 +4,7 @@
 //! atomics, under its randomized and PCT schedulers.
 //!
 //! `cargo test -p ferrofs --features shuttle --test model_check` (what `scripts/test.sh` runs).
-//! `MODEL_CHECK_ITERATIONS` sets the schedules per scheduler and test (default 2000). A failure
+//! `MODEL_CHECK_ITERATIONS` sets the schedules per scheduler and test (default 5000). A failure
 //! prints the schedule; `shuttle::replay` with it reproduces the run.
 #![cfg(feature = "shuttle")]
 
@@ -28,7 +28,7 @@ use std::sync::Arc;
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn iterations() -> usize {
-    std::env::var("MODEL_CHECK_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
+    std::env::var("MODEL_CHECK_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(5000)
 }
 
 /// Each property under both schedulers: random walks find shallow bugs in many places, PCT
