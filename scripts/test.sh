@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite: unit, model-based, crash, corruption and FUSE tests.
+# The whole test suite: unit, model-based, crash, corruption and FUSE tests, then the model
+# checks of the concurrent fast paths (shuttle; docs/DESIGN.md, "Model checking").
 # Tests that need /dev/fuse or root skip with a message where those are unavailable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace --locked 2>&1
+# A separate build: with the feature the engine runs on shuttle's primitives, which work only
+# under the checker, so only this test binary may run with it.
+cargo test -p ferrofs --locked --features shuttle --test model_check 2>&1

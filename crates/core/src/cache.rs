@@ -23,7 +23,12 @@ use crate::format::{verify_block, BLOCK_SIZE};
 use crate::lockstat::{LockClass, Mutex, RwLock};
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+// The counters from `crate::sync`, so the model checker (`tests/model_check.rs`) interleaves
+// their updates too. The referenced bit stays `std`: it is part of `Reclaimable`, which the
+// cached types implement, and it is only a hint; what makes eviction safe is the strong
+// count, read under the shard locks.
+use crate::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Weak};
 
 /// Hash map shards per AG.

@@ -53,8 +53,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock, Weak};
+
+// The raw locks, the counters and the thread-locals come from `crate::sync`, so the model
+// checker can run these locks (and count through them); the global switches and the shard
+// rotor below stay `std`: they are settings, not state a schedule can break.
+use crate::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::sync::{self as raw, thread_local};
+use std::sync::atomic::{AtomicU8, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -68,7 +74,9 @@ static MODE: AtomicU8 = AtomicU8::new(COUNTING);
 const COUNTING: u8 = 1;
 const TIMING: u8 = 2;
 
-/// Every class that ever had an instance, so [`snapshot`] can find it.
+/// Every class that ever had an instance, so [`snapshot`] can find it. This and the class
+/// registries stay `parking_lot` under the model checker too: nothing inside their critical
+/// sections can switch checker threads, so no checker thread can block on them.
 static CLASSES: parking_lot::Mutex<Vec<&'static LockClass>> = parking_lot::const_mutex(Vec::new());
 
 /// Registry length below which dead entries are never pruned.
@@ -691,7 +699,7 @@ impl Drop for Hold<'_> {
 /// Debug-build lock-order checking over a thread-local stack of held
 /// ranked locks. Every entry point is a no-op when `debug_assertions` is off.
 mod order {
-    use super::{LockClass, Meter, RefCell};
+    use super::{thread_local, LockClass, Meter, RefCell};
 
     struct Held {
         key: usize,
@@ -786,10 +794,11 @@ mod order {
     }
 }
 
-/// A named, measured mutual-exclusion lock over `parking_lot::Mutex`.
+/// A named, measured mutual-exclusion lock over `parking_lot::Mutex` (the model checker's
+/// under the `shuttle` feature: [`crate::sync`]).
 pub struct Mutex<T> {
     meter: Meter,
-    raw: parking_lot::Mutex<T>,
+    raw: raw::Mutex<T>,
 }
 
 impl<T> Mutex<T> {
@@ -797,7 +806,7 @@ impl<T> Mutex<T> {
     pub fn new(class: &'static LockClass, value: T) -> Self {
         Self {
             meter: Meter::own(class.register(None)),
-            raw: parking_lot::Mutex::new(value),
+            raw: raw::Mutex::new(value),
         }
     }
 
@@ -806,7 +815,7 @@ impl<T> Mutex<T> {
     pub fn new_indexed(class: &'static LockClass, idx: u64, value: T) -> Self {
         Self {
             meter: Meter::own(class.register(Some(idx))),
-            raw: parking_lot::Mutex::new(value),
+            raw: raw::Mutex::new(value),
         }
     }
 
@@ -815,7 +824,7 @@ impl<T> Mutex<T> {
     pub fn new_pooled(class: &'static LockClass, value: T) -> Self {
         Self {
             meter: Meter::pooled(class),
-            raw: parking_lot::Mutex::new(value),
+            raw: raw::Mutex::new(value),
         }
     }
 
@@ -877,14 +886,14 @@ impl<T: fmt::Debug> fmt::Debug for Mutex<T> {
 pub struct MutexGuard<'a, T> {
     // Declared before `raw` so the hold is recorded before the unlock.
     hold: Hold<'a>,
-    raw: parking_lot::MutexGuard<'a, T>,
+    raw: raw::MutexGuard<'a, T>,
 }
 
 impl<'a, T> MutexGuard<'a, T> {
-    /// The underlying `parking_lot` guard, for APIs that need it. Time spent
+    /// The underlying `parking_lot` guard ([`crate::sync`]), for APIs that need it. Time spent
     /// unlocked through it (e.g. `parking_lot::Condvar::wait`) counts as
     /// hold time; [`Condvar`] avoids that.
-    pub fn inner_mut(&mut self) -> &mut parking_lot::MutexGuard<'a, T> {
+    pub fn inner_mut(&mut self) -> &mut raw::MutexGuard<'a, T> {
         &mut self.raw
     }
 }
@@ -908,11 +917,12 @@ impl<T: fmt::Debug> fmt::Debug for MutexGuard<'_, T> {
     }
 }
 
-/// A named, measured reader-writer lock over `parking_lot::RwLock`; reads
+/// A named, measured reader-writer lock over `parking_lot::RwLock` (or the model checker's,
+/// [`crate::sync`]); reads
 /// and writes are counted separately.
 pub struct RwLock<T> {
     meter: Meter,
-    raw: parking_lot::RwLock<T>,
+    raw: raw::RwLock<T>,
 }
 
 impl<T> RwLock<T> {
@@ -920,7 +930,7 @@ impl<T> RwLock<T> {
     pub fn new(class: &'static LockClass, value: T) -> Self {
         Self {
             meter: Meter::own(class.register(None)),
-            raw: parking_lot::RwLock::new(value),
+            raw: raw::RwLock::new(value),
         }
     }
 
@@ -928,7 +938,7 @@ impl<T> RwLock<T> {
     pub fn new_indexed(class: &'static LockClass, idx: u64, value: T) -> Self {
         Self {
             meter: Meter::own(class.register(Some(idx))),
-            raw: parking_lot::RwLock::new(value),
+            raw: raw::RwLock::new(value),
         }
     }
 
@@ -951,7 +961,7 @@ impl<T> RwLock<T> {
     pub fn new_pooled(class: &'static LockClass, value: T) -> Self {
         Self {
             meter: Meter::pooled(class),
-            raw: parking_lot::RwLock::new(value),
+            raw: raw::RwLock::new(value),
         }
     }
 
@@ -1029,7 +1039,7 @@ pub struct RwLockReadGuard<'a, T> {
     // Only its drop matters; declared before `raw` so the hold is
     // recorded before the unlock.
     _hold: Hold<'a>,
-    raw: parking_lot::RwLockReadGuard<'a, T>,
+    raw: raw::RwLockReadGuard<'a, T>,
 }
 
 impl<T> Deref for RwLockReadGuard<'_, T> {
@@ -1050,7 +1060,7 @@ pub struct RwLockWriteGuard<'a, T> {
     // Only its drop matters; declared before `raw` so the hold is
     // recorded before the unlock.
     _hold: Hold<'a>,
-    raw: parking_lot::RwLockWriteGuard<'a, T>,
+    raw: raw::RwLockWriteGuard<'a, T>,
 }
 
 impl<T> Deref for RwLockWriteGuard<'_, T> {
@@ -1077,14 +1087,14 @@ impl<T: fmt::Debug> fmt::Debug for RwLockWriteGuard<'_, T> {
 /// sleeping on the condition is not reported as hold time.
 #[derive(Debug, Default)]
 pub struct Condvar {
-    raw: parking_lot::Condvar,
+    raw: raw::Condvar,
 }
 
 impl Condvar {
     /// A condition variable with no waiters; const so it can be a static.
     pub const fn new() -> Self {
         Self {
-            raw: parking_lot::Condvar::new(),
+            raw: raw::Condvar::new(),
         }
     }
 
@@ -1100,7 +1110,7 @@ impl Condvar {
         &self,
         guard: &mut MutexGuard<'_, T>,
         timeout: Duration,
-    ) -> parking_lot::WaitTimeoutResult {
+    ) -> raw::WaitTimeoutResult {
         guard.hold.pause();
         let result = self.raw.wait_for(&mut guard.raw, timeout);
         guard.hold.resume();

@@ -24,8 +24,10 @@ use crate::lockstat::{Condvar, LockClass, Mutex};
 use ail::Ail;
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
+// From `crate::sync` so that the model checker (`tests/model_check.rs`) can drive the CIL.
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use crate::sync::thread_local;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -190,7 +192,8 @@ struct WorkerState {
 thread_local! {
     static SHARD_INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
 }
-static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+/// Only spreads threads over shards, so it stays `std` under the model checker.
+static NEXT_SHARD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 fn my_shard(n: usize) -> usize {
     SHARD_INDEX.with(|s| {
@@ -555,5 +558,20 @@ impl Journal {
 
     pub fn log_used_percent(&self) -> u64 {
         self.ail.used_percent()
+    }
+}
+
+/// What the model checker (`tests/model_check.rs`) looks at: the checkpoint's switch and merge
+/// without the log write, and the CIL's byte count.
+#[cfg(feature = "shuttle")]
+impl Journal {
+    /// Close the open sequence as a checkpoint would; returns it and its merged items.
+    pub fn switch_for_model(&self) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>) {
+        let (seq, items, _) = self.switch();
+        (seq, items)
+    }
+
+    pub fn cil_bytes_for_model(&self) -> u64 {
+        self.cil_bytes.load(Relaxed)
     }
 }

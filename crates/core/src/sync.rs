@@ -1,0 +1,160 @@
+//! The synchronisation primitives under the structures that the model checker explores: the
+//! raw locks inside `lockstat`'s locks, the atomics of the CIL, the caches and the lock
+//! counters, and their thread-locals.
+//!
+//! A normal build re-exports `parking_lot` and `std` here, so the indirection costs nothing.
+//! With the `shuttle` feature they are the [shuttle](https://docs.rs/shuttle) model checker's
+//! (`tests/model_check.rs`): every lock operation and atomic access then becomes a point where
+//! the checker may switch threads, and the thread-locals are per checker thread (shuttle runs
+//! its threads as coroutines on one OS thread, so `std`'s would be shared by all of them).
+//! Such a build runs only under the checker: outside `shuttle::check_*` its primitives panic.
+//!
+//! Why shuttle and not loom: loom explores exhaustively, which cannot finish for a CIL switch
+//! that locks every shard, or a cache with eight shards per AG, and it needs every primitive
+//! of the code under test swapped, including `Arc` and the `parking_lot` locks' API. Shuttle's
+//! randomized and PCT schedulers find bugs of small depth (a missing lock, a check made outside
+//! the lock) with high probability in thousands of schedules, and only these few types change.
+//! Shuttle treats every atomic as `SeqCst`, so it cannot find a missing `Acquire`/`Release`:
+//! the orderings stay a matter for review.
+
+#[cfg(not(feature = "shuttle"))]
+pub use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
+#[cfg(not(feature = "shuttle"))]
+pub use std::sync::atomic;
+#[cfg(not(feature = "shuttle"))]
+pub use std::thread_local;
+
+#[cfg(feature = "shuttle")]
+pub use checked::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
+#[cfg(feature = "shuttle")]
+pub use shuttle::sync::atomic;
+#[cfg(feature = "shuttle")]
+pub use shuttle::thread_local;
+
+/// Shuttle's locks behind the slice of `parking_lot`'s API that `lockstat` uses (no poisoning,
+/// `try_*` returning `Option`, a condition variable that waits on `&mut` guards).
+#[cfg(feature = "shuttle")]
+mod checked {
+    use shuttle::sync as s;
+    use std::fmt;
+    use std::ops::{Deref, DerefMut};
+    use std::sync::PoisonError;
+    use std::time::Duration;
+
+    pub use s::{RwLockReadGuard, RwLockWriteGuard};
+
+    #[derive(Default)]
+    pub struct Mutex<T>(s::Mutex<T>);
+
+    /// The shuttle guard in an `Option` so that [`Condvar::wait`] can hand it to shuttle's
+    /// condition variable (which takes guards by value) and put the returned one back.
+    pub struct MutexGuard<'a, T>(Option<s::MutexGuard<'a, T>>);
+
+    impl<T> Mutex<T> {
+        pub const fn new(value: T) -> Self {
+            Mutex(s::Mutex::new(value))
+        }
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            MutexGuard(Some(self.0.lock().unwrap_or_else(PoisonError::into_inner)))
+        }
+        pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.0.try_lock().ok().map(|g| MutexGuard(Some(g)))
+        }
+        pub fn into_inner(self) -> T {
+            self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
+        }
+        pub fn get_mut(&mut self) -> &mut T {
+            self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    impl<T: fmt::Debug> fmt::Debug for Mutex<T> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("Mutex { .. }")
+        }
+    }
+
+    impl<T> Deref for MutexGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            self.0.as_ref().expect("guard is only empty inside Condvar::wait")
+        }
+    }
+
+    impl<T> DerefMut for MutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            self.0.as_mut().expect("guard is only empty inside Condvar::wait")
+        }
+    }
+
+    #[derive(Default)]
+    pub struct RwLock<T>(s::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        pub const fn new(value: T) -> Self {
+            RwLock(s::RwLock::new(value))
+        }
+        pub fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read().unwrap_or_else(PoisonError::into_inner)
+        }
+        pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write().unwrap_or_else(PoisonError::into_inner)
+        }
+        pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
+            self.0.try_read().ok()
+        }
+        pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
+            self.0.try_write().ok()
+        }
+        pub fn into_inner(self) -> T {
+            self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
+        }
+        pub fn get_mut(&mut self) -> &mut T {
+            self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    impl<T: fmt::Debug> fmt::Debug for RwLock<T> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("RwLock { .. }")
+        }
+    }
+
+    #[derive(Debug, Default)]
+    pub struct Condvar(s::Condvar);
+
+    #[derive(Debug)]
+    pub struct WaitTimeoutResult(bool);
+
+    impl WaitTimeoutResult {
+        pub fn timed_out(&self) -> bool {
+            self.0
+        }
+    }
+
+    impl Condvar {
+        pub const fn new() -> Self {
+            Condvar(s::Condvar::new())
+        }
+        pub fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
+            let g = guard.0.take().expect("guard held");
+            guard.0 = Some(self.0.wait(g).unwrap_or_else(PoisonError::into_inner));
+        }
+        pub fn wait_for<T>(&self, guard: &mut MutexGuard<'_, T>, timeout: Duration) -> WaitTimeoutResult {
+            let g = guard.0.take().expect("guard held");
+            let (g, r) = self.0.wait_timeout(g, timeout).unwrap_or_else(PoisonError::into_inner);
+            guard.0 = Some(g);
+            WaitTimeoutResult(r.timed_out())
+        }
+        /// Shuttle does not say whether anyone was woken; `lockstat` passes this on, and no
+        /// caller in this crate looks at it.
+        pub fn notify_one(&self) -> bool {
+            self.0.notify_one();
+            false
+        }
+        pub fn notify_all(&self) -> usize {
+            self.0.notify_all();
+            0
+        }
+    }
+}

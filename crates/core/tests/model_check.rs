@@ -1,0 +1,291 @@
+//! Model checking of the concurrent fast paths with shuttle (see `src/sync.rs` for the choice
+//! and the shim): the real CIL commit/switch, `AgCache` lookup/insert/remove/reclaim, the
+//! AG's orphan slot claim/release and `lockstat`'s counters run on shuttle's threads, locks and
+//! atomics, under its randomized and PCT schedulers.
+//!
+//! `cargo test -p ferrofs --features shuttle --test model_check` (what `scripts/test.sh` runs).
+//! `MODEL_CHECK_ITERATIONS` sets the schedules per scheduler and test (default 5000). A failure
+//! prints the schedule; `shuttle::replay` with it reproduces the run.
+#![cfg(feature = "shuttle")]
+
+use ferrofs::ag::Ag;
+use ferrofs::cache::{inode_ag, AgCache, BufCache, CacheBudget, Reclaimable};
+use ferrofs::dev::MemDevice;
+use ferrofs::format::log::{ItemKey, LogHeader};
+use ferrofs::format::INODE_SIZE;
+use ferrofs::journal::{Journal, JournalConfig};
+use ferrofs::lockstat::{self, LockClass, Mutex, RwLock, POOL_SHARDS};
+use ferrofs::mkfs::{self, MkfsOptions};
+use shuttle::sync::Mutex as CheckedMutex;
+use shuttle::scheduler::{PctScheduler, RandomScheduler};
+use shuttle::{thread, Config, Runner};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// The checker's statics (lock classes' counters) are not meant for two OS threads at once,
+/// so the tests of this binary take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn iterations() -> usize {
+    std::env::var("MODEL_CHECK_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(5000)
+}
+
+/// Each property under both schedulers: random walks find shallow bugs in many places, PCT
+/// (depth 3) is good at the rare orders of a few preemptions.
+fn check(f: impl Fn() + Send + Sync + 'static) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // The code under test uses relaxed atomics, which shuttle runs as SeqCst (`src/sync.rs`
+    // says so once); its warning about that would only repeat it.
+    let mut config = Config::new();
+    config.silence_warnings = true;
+    let f = Arc::new(f);
+    let g = Arc::clone(&f);
+    Runner::new(RandomScheduler::new(iterations()), config.clone()).run(move || g());
+    Runner::new(PctScheduler::new(3, iterations()), config).run(move || f());
+}
+
+// ---- (1) CIL: commit and switch -------------------------------------------------------------
+
+const DEV_BYTES: u64 = 4 << 20;
+
+fn journal() -> Arc<Journal> {
+    let opts = MkfsOptions { ag_count: Some(1), ..MkfsOptions::default() };
+    let geo = mkfs::plan(DEV_BYTES, &opts).expect("geometry");
+    let cfg = JournalConfig { cil_push_bytes: u64::MAX, cil_max_bytes: u64::MAX, background: false, ..JournalConfig::for_log(geo.log_blocks) };
+    let header = LogHeader { gen: 0, epoch: 1, tail_off: 0, tail_seq: 1 };
+    Journal::start(Arc::new(MemDevice::new(DEV_BYTES)), geo, header, cfg, Box::new(|_| {}))
+}
+
+/// Per inode: its owner lock, holding the next version and every (version, sequence) committed.
+type Owners = Vec<CheckedMutex<(u64, Vec<(u64, u64)>)>>;
+/// Per switched sequence: its merged items.
+type Switched = BTreeMap<u64, HashMap<ItemKey, Option<Box<[u8]>>>>;
+
+fn image(key: u64, version: u64) -> Vec<u8> {
+    let mut img = vec![0u8; INODE_SIZE];
+    img[..8].copy_from_slice(&key.to_le_bytes());
+    img[8..16].copy_from_slice(&version.to_le_bytes());
+    img
+}
+
+/// Three threads commit changes to two shared inodes (each change under the inode's owner
+/// lock, which is where versions come from in the file system), a fourth switches
+/// concurrently, and a final switch closes everything. Every sequence's merged items must hold,
+/// for each inode, the image of the highest version whose commit returned that sequence: no
+/// change is lost, none lands in a later sequence than the one its commit returned (what fsync
+/// forces), and the merge across shards keeps the newest. The CIL's byte count returns to 0.
+#[test]
+fn cil_commit_and_switch_lose_nothing() {
+    check(|| {
+        let j = journal();
+        let owners: Arc<Owners> = Arc::new((0..2).map(|_| CheckedMutex::new((0, Vec::new()))).collect());
+        let committers: Vec<_> = (0..3u64)
+            .map(|t| {
+                let (j, owners) = (Arc::clone(&j), Arc::clone(&owners));
+                thread::spawn(move || {
+                    for n in 0..2u64 {
+                        let ino = (t + n) % 2;
+                        let mut o = owners[ino as usize].lock().unwrap();
+                        o.0 += 1;
+                        let v = o.0;
+                        let seq = j.commit(|w| w.log(ItemKey::Inode(ino), v, &image(ino, v)));
+                        o.1.push((v, seq));
+                    }
+                })
+            })
+            .collect();
+        let switcher = {
+            let j = Arc::clone(&j);
+            thread::spawn(move || j.switch_for_model())
+        };
+        committers.into_iter().for_each(|h| h.join().unwrap());
+        let mut switched = vec![switcher.join().unwrap(), j.switch_for_model()];
+        switched.sort_by_key(|(seq, _)| *seq);
+        assert!(switched[0].0 < switched[1].0, "two switches closed sequence {}", switched[0].0);
+        assert_eq!(j.cil_bytes_for_model(), 0, "CIL bytes left after the final switch");
+        let by_seq: Switched = switched.into_iter().map(|(seq, items)| (seq, items.into_iter().collect())).collect();
+        for (ino, owner) in owners.iter().enumerate() {
+            let ino = ino as u64;
+            let mut want: BTreeMap<u64, u64> = BTreeMap::new();
+            for &(v, seq) in &owner.lock().unwrap().1 {
+                let w = want.entry(seq).or_default();
+                *w = (*w).max(v);
+            }
+            for (seq, items) in &by_seq {
+                let got = items.get(&ItemKey::Inode(ino)).map(|img| img.as_deref().expect("inodes are never revoked"));
+                match want.get(seq) {
+                    Some(&v) => assert_eq!(got, Some(&image(ino, v)[..]), "inode {ino}, sequence {seq}: want version {v}"),
+                    None => assert!(got.is_none(), "inode {ino} in sequence {seq}, which no commit of it returned"),
+                }
+            }
+        }
+    });
+}
+
+// ---- (2) AgCache ----------------------------------------------------------------------------
+
+static MODEL_CACHE: LockClass = LockClass::ranked("model-cache", 70);
+
+struct Obj {
+    referenced: AtomicBool,
+}
+
+impl Reclaimable for Obj {
+    fn referenced(&self) -> &AtomicBool {
+        &self.referenced
+    }
+    fn is_clean(&self, _home_seq: u64) -> bool {
+        true
+    }
+}
+
+/// Who holds which object of each key right now. A thread registers the object it got and
+/// must find no other object registered for the key while anyone holds that one.
+type Holders = CheckedMutex<HashMap<u64, (usize, u32)>>;
+
+fn hold(holders: &Holders, k: u64, v: &Arc<Obj>) {
+    let mut h = holders.lock().unwrap();
+    let e = h.entry(k).or_insert((Arc::as_ptr(v) as usize, 0));
+    assert!(e.1 == 0 || e.0 == Arc::as_ptr(v) as usize, "key {k}: two different objects held at once");
+    *e = (Arc::as_ptr(v) as usize, e.1 + 1);
+}
+
+fn unhold(holders: &Holders, k: u64, v: Arc<Obj>) {
+    // Unregistered before the reference goes: once it is gone the object may be evicted and
+    // a new one loaded, which is fine.
+    holders.lock().unwrap().get_mut(&k).expect("registered").1 -= 1;
+    drop(v);
+}
+
+/// Two threads look up or insert the same keys, holding and dropping their objects (and
+/// checking that what they hold stays cached); one
+/// inserts, drops and removes a key of its own; two reclaim the AG (one sweep of its shards
+/// each, contending for its cursor). Nobody may see an object evicted under it (which shows
+/// as a second object for its key), and the AG's length counter must match the maps.
+#[test]
+fn ag_cache_never_evicts_a_held_object() {
+    const SHARED: [u64; 2] = [1, 2];
+    const OWN: u64 = 3;
+    check(|| {
+        let cache = Arc::new(AgCache::<Obj>::new(&MODEL_CACHE, 1, inode_ag, 0, CacheBudget::new(u64::MAX)));
+        let holders = Arc::new(Holders::new(HashMap::new()));
+        let mut threads = Vec::new();
+        for t in 0..2 {
+            let (cache, holders) = (Arc::clone(&cache), Arc::clone(&holders));
+            threads.push(thread::spawn(move || {
+                for k in [SHARED[t], SHARED[1 - t], SHARED[t]] {
+                    let v = cache.get(k).unwrap_or_else(|| cache.get_or_insert(k, Arc::new(Obj { referenced: AtomicBool::new(false) })));
+                    hold(&holders, k, &v);
+                    thread::yield_now();
+                    // Nobody removes the shared keys, so what is held must still be cached.
+                    assert!(cache.get(k).is_some_and(|c| Arc::ptr_eq(&c, &v)), "key {k}: evicted while held");
+                    unhold(&holders, k, v);
+                }
+            }));
+        }
+        {
+            let cache = Arc::clone(&cache);
+            threads.push(thread::spawn(move || {
+                drop(cache.get_or_insert(OWN, Arc::new(Obj { referenced: AtomicBool::new(false) })));
+                cache.remove(OWN);
+                drop(cache.get_or_insert(OWN, Arc::new(Obj { referenced: AtomicBool::new(false) })));
+            }));
+        }
+        for _ in 0..2 {
+            let cache = Arc::clone(&cache);
+            threads.push(thread::spawn(move || {
+                for _ in 0..8 {
+                    cache.reclaim_ag(0, u64::MAX);
+                }
+            }));
+        }
+        threads.into_iter().for_each(|h| h.join().unwrap());
+        let present = SHARED.iter().chain([&OWN]).filter(|&&k| cache.get(k).is_some()).count() as u64;
+        assert_eq!(cache.len(), present, "the AG's length counter disagrees with its maps");
+    });
+}
+
+// ---- (3) Orphan slots -----------------------------------------------------------------------
+
+/// Three threads take orphan slots in one AG as transactions do: claim, then either commit the
+/// orphan (written into the table, later cleared, which frees the slot) or abort (unclaim).
+/// No slot may be handed to two inodes at once, a committed slot must be empty on disk, and
+/// the slots given back must come out again once each.
+#[test]
+fn orphan_slots_are_never_shared() {
+    check(|| {
+        let dev = Arc::new(MemDevice::new(DEV_BYTES));
+        let opts = MkfsOptions { ag_count: Some(1), ..MkfsOptions::default() };
+        let geo = mkfs::mkfs(&*dev, &opts, &|_, _| {}).expect("mkfs").geo;
+        let bufs = BufCache::new(dev, geo.ag_count, geo.ag_blocks, CacheBudget::new(u64::MAX));
+        let ag = Arc::new(Ag::load(&bufs, &geo, 0).expect("load AG 0"));
+        let owned = Arc::new(CheckedMutex::new(HashSet::new()));
+        let threads: Vec<_> = (0..3u64)
+            .map(|t| {
+                let (ag, owned) = (Arc::clone(&ag), Arc::clone(&owned));
+                thread::spawn(move || {
+                    let ino = 100 + t;
+                    let slot = ag.claim_orphan_slot().expect("a free slot");
+                    assert!(owned.lock().unwrap().insert(slot), "slot {slot} handed out twice");
+                    if t == 0 {
+                        owned.lock().unwrap().remove(&slot);
+                        ag.unclaim_orphan_slot(&mut ag.lock(), slot);
+                        return;
+                    }
+                    {
+                        let mut s = ag.lock();
+                        assert!(!ag.orphans().iter().any(|&(sl, _)| sl == slot), "slot {slot} already holds an orphan");
+                        ag.set_disk_orphan(&mut s, slot, ino);
+                    }
+                    owned.lock().unwrap().remove(&slot);
+                    ag.set_disk_orphan(&mut ag.lock(), slot, 0);
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|h| h.join().unwrap());
+        assert!(ag.orphans().is_empty(), "orphans left: {:?}", ag.orphans());
+        let again: HashSet<u32> = (0..4).map(|_| ag.claim_orphan_slot().expect("a free slot")).collect();
+        assert_eq!(again.len(), 4, "a released slot is free twice");
+    });
+}
+
+// ---- (4) lockstat counters ------------------------------------------------------------------
+
+static MODEL_POOLED: LockClass = LockClass::new("model-pooled");
+static MODEL_OWN: LockClass = LockClass::new("model-own");
+
+fn acquisitions(class: &LockClass) -> u64 {
+    lockstat::snapshot().into_iter().find(|c| c.name == class.name()).map_or(0, |c| c.total.exclusive.acquisitions + c.total.shared.acquisitions)
+}
+
+/// More threads than a class has pool shards, so some share one, each lock a pooled mutex, a
+/// pooled rwlock (both sides) and a registered mutex: the class totals and the registered
+/// lock's own counters must grow by exactly the acquisitions made.
+#[test]
+fn lock_counters_add_up() {
+    const THREADS: u64 = POOL_SHARDS as u64 + 1;
+    check(|| {
+        let (pooled0, own0) = (acquisitions(&MODEL_POOLED), acquisitions(&MODEL_OWN));
+        let locks = Arc::new((Mutex::new_pooled(&MODEL_POOLED, 0u64), RwLock::new_pooled(&MODEL_POOLED, 0u64), Mutex::new(&MODEL_OWN, 0u64)));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let locks = Arc::clone(&locks);
+                thread::spawn(move || {
+                    *locks.0.lock() += 1;
+                    if t % 2 == 0 {
+                        *locks.1.write() += 1;
+                    } else {
+                        drop(locks.1.read());
+                    }
+                    *locks.2.lock() += 1;
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|h| h.join().unwrap());
+        let own = locks.2.stats();
+        assert_eq!(own.exclusive.acquisitions, THREADS, "registered mutex counted {own:?}");
+        assert_eq!(acquisitions(&MODEL_POOLED) - pooled0, 2 * THREADS, "pooled acquisitions");
+        assert_eq!(acquisitions(&MODEL_OWN) - own0, THREADS, "registered acquisitions in the class");
+    });
+}
