@@ -348,7 +348,11 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     cx.bar.finish_and_clear();
     check_interrupt()?;
     let results = Results {
-        command: std::env::args().collect::<Vec<_>>().join(" "),
+        // The program by its name, not the path it was built at.
+        command: std::iter::once("ferrofs".to_string())
+            .chain(std::env::args().skip(1))
+            .collect::<Vec<_>>()
+            .join(" "),
         sizes: cx.sizes.clone(),
         runs,
         machine: Machine {
