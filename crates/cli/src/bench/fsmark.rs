@@ -182,6 +182,7 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
                     .max()
                     .unwrap_or(1),
                 threads: threads.iter().copied().max().unwrap_or(1),
+                data_bytes: 0,
             };
             eprintln!(
                 "run {}/{runs}: {}, {} files per thread count",

@@ -14,10 +14,13 @@ mod fsync;
 mod names;
 mod orphan;
 mod phase;
+mod plot;
 mod process;
 mod report;
 mod scale;
 mod scratch;
+mod seeds;
+mod seeds_report;
 mod session;
 mod shell;
 mod targets;
@@ -103,6 +106,8 @@ pub struct BenchArgs {
     pub lock_counting: Switch,
     #[command(flatten)]
     pub fsmark: fsmark::FsmarkArgs,
+    #[command(flatten)]
+    pub seeds: seeds::SeedsArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -132,6 +137,9 @@ pub enum Mode {
     /// fs_mark creates and parallel rm -rf on ferrofs through FUSE and its peers
     /// (minifuse, fuse2fs, kernel ext4/XFS/btrfs, tmpfs), mounted here (needs root).
     Fsmark,
+    /// The five seed experiments (orphan, mdtest, fsmark, dbench, unmount) on every target
+    /// and ferrofs embedded; writes a Markdown report with plots (needs root).
+    Seeds,
 }
 
 impl BenchArgs {
@@ -200,6 +208,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         Mode::Scale => scale::run(args),
         Mode::Unmount => unmount::run(args),
         Mode::Fsmark => fsmark::run(args),
+        Mode::Seeds => seeds::run(args),
     }
 }
 

@@ -89,7 +89,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
 }
 
 /// One file of 4096 written bytes per thread, each in a directory of its own.
-fn make_files(fs: &FileSystem, threads: usize) -> CliResult<Vec<u64>> {
+pub(super) fn make_files(fs: &FileSystem, threads: usize) -> CliResult<Vec<u64>> {
     let data = vec![0x5a; FILE_BYTES as usize];
     (0..threads)
         .map(|t| {
@@ -106,7 +106,7 @@ fn make_files(fs: &FileSystem, threads: usize) -> CliResult<Vec<u64>> {
 }
 
 /// Wall seconds for every thread to do `rounds` rounds on its file.
-fn one_run(fs: &FileSystem, inos: &[u64], rounds: u64) -> CliResult<f64> {
+pub(super) fn one_run(fs: &FileSystem, inos: &[u64], rounds: u64) -> CliResult<f64> {
     let time = timed(
         "orphan",
         inos.len(),

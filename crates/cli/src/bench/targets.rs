@@ -233,6 +233,8 @@ pub struct Size {
     pub dirs: u64,
     /// Threads working at once (ferrofs: one allocation group each).
     pub threads: usize,
+    /// File data written at most (0 for metadata-only workloads): images get twice this.
+    pub data_bytes: u64,
 }
 
 impl Size {
@@ -240,6 +242,7 @@ impl Size {
         (self.files + self.dirs)
             .saturating_mul(IMAGE_BYTES_PER_FILE)
             .max(MIN_IMAGE_BYTES)
+            .max(self.data_bytes.saturating_mul(2))
     }
 
     fn ext4_inodes(&self) -> u64 {
@@ -519,7 +522,8 @@ impl Mounted {
 
     fn mount_ferrofs(&mut self, env: &Env, size: &Size) -> CliResult<()> {
         // The embedded benchmark's image geometry: one AG per thread, a large log.
-        let bytes = scratch::image_size(size.files + size.dirs + 2 * size.threads as u64);
+        let bytes = scratch::image_size(size.files + size.dirs + 2 * size.threads as u64)
+            .max(size.data_bytes.saturating_mul(2));
         let opts = scratch::mkfs_options(size.threads);
         let image = env.unique(env.image_dir(), "ferrofs", ".img");
         self.undo.push(Undo::File(image.clone()));
@@ -806,6 +810,7 @@ mod tests {
             files,
             dirs: 0,
             threads: 1,
+            data_bytes: 0,
         };
         assert_eq!(s(10).image_bytes(), MIN_IMAGE_BYTES);
         assert!(s(10_000_000).image_bytes() > MIN_IMAGE_BYTES);

@@ -40,10 +40,22 @@ pub struct UnmountFigures {
 
 pub fn run(args: &BenchArgs) -> CliResult<()> {
     let (a_files, b_files) = (args.files_or(1_000_000), args.small_files as usize);
+    let (session, figures) = measure(args, a_files, b_files, args.runs)?;
+    session.finish("unmount", args, figures)
+}
+
+/// B's unmount `runs` times without A, then `runs` times while A holds `a_files` cached
+/// inodes; returns A's session (still mounted, for its counters) and the figures.
+pub(super) fn measure(
+    args: &BenchArgs,
+    a_files: usize,
+    b_files: usize,
+    runs: u64,
+) -> CliResult<(Session, UnmountFigures)> {
     let names = NameTable::new(a_files.max(b_files));
     let b = Small::make(args, &names, b_files)?;
     let mut b_cached = 0;
-    let without: Vec<f64> = (0..args.runs)
+    let without: Vec<f64> = (0..runs)
         .map(|_| b.cycle(&names, &mut b_cached))
         .collect::<CliResult<_>>()?;
     let session = Session::open(
@@ -63,14 +75,13 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         .quiesce()
         .context(|| "write A's log home".to_string())?;
     let a_cached_inodes = session.fs.mount().icache.len() as u64;
-    let with: Vec<f64> = (0..args.runs)
+    let with: Vec<f64> = (0..runs)
         .map(|_| b.cycle(&names, &mut b_cached))
         .collect::<CliResult<_>>()?;
     let (without, with) = (Spread::of(&without), Spread::of(&with));
     let ratio = with.median / without.median.max(1e-12);
-    session.finish(
-        "unmount",
-        args,
+    Ok((
+        session,
         UnmountFigures {
             a_cached_inodes,
             a_build_seconds,
@@ -82,7 +93,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
             target_ratio: TARGET_RATIO,
             met: ratio <= TARGET_RATIO,
         },
-    )
+    ))
 }
 
 /// File system A: `files` empty files over `BUILD_THREADS` directories, all left cached
