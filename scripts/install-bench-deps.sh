@@ -4,16 +4,5 @@
 # minifuse compiles with, and a TrueType font for the plots (fonts-dejavu-core).
 # Not needed for the tests (scripts/install-deps.sh is). Installs only what is missing; needs root.
 set -euo pipefail
-pkgs=(fsmark dbench fonts-dejavu-core fuse3 fuse2fs e2fsprogs xfsprogs btrfs-progs libfuse3-dev pkg-config gcc)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-[ ${#missing[@]} -eq 0 ] && exit 0
-if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
-  echo "install-bench-deps: missing ${missing[*]} and cannot install them (not root or no apt-get)" >&2
-  exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq "${missing[@]}" >/dev/null
+. "$(dirname "$0")/lib/apt.sh"
+install_missing install-bench-deps 1 fsmark dbench fonts-dejavu-core fuse3 fuse2fs e2fsprogs xfsprogs btrfs-progs libfuse3-dev pkg-config gcc
