@@ -8,29 +8,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ferrofs");
+mod common;
 
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("run ferrofs")
-}
+use common::{is_mounted, run, stderr, unavailable, BIN};
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
-/// Why mounting cannot be tested here, if it cannot.
-fn unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").err().map(|e| format!("/dev/fuse cannot be opened ({e})"))
-}
 
-fn is_mounted(dir: &Path) -> bool {
-    let canon = dir.canonicalize().unwrap();
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(m) == canon))
-}
+
 
 /// An image and a mount point, unmounted and removed on drop even when the test fails.
 struct Scratch {

@@ -9,25 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ferrofs");
+mod common;
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{is_mounted, stderr, unavailable, BIN};
 
-/// Why mounting cannot be tested here, if it cannot.
-fn unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").err().map(|e| format!("/dev/fuse cannot be opened ({e})"))
-}
 
-fn is_mounted(dir: &Path) -> bool {
-    let canon = dir.canonicalize().unwrap();
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(m) == canon))
-}
+
 
 /// Images `a`, `b` and `c` with a mount point each, and the daemon socket of this test;
 /// everything still mounted is detached and the directory removed on drop, even when the
