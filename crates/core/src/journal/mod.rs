@@ -165,6 +165,8 @@ pub struct Journal {
     /// Every CIL sequence up to this one is durable in the log.
     durable_seq: AtomicU64,
     cil_bytes: AtomicU64,
+    /// A background checkpoint was requested and has not started yet.
+    push_pending: AtomicBool,
     /// Serialises checkpoints (one record written at a time, in sequence order).
     push: Mutex<()>,
     /// Data blocks were written since the last flush: ordered mode flushes them before a
@@ -210,7 +212,9 @@ impl Journal {
     pub fn start(dev: Arc<dyn BlockDevice>, geo: Geometry, header: LogHeader, mut cfg: JournalConfig, on_durable: DurableHook) -> Arc<Journal> {
         let ring_blocks = geo.log_blocks - LOG_HEADER_BLOCKS;
         cfg.cil_max_bytes = cfg.cil_max_bytes.min(ring_blocks * BLOCK_SIZE as u64 / 4);
-        let nshards = (std::thread::available_parallelism().map_or(4, |n| n.get()) * 2).next_power_of_two().clamp(4, 64);
+        // More shards than CPUs: threads are mapped to shards by their index, and with many
+        // more threads than CPUs (an oversubscribed server) fewer shards would be shared.
+        let nshards = (std::thread::available_parallelism().map_or(4, |n| n.get()) * 8).next_power_of_two().clamp(16, 64);
         let shards = (0..nshards).map(|i| CachePadded::new(Mutex::new_indexed(&CIL_SHARD, i as u64, CilShard::default()))).collect();
         let log_start = geo.ag_layout(0).log;
         let j = Arc::new(Journal {
@@ -222,6 +226,7 @@ impl Journal {
             open_seq: AtomicU64::new(1),
             durable_seq: AtomicU64::new(0),
             cil_bytes: AtomicU64::new(0),
+            push_pending: AtomicBool::new(false),
             push: Mutex::new(&LOG_PUSH, ()),
             data_dirty: AtomicBool::new(false),
             on_durable,
@@ -313,7 +318,13 @@ impl Journal {
         Ok(())
     }
 
+    /// Wake the background checkpoint. Every commit past the push threshold asks until the
+    /// worker has switched the CIL, so the flag keeps all but the first of them off the
+    /// worker's lock (which would otherwise be a global lock on the commit path).
     fn request_push(&self) {
+        if self.push_pending.load(Relaxed) || self.push_pending.swap(true, AcqRel) {
+            return;
+        }
         let mut w = self.worker.lock();
         if !w.push_requested {
             w.push_requested = true;
@@ -487,6 +498,9 @@ impl Journal {
                 }
                 w.push_requested = false;
             }
+            // Cleared before the switch: a commit that crosses the threshold after it asks
+            // again, and the loop comes round for it.
+            self.push_pending.store(false, Release);
             if self.cil_bytes.load(Relaxed) > 0 && self.checkpoint().is_ok() {
                 self.stats.background_checkpoints.fetch_add(1, Relaxed);
             }
