@@ -11,7 +11,9 @@ use std::sync::Arc;
 const BYTES_PER_INODE: u64 = 2048;
 /// Free inodes and blocks beyond the workload's need (directory B+trees, other runs).
 const HEADROOM_PERCENT: u64 = 50;
-const MIN_SIZE: u64 = 512 << 20;
+/// Large enough for AGs that can hold `LOG_BYTES` (a log is at most half an AG); sparse in
+/// /dev/shm, an image costs only what is written.
+const MIN_SIZE: u64 = 2 << 30;
 /// A large log: checkpoints, not log space, should pace the benchmark.
 const LOG_BYTES: u64 = 256 << 20;
 const SIZE_ROUNDING: u64 = 64 << 20;
