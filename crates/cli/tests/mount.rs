@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{is_mounted, run, stderr, unavailable, BIN};
+use common::{daemon_pid, is_mounted, run, stderr, unavailable, BIN};
 
 
 
@@ -160,17 +160,4 @@ fn damaged_image_is_refused_without_a_stale_mount() {
     let err = stderr(&o);
     assert!(err.starts_with("ferrofs: ") && err.contains("superblock"), "{err}");
     assert!(!is_mounted(&s.mnt));
-}
-
-/// The daemon holding `image` open (found through /proc, as `fuser` would).
-fn daemon_pid(image: &Path) -> i32 {
-    let canon = image.canonicalize().unwrap();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else { continue };
-        if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == canon)) && pid != std::process::id() as i32 {
-            return pid;
-        }
-    }
-    panic!("no process holds {}", image.display());
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{is_mounted, stderr, unavailable, BIN};
+use common::{daemon_pid, is_mounted, stderr, unavailable, BIN};
 
 
 
@@ -89,18 +89,6 @@ impl Drop for Scratch {
     }
 }
 
-/// The process holding `image` open (found through /proc, as `fuser` would).
-fn daemon_pid(image: &Path) -> i32 {
-    let canon = image.canonicalize().unwrap();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else { continue };
-        if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == canon)) && pid != std::process::id() as i32 {
-            return pid;
-        }
-    }
-    panic!("no process holds {}", image.display());
-}
 
 /// Whether `pid` still runs (a zombie has ended: its parent merely has not reaped it).
 fn running(pid: i32) -> bool {

@@ -1,25 +1,13 @@
 //! API behaviour on an in-memory device: every operation, its errors, and persistence
 //! across unmount and remount.
 
-use ferrofs::dev::{BlockDevice, MemDevice};
+use ferrofs::dev::MemDevice;
 use ferrofs::*;
 use std::sync::Arc;
 
-const ROOT: u64 = 1;
-const C: Cred = Cred { uid: 1000, gid: 1000 };
+mod common;
 
-fn fresh(size: u64) -> (Arc<MemDevice>, FileSystem) {
-    let dev = Arc::new(MemDevice::new(size));
-    FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
-    let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
-    (dev, fs)
-}
-
-fn remount(dev: &Arc<MemDevice>, fs: FileSystem) -> FileSystem {
-    fs.unmount().unwrap();
-    drop(fs);
-    FileSystem::mount_device(dev.clone() as Arc<dyn BlockDevice>, &MountOptions::default()).unwrap()
-}
+use common::{fresh, remount, C, ROOT};
 
 fn names(fs: &FileSystem, dir: u64) -> Vec<Vec<u8>> {
     let mut v = Vec::new();

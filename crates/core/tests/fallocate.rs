@@ -2,25 +2,12 @@
 //! modes and arguments, ENOSPC, preallocated space on a full file system, multi-transaction
 //! ranges; each across a remount and with fsck clean at the end.
 
-use ferrofs::dev::{BlockDevice, MemDevice};
+use ferrofs::dev::MemDevice;
 use ferrofs::*;
-use std::sync::Arc;
 
-const ROOT: u64 = 1;
-const C: Cred = Cred { uid: 1000, gid: 1000 };
+mod common;
 
-fn fresh(size: u64) -> (Arc<MemDevice>, FileSystem) {
-    let dev = Arc::new(MemDevice::new(size));
-    FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
-    let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
-    (dev, fs)
-}
-
-fn remount(dev: &Arc<MemDevice>, fs: FileSystem) -> FileSystem {
-    fs.unmount().unwrap();
-    drop(fs);
-    FileSystem::mount_device(dev.clone() as Arc<dyn BlockDevice>, &MountOptions::default()).unwrap()
-}
+use common::{fresh, remount, C, ROOT};
 
 fn fsck_clean(dev: &MemDevice) {
     let report = ferrofs::fsck::check(dev, &ferrofs::fsck::FsckOptions::default(), &|_, _, _| {}).unwrap();

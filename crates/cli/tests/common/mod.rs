@@ -28,3 +28,16 @@ pub fn is_mounted(dir: &Path) -> bool {
     let canon = dir.canonicalize().unwrap();
     std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(m) == canon))
 }
+
+/// The daemon (any other process) holding `image` open (found through /proc, as `fuser` would).
+pub fn daemon_pid(image: &Path) -> i32 {
+    let canon = image.canonicalize().unwrap();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else { continue };
+        if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == canon)) && pid != std::process::id() as i32 {
+            return pid;
+        }
+    }
+    panic!("no process holds {}", image.display());
+}
