@@ -5,7 +5,7 @@
 //! side by side, or a shared daemon of the machine, never meet. Skips where /dev/fuse or root
 //! is missing.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
