@@ -18,7 +18,7 @@ pub const XATTR_CREATE: u32 = 1;
 pub const XATTR_REPLACE: u32 = 2;
 
 fn inline_entries(di: &DiskInode) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let a = &di.xattr_inline;
+    let a = di.xattr_inline.bytes();
     let mut out = Vec::new();
     let mut at = 0;
     while at + 2 <= a.len() && a[at] != 0 {
@@ -38,7 +38,11 @@ fn inline_bytes(entries: &[(Vec<u8>, Vec<u8>)]) -> usize {
 
 fn store_inline(di: &mut DiskInode, entries: &[(Vec<u8>, Vec<u8>)]) {
     debug_assert!(inline_bytes(entries) <= XATTR_INLINE_SIZE);
-    let a = &mut di.xattr_inline;
+    if entries.is_empty() {
+        di.xattr_inline.clear();
+        return;
+    }
+    let a = di.xattr_inline.bytes_mut();
     a.fill(0);
     let mut at = 0;
     for (n, v) in entries {
@@ -146,6 +150,6 @@ pub fn destroy(s: &mut TxStore, di: &mut DiskInode) -> Result<()> {
         btree::destroy(s, di.xattr_root)?;
         di.xattr_root = 0;
     }
-    di.xattr_inline.fill(0);
+    di.xattr_inline.clear();
     Ok(())
 }

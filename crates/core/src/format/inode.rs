@@ -92,7 +92,32 @@ pub struct DiskInode {
     /// Root of the xattr B+tree, 0 if all xattrs are inline.
     pub xattr_root: u64,
     pub fork: Fork,
-    pub xattr_inline: [u8; XATTR_INLINE_SIZE],
+    pub xattr_inline: XattrArea,
+}
+
+/// The inode's inline xattr area. In memory it is allocated only while it holds something:
+/// most inodes have no xattrs, and the bytes saved are per cached inode.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct XattrArea(Option<Box<[u8; XATTR_INLINE_SIZE]>>);
+
+static EMPTY_XATTR_AREA: [u8; XATTR_INLINE_SIZE] = [0; XATTR_INLINE_SIZE];
+
+impl XattrArea {
+    pub fn from_bytes(b: &[u8; XATTR_INLINE_SIZE]) -> XattrArea {
+        XattrArea(b.iter().any(|&x| x != 0).then(|| Box::new(*b)))
+    }
+
+    pub fn bytes(&self) -> &[u8; XATTR_INLINE_SIZE] {
+        self.0.as_deref().unwrap_or(&EMPTY_XATTR_AREA)
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8; XATTR_INLINE_SIZE] {
+        self.0.get_or_insert_with(|| Box::new([0; XATTR_INLINE_SIZE]))
+    }
+
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
 }
 
 pub const S_IFMT: u16 = 0o170000;
@@ -130,7 +155,7 @@ impl DiskInode {
             parent: 0,
             xattr_root: 0,
             fork: Fork::Empty,
-            xattr_inline: [0; XATTR_INLINE_SIZE],
+            xattr_inline: XattrArea::default(),
         }
     }
 
@@ -182,7 +207,7 @@ impl DiskInode {
         let (fmt, len) = self.encode_fork(&mut out[FORK_OFF..FORK_OFF + FORK_SIZE]);
         out[3] = fmt;
         out[128] = len;
-        out[XATTR_INLINE_OFF..].copy_from_slice(&self.xattr_inline);
+        out[XATTR_INLINE_OFF..].copy_from_slice(self.xattr_inline.bytes());
         let crc = crc_with_hole(out, 4);
         put_u32(out, 4, crc);
     }
@@ -256,7 +281,7 @@ impl DiskInode {
             parent: get_u64(b, 112),
             xattr_root: get_u64(b, 120),
             fork,
-            xattr_inline: b[XATTR_INLINE_OFF..].try_into().unwrap(),
+            xattr_inline: XattrArea::from_bytes(b[XATTR_INLINE_OFF..].try_into().unwrap()),
         };
         di.check_shape(geo).map_err(bad)?;
         Ok(di)
@@ -325,7 +350,7 @@ impl DiskInode {
         if self.xattr_root != 0 && !geo.is_data_range(self.xattr_root, 1) {
             return Err(format!("xattr root {} outside the data area", self.xattr_root));
         }
-        if !xattr_inline_valid(&self.xattr_inline) {
+        if !xattr_inline_valid(self.xattr_inline.bytes()) {
             return Err("inline xattr list overruns its area".into());
         }
         if self.orphan_slot > geo.orphan_slots_per_ag {
