@@ -26,7 +26,7 @@ const CRED: Cred = Cred { uid: 1000, gid: 1000 };
 const IMAGE_SIZE: u64 = 64 << 20;
 const BS: u64 = BLOCK_SIZE as u64;
 /// A case takes milliseconds; the watchdog only tells a hang from a slow machine, so it is
-/// generous: a saturated 2-core machine once stretched a case past 10 s.
+/// generous (10 s was suspected of one failure on a saturated 2-core machine).
 const WATCHDOG: Duration = Duration::from_secs(60);
 
 type Checked = std::result::Result<(), String>;
