@@ -299,39 +299,17 @@ impl Report {
             return;
         };
         let names: Vec<&str> = first.phases.iter().map(|p| p.phase).collect();
-        let heads: Vec<String> = names
-            .iter()
-            .map(|n| format!("{:>27}", format!("{n} ops/s")))
-            .collect();
-        println!("{:<8} {:>7} {}", "layout", "threads", heads.join(" "));
-        for c in &self.cycles {
-            let cells: Vec<String> = c
-                .phases
-                .iter()
-                .map(|p| format!("{:>27}", rate_cell(p)))
-                .collect();
-            println!(
-                "{:<8} {:>7} {}",
-                c.layout.name(),
-                c.threads,
-                cells.join(" ")
-            );
-        }
+        self.print_phase_table(names.iter().map(|n| format!("{:>27}", format!("{n} ops/s"))), |p| format!("{:>27}", rate_cell(p)));
         println!("\nCPU time per operation, us (median; whole process, engine threads included):");
-        let heads: Vec<String> = names.iter().map(|n| format!("{n:>8}")).collect();
-        println!("{:<8} {:>7} {}", "layout", "threads", heads.join(" "));
+        self.print_phase_table(names.iter().map(|n| format!("{n:>8}")), |p| format!("{:>8.2}", p.cpu_us_per_op_median));
+    }
+
+    /// One row per cycle (layout, threads), one column per phase.
+    fn print_phase_table(&self, heads: impl Iterator<Item = String>, cell: impl Fn(&PhaseStats) -> String) {
+        println!("{:<8} {:>7} {}", "layout", "threads", heads.collect::<Vec<_>>().join(" "));
         for c in &self.cycles {
-            let cells: Vec<String> = c
-                .phases
-                .iter()
-                .map(|p| format!("{:>8.2}", p.cpu_us_per_op_median))
-                .collect();
-            println!(
-                "{:<8} {:>7} {}",
-                c.layout.name(),
-                c.threads,
-                cells.join(" ")
-            );
+            let cells: Vec<String> = c.phases.iter().map(&cell).collect();
+            println!("{:<8} {:>7} {}", c.layout.name(), c.threads, cells.join(" "));
         }
     }
 
