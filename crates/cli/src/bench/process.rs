@@ -64,8 +64,10 @@ pub fn release_free_heap() {
 mod tests {
     #[test]
     fn reads_own_status() {
+        // Each field is read on its own, and the kernel's per-thread RSS counters are folded
+        // in lazily, so no order between the two readings is asserted: only that both parse.
         assert!(super::rss_bytes() > 0);
-        assert!(super::peak_rss_bytes() >= super::rss_bytes());
+        assert!(super::peak_rss_bytes() > 0);
         assert!(super::cpu_time() > std::time::Duration::ZERO);
     }
 }
