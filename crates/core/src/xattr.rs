@@ -54,9 +54,10 @@ fn store_inline(di: &mut DiskInode, entries: &[(Vec<u8>, Vec<u8>)]) {
     }
 }
 
+/// The name of a tree record; None for a record no valid name fits (damage).
 fn tree_name(v: &[u8]) -> Option<&[u8]> {
     let nl = *v.first()? as usize;
-    (nl > 0 && v.len() > nl).then(|| &v[1..1 + nl])
+    (nl > 0 && v.len() > nl && !v[1..1 + nl].contains(&0)).then(|| &v[1..1 + nl])
 }
 
 fn check(name: &[u8], value_len: usize) -> Result<()> {

@@ -388,14 +388,35 @@ impl DiskInode {
 }
 
 /// The inline xattr list (`name_len u8 | value_len u8 | name | value`, ended by a zero
-/// name length or the end of the area) stays inside its 48 bytes.
+/// name length or the end of the area) stays inside its 48 bytes, and no name holds a NUL
+/// (no caller could ask for it by name).
 pub fn xattr_inline_valid(a: &[u8; XATTR_INLINE_SIZE]) -> bool {
     let mut at = 0;
     while at + 2 <= a.len() && a[at] != 0 {
-        at += 2 + a[at] as usize + a[at + 1] as usize;
-        if at > a.len() {
+        let name = at + 2..at + 2 + a[at] as usize;
+        at = name.end + a[at + 1] as usize;
+        if at > a.len() || a[name].contains(&0) {
             return false;
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_xattr_lists_are_checked() {
+        let mut a = [0u8; XATTR_INLINE_SIZE];
+        assert!(xattr_inline_valid(&a), "an empty list");
+        a[..6].copy_from_slice(&[2, 2, b'a', b'b', 1, 2]);
+        assert!(xattr_inline_valid(&a), "one entry");
+        a[3] = 0;
+        assert!(!xattr_inline_valid(&a), "a NUL in a name (found by the corruption sweep)");
+        a[3] = b'b';
+        a[7] = XATTR_INLINE_SIZE as u8;
+        a[6] = 1;
+        assert!(!xattr_inline_valid(&a), "an entry overrunning the area");
+    }
 }
