@@ -58,10 +58,8 @@ pub struct Entry {
 }
 
 fn decode(key: u64, v: &[u8], dir: u64) -> Result<Entry> {
-    if v.len() < 10 || v.len() > 9 + NAME_MAX {
-        return Err(Error::corrupt("directory entry", dir, format!("value of {} bytes", v.len())));
-    }
-    Ok(Entry { key, ino: get_u64(v, 0), ftype: v[8], name: v[9..].to_vec() })
+    let name = entry_name(v).ok_or_else(|| Error::corrupt("directory entry", dir, format!("key {key:#x}: value of {} bytes or a name no caller could give", v.len())))?;
+    Ok(Entry { key, ino: get_u64(v, 0), ftype: v[8], name: name.to_vec() })
 }
 
 fn encode(ino: u64, ftype: u8, name: &[u8]) -> Vec<u8> {
@@ -106,8 +104,12 @@ pub(crate) fn probe_hashed(
     Ok((found, next_free))
 }
 
+/// The name of a stored entry; None when the value is malformed or the name breaks the
+/// rules `check_name` enforces on the way in (damage: readdir must not hand out a name that
+/// lookup would refuse).
 fn entry_name(v: &[u8]) -> Option<&[u8]> {
-    (v.len() >= 10 && v.len() <= 9 + NAME_MAX).then(|| &v[9..])
+    let name = v.get(9..)?;
+    check_name(name).is_ok().then_some(name)
 }
 
 fn probe(store: &mut dyn NodeStore, root: u64, dir: u64, name: &[u8]) -> Result<(Option<Entry>, Option<u64>)> {
@@ -168,4 +170,19 @@ pub fn read(m: &Mount, dir: u64, di: &DiskInode, cookie: u64, f: &mut dyn FnMut(
 
 pub fn cookie_of(e: &Entry) -> u64 {
     e.key + 3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_names_follow_the_rules_for_given_ones() {
+        assert_eq!(decode(7, &encode(12, 8, b"entry"), 2).unwrap().name, b"entry");
+        // Damage the corruption sweep found: names readdir would list and lookup refuse.
+        for bad in [&b"en/ry"[..], b"a\0b", b".", b"..", b""] {
+            assert!(matches!(decode(7, &encode(12, 8, bad), 2), Err(Error::Corrupt { .. })), "{bad:?}");
+        }
+        assert!(matches!(decode(7, &encode(12, 8, &[b'x'; NAME_MAX + 1]), 2), Err(Error::Corrupt { .. })));
+    }
 }
