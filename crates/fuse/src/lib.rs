@@ -56,7 +56,7 @@
 //! CAP_FSETID, CAP_SYS_ADMIN) and no other uid is. Supplementary groups are read from
 //! `/proc/<pid>/status` only when an answer depends on them (caller not the owner, not in
 //! the file's group by its gid, and the group and other bits disagree); a caller that has
-//! exited counts with its primary group only.
+//! exited (or that the mount's pid namespace cannot see) counts with its primary group only.
 //!
 //! Setuid and setgid bits: without `FUSE_HANDLE_KILLPRIV` the kernel clears them itself, by
 //! a setattr after a write or truncate by someone other than the owner (allowed here for a

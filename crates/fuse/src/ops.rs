@@ -470,7 +470,8 @@ impl fuser::Filesystem for FerroFuse {
         match self.call("setattr", |fs| fs.setattr(ino.0, &sa)) {
             Ok(a) => {
                 reply.attr(&self.attr_ttl, &file_attr(&a));
-                if before.is_some_and(|b| b.kind == ferrofs::FileType::Directory && self.entry_ttl_in(&b) != self.entry_ttl_in(&a)) {
+                // Names cached with the long timeout while everyone could search here.
+                if before.is_some_and(|b| b.kind == ferrofs::FileType::Directory && searchable_by_all(b.perm) && !searchable_by_all(a.perm)) {
                     self.forget_names_in(ino.0);
                 }
             }
