@@ -34,7 +34,8 @@ pub struct MountArgs {
     pub image: PathBuf,
     /// An existing directory to mount on.
     pub mountpoint: PathBuf,
-    /// Mount options, comma separated: ro, rw, allow_other, allow_root, default_permissions,
+    /// Mount options, comma separated: ro, rw, allow_other, allow_root, default_permissions
+    /// (the kernel checks permissions instead of ferrofs),
     /// threads=N, cache_size=SIZE, writeback_cache, entry_timeout=SECS, attr_timeout=SECS
     /// (default 3600), fsname=NAME, and the generic ones (noatime, nosuid, nodev, noexec,
     /// ...), which go to the kernel.

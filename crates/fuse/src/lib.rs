@@ -38,18 +38,50 @@
 //!
 //! # Permissions
 //!
-//! The engine checks no permissions; [`MountConfig::default_permissions`] (on by default)
-//! lets the kernel check mode bits, ownership and sticky directories against the attributes
-//! we return. New files belong to the caller (`uid`/`gid` of the request; the engine gives
-//! them a setgid directory's group) and get the caller's umask.
+//! The engine checks no permissions; the adapter does (`access.rs`), before each request
+//! reaches the engine, with the kernel's rules: `generic_permission` (owner, group — the
+//! caller's primary and supplementary groups — or other, exclusively), `may_create`/
+//! `may_delete` (write and search on the parent; in a sticky directory only the entry's or
+//! the directory's owner removes or replaces an entry), `vfs_rename` (a directory moving to
+//! another parent needs write on itself), `may_open` (the access mode; execve's open needs
+//! execute), `setattr_prepare`/`may_setattr` (chmod by the owner, S_ISGID dropped for an
+//! owner outside the group; chown by root only; chgrp by the owner to one of its groups;
+//! truncate needs write unless through an open file; times to a chosen value need
+//! ownership, to "now" ownership or write), `may_linkat` with `protected_hardlinks`, and
+//! `xattr_permission` (user.* by read/write permission, only on files and directories;
+//! trusted.* root only; security.* written by root only). `access(2)` and `chdir` arrive as
+//! FUSE ACCESS requests and get the same answer. FUSE gives a request's uid, gid and pid
+//! but not its capabilities, so uid 0 is taken as privileged (CAP_DAC_OVERRIDE: read and
+//! write anything, execute what has an x bit, search any directory; CAP_FOWNER, CAP_CHOWN,
+//! CAP_FSETID, CAP_SYS_ADMIN) and no other uid is. Supplementary groups are read from
+//! `/proc/<pid>/status` only when an answer depends on them (caller not the owner, not in
+//! the file's group by its gid, and the group and other bits disagree); a caller that has
+//! exited (or that the mount's pid namespace cannot see) counts with its primary group only.
 //!
-//! It has a price: after each create or unlink the kernel forgets the parent's attributes and
-//! fetches them again (a GETATTR round trip) for the next permission check. Measured with 8
-//! clients creating then unlinking 40,000 files on a 2-CPU VM: unlink 19-22k files/s with
-//! `default_permissions`, 33-35k with it off and 3600 s timeouts — minifuse's settings, and its
-//! 31-40k files/s. `ferrofs bench fsmark` with the kernel's fuse tracepoints shows the requests
-//! per removed file: UNLINK + GETATTR here, UNLINK alone for minifuse; minifuse mounted with
-//! `default_permissions` also sends both, and loses about a third of its removal rate.
+//! Setuid and setgid bits: without `FUSE_HANDLE_KILLPRIV` the kernel clears them itself, by
+//! a setattr after a write or truncate by someone other than the owner (allowed here for a
+//! mode change that only drops those bits, by a caller who may write the file) and within
+//! the setattr of a chown.
+//!
+//! Why not the kernel's checks (`default_permissions`, still available with
+//! [`MountConfig::default_permissions`]): after each create or unlink the kernel forgets the
+//! parent's attributes and, with `default_permissions`, must fetch them again (a GETATTR
+//! round trip) before its next permission check. Measured with 8 clients creating then
+//! unlinking 40,000 files on a 2-CPU VM: unlink 19-22k files/s with `default_permissions`,
+//! 33-35k without — minifuse's settings, and its 31-40k files/s. `ferrofs bench fsmark` with
+//! the kernel's fuse tracepoints shows the requests per removed file: UNLINK + GETATTR with
+//! it, UNLINK alone without; minifuse mounted with `default_permissions` also sends both,
+//! and loses about a third of its removal rate. With the checks here, `ferrofs bench fsmark`
+//! removal went from 0.47x to 0.63x minifuse (8 threads; `docs/bench-fsmark.md`).
+//!
+//! What the kernel caches is not checked again: a path walk through names it holds sends no
+//! LOOKUP. So names in a directory that some class may not search are given entry timeout 0
+//! (each walk through them comes here as a LOOKUP by the walking process), and when a
+//! directory stops being searchable by everyone its names are invalidated
+//! (`FUSE_NOTIFY_INVAL_ENTRY`, one per entry) right after the chmod is answered — the kernel
+//! holds the directory's lock until then. A walk racing that chmod may still pass, as one
+//! that started before it would. Names in directories everyone may search keep the long
+//! timeout, so the common case costs nothing.
 //!
 //! # Why the timeouts are long
 //!
@@ -60,6 +92,7 @@
 //! minifuse does. With the former 1 s default, `rm -rf` of files created more than a second
 //! earlier sent a LOOKUP for ~94% of them on top of UNLINK and GETATTR.
 
+mod access;
 mod control;
 mod ops;
 mod options;
@@ -100,10 +133,11 @@ pub struct MountConfig {
     /// Let users other than the one mounting use the mount (`allow_other`; a non-root user
     /// needs `user_allow_other` in /etc/fuse.conf).
     pub allow_other: bool,
-    /// Let the kernel check permissions (`default_permissions`). On by default: the engine
-    /// itself checks none, so turning this off gives every user that can reach the mount
-    /// full access. (A fresh image's root directory is root's, 0755: a user mounting one
-    /// through fusermount3 with this on cannot write into it.)
+    /// Let the kernel check permissions (`default_permissions`) instead of the adapter. Off
+    /// by default: the adapter's checks are the same rules and save a GETATTR per create and
+    /// unlink (see "Permissions" in the crate docs). Either way a fresh image's root
+    /// directory is root's, 0755: a user mounting one through fusermount3 cannot write into
+    /// it until root gives it away.
     pub default_permissions: bool,
     /// Source name shown in /proc/mounts; default `ferrofs:<image path>`.
     pub fs_name: Option<String>,
@@ -141,7 +175,7 @@ impl MountConfig {
             mountpoint: mountpoint.into(),
             read_only: false,
             allow_other: false,
-            default_permissions: true,
+            default_permissions: false,
             fs_name: None,
             threads: 0,
             entry_timeout: DEFAULT_TIMEOUT,
@@ -266,6 +300,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     }
     let fs = Arc::new(open_engine(opts)?);
     let adapter = ops::FerroFuse::new(fs.clone(), opts);
+    let notifier = adapter.notifier_slot();
     let mut session = match Session::new(adapter, &opts.mountpoint, &opts.fuser_config()) {
         Ok(s) => s,
         Err(source) => {
@@ -276,6 +311,8 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
             return Err(MountError::Fuse { path: opts.mountpoint.clone(), source });
         }
     };
+    // Before any request is served: the session's threads start only in `run`.
+    let _ = notifier.set(session.notifier());
     let unmounter = session.unmount_callable();
     let mountpoint = opts.mountpoint.clone();
     // Weak: the handle reads the cache usage while the session lives, but must not keep the

@@ -4,20 +4,25 @@
 //! carry nothing: the engine keeps one open count per inode, taken by `open`/`opendir`/
 //! `create` and dropped by `release`/`releasedir`, so an unlinked file lives until its last
 //! close. `forget` is a no-op: the engine keeps its own inode cache.
+//!
+//! Unless the kernel checks permissions (`default_permissions`), each request is checked
+//! against the engine's attributes with [`crate::access`] before the engine changes anything.
 
+use crate::access::{searchable_by_all, Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
 use crate::seek::{self, Whence};
 use crate::{MountConfig, MAX_WRITE};
 use ferrofs::format::inode::Timespec;
 use ferrofs::{Attr, Cred, DirEntry, FileSystem, SetAttr};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, Notifier, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Directory entries fetched from the engine per call while filling one readdir reply.
@@ -28,13 +33,29 @@ pub struct FerroFuse {
     entry_ttl: Duration,
     attr_ttl: Duration,
     writeback_cache: bool,
+    /// Check permissions here: the kernel does not (no `default_permissions`).
+    checks: bool,
+    /// Set once the session exists: drops names the kernel may no longer cache.
+    notifier: Arc<OnceLock<Notifier>>,
 }
 
 type Res<T> = std::result::Result<T, Errno>;
 
 impl FerroFuse {
     pub fn new(fs: Arc<FileSystem>, opts: &MountConfig) -> FerroFuse {
-        FerroFuse { fs, entry_ttl: opts.entry_timeout, attr_ttl: opts.attr_timeout, writeback_cache: opts.writeback_cache }
+        FerroFuse {
+            fs,
+            entry_ttl: opts.entry_timeout,
+            attr_ttl: opts.attr_timeout,
+            writeback_cache: opts.writeback_cache,
+            checks: !opts.default_permissions,
+            notifier: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Where the session's notifier goes once the session exists.
+    pub fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
+        self.notifier.clone()
     }
 
     /// Call the engine. An error becomes its errno; a panic (an engine bug) is contained:
@@ -57,10 +78,131 @@ impl FerroFuse {
         }
     }
 
-    fn reply_entry(&self, reply: ReplyEntry, res: Res<Attr>) {
+    fn reply_entry(&self, reply: ReplyEntry, entry_ttl: Duration, res: Res<Attr>) {
         match res {
-            Ok(a) => reply.entry_with_ttls(&self.attr_ttl, &self.entry_ttl, &file_attr(&a), Generation(a.generation as u64)),
+            Ok(a) => reply.entry_with_ttls(&self.attr_ttl, &entry_ttl, &file_attr(&a), Generation(a.generation as u64)),
             Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, op: &'static str, ino: u64) -> Res<Attr> {
+        self.call(op, |fs| fs.getattr(ino))
+    }
+
+    /// How long the kernel may cache names in a directory of this mode. Path walks through
+    /// cached names reach no server, so where some class may not search the directory every
+    /// walk must come back here (a LOOKUP as the walking process) to be checked.
+    fn entry_ttl_in(&self, dir: &Attr) -> Duration {
+        if self.checks && !searchable_by_all(dir.perm) {
+            Duration::ZERO
+        } else {
+            self.entry_ttl
+        }
+    }
+
+    /// Check `mask` on directory `dir` for the caller (when the adapter checks); the entry
+    /// timeout for names in it.
+    fn enter_dir(&self, req: &Request, op: &'static str, dir: u64, mask: u32) -> Res<Duration> {
+        if !self.checks {
+            return Ok(self.entry_ttl);
+        }
+        let d = self.getattr(op, dir)?;
+        caller(req).check(&d, mask)?;
+        Ok(self.entry_ttl_in(&d))
+    }
+
+    /// A new name in `dir` (mknod, mkdir, symlink, link): write and search on it first.
+    fn make_entry(&self, req: &Request, op: &'static str, dir: u64, reply: ReplyEntry, make: impl FnOnce(&FileSystem) -> ferrofs::Result<Attr>) {
+        match self.enter_dir(req, op, dir, MAY_WRITE | MAY_EXEC) {
+            Ok(ttl) => {
+                let res = self.call(op, make);
+                self.reply_entry(reply, ttl, res);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// `may_delete` for unlink and rmdir: write and search on the directory, and the sticky
+    /// rule.
+    fn may_remove(&self, req: &Request, op: &'static str, dir: u64, name: &[u8]) -> Res<()> {
+        if !self.checks {
+            return Ok(());
+        }
+        let c = caller(req);
+        let d = self.getattr(op, dir)?;
+        c.may_create(&d)?;
+        if d.perm & libc::S_ISVTX as u16 != 0 {
+            let victim = self.call(op, |fs| fs.lookup(dir, name))?;
+            c.may_delete_from_sticky(&d, &victim)?;
+        }
+        Ok(())
+    }
+
+    /// `vfs_rename`'s checks: write and search on both directories, the sticky rule for the
+    /// source and a replaced or exchanged target, and write on a directory that moves to
+    /// another parent (its ".." changes).
+    fn may_rename(&self, req: &Request, from: (u64, &[u8]), to: (u64, &[u8]), flags: u32) -> Res<()> {
+        if !self.checks {
+            return Ok(());
+        }
+        let c = caller(req);
+        let sticky = |d: &Attr| d.perm & libc::S_ISVTX as u16 != 0;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let moves = from.0 != to.0;
+        let from_dir = self.getattr("rename", from.0)?;
+        c.may_create(&from_dir)?;
+        let to_dir = if moves { self.getattr("rename", to.0)? } else { from_dir.clone() };
+        if moves {
+            c.may_create(&to_dir)?;
+        }
+        if sticky(&from_dir) || moves {
+            let source = self.call("rename", |fs| fs.lookup(from.0, from.1))?;
+            if sticky(&from_dir) {
+                c.may_delete_from_sticky(&from_dir, &source)?;
+            }
+            if moves && source.kind == ferrofs::FileType::Directory {
+                c.check(&source, MAY_WRITE)?;
+            }
+        }
+        if sticky(&to_dir) || (moves && exchange) {
+            let target = match self.call("rename", |fs| fs.lookup(to.0, to.1)) {
+                Ok(t) => t,
+                Err(Errno::ENOENT) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            if sticky(&to_dir) {
+                c.may_delete_from_sticky(&to_dir, &target)?;
+            }
+            if moves && exchange && target.kind == ferrofs::FileType::Directory {
+                c.check(&target, MAY_WRITE)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Check an xattr request on `ino` (when the adapter checks).
+    fn may_xattr(&self, req: &Request, op: &'static str, ino: u64, name: &[u8], mask: u32) -> Res<()> {
+        if !self.checks {
+            return Ok(());
+        }
+        caller(req).may_xattr(&self.getattr(op, ino)?, name, mask)
+    }
+
+    /// Make the kernel forget every name it may have cached in `dir` (with the long timeout
+    /// of a directory everyone could search), so the next walk through each is checked.
+    /// Call only after replying: the kernel holds the directory's lock until the reply, and
+    /// the invalidation waits for that lock.
+    fn forget_names_in(&self, dir: u64) {
+        let Some(notifier) = self.notifier.get() else { return };
+        let res = self.fill_dir(dir, 0, |e| {
+            if e.name != b"." && e.name != b".." {
+                // ENOENT: the kernel had not cached that name.
+                let _ = notifier.inval_entry(INodeNo(dir), OsStr::from_bytes(&e.name));
+            }
+            false
+        });
+        if let Err(e) = res {
+            eprintln!("ferrofs: cannot list directory {dir} to drop its cached names: {e:?}");
         }
     }
 
@@ -107,6 +249,17 @@ impl FerroFuse {
 
 fn cred(req: &Request) -> Cred {
     Cred { uid: req.uid(), gid: req.gid() }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller::new(req.uid(), req.gid(), req.pid())
+}
+
+fn reply_empty(reply: ReplyEmpty, res: Res<()>) {
+    match res {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
 }
 
 /// The permission bits of a new inode: the caller's umask applied. Without FUSE_DONT_MASK
@@ -260,10 +413,14 @@ impl fuser::Filesystem for FerroFuse {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let ttl = match self.enter_dir(req, "lookup", parent.0, MAY_EXEC) {
+            Ok(ttl) => ttl,
+            Err(e) => return reply.error(e),
+        };
         match self.call("lookup", |fs| fs.lookup(parent.0, name.as_bytes())) {
-            Err(Errno::ENOENT) if !self.entry_ttl.is_zero() => reply.entry_with_ttls(&Duration::ZERO, &self.entry_ttl, &negative_attr(), Generation(0)),
-            res => self.reply_entry(reply, res),
+            Err(Errno::ENOENT) if !ttl.is_zero() => reply.entry_with_ttls(&Duration::ZERO, &ttl, &negative_attr(), Generation(0)),
+            res => self.reply_entry(reply, ttl, res),
         }
     }
 
@@ -276,7 +433,7 @@ impl fuser::Filesystem for FerroFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -285,14 +442,14 @@ impl fuser::Filesystem for FerroFuse {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let sa = SetAttr {
+        let mut sa = SetAttr {
             mode: mode.map(|m| (m & 0o7777) as u16),
             uid,
             gid,
@@ -301,8 +458,23 @@ impl fuser::Filesystem for FerroFuse {
             mtime: mtime.map(time_or_now),
             ctime: ctime.map(request_time),
         };
+        let before = match self.checks.then(|| self.getattr("setattr", ino.0)).transpose() {
+            Ok(b) => b,
+            Err(e) => return reply.error(e),
+        };
+        if let Some(b) = &before {
+            if let Err(e) = caller(req).may_setattr(b, &mut sa, fh.is_some()) {
+                return reply.error(e);
+            }
+        }
         match self.call("setattr", |fs| fs.setattr(ino.0, &sa)) {
-            Ok(a) => reply.attr(&self.attr_ttl, &file_attr(&a)),
+            Ok(a) => {
+                reply.attr(&self.attr_ttl, &file_attr(&a));
+                // Names cached with the long timeout while everyone could search here.
+                if before.is_some_and(|b| b.kind == ferrofs::FileType::Directory && searchable_by_all(b.perm) && !searchable_by_all(a.perm)) {
+                    self.forget_names_in(ino.0);
+                }
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -315,47 +487,48 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
-        let res = self.call("mknod", |fs| fs.mknod(parent.0, name.as_bytes(), masked(mode, umask), rdev as u64, cred(req)));
-        self.reply_entry(reply, res);
+        self.make_entry(req, "mknod", parent.0, reply, |fs| fs.mknod(parent.0, name.as_bytes(), masked(mode, umask), rdev as u64, cred(req)));
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        let res = self.call("mkdir", |fs| fs.mkdir(parent.0, name.as_bytes(), masked(mode & 0o7777, umask), cred(req)));
-        self.reply_entry(reply, res);
+        self.make_entry(req, "mkdir", parent.0, reply, |fs| fs.mkdir(parent.0, name.as_bytes(), masked(mode & 0o7777, umask), cred(req)));
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.call("unlink", |fs| fs.unlink(parent.0, name.as_bytes())) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let res = self.may_remove(req, "unlink", parent.0, name.as_bytes()).and_then(|()| self.call("unlink", |fs| fs.unlink(parent.0, name.as_bytes())));
+        reply_empty(reply, res);
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.call("rmdir", |fs| fs.rmdir(parent.0, name.as_bytes())) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let res = self.may_remove(req, "rmdir", parent.0, name.as_bytes()).and_then(|()| self.call("rmdir", |fs| fs.rmdir(parent.0, name.as_bytes())));
+        reply_empty(reply, res);
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        let res = self.call("symlink", |fs| fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), cred(req)));
-        self.reply_entry(reply, res);
+        self.make_entry(req, "symlink", parent.0, reply, |fs| fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), cred(req)));
     }
 
-    fn rename(&self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
-        match self.call("rename", |fs| fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits())) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+    fn rename(&self, req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+        let (from, to) = ((parent.0, name.as_bytes()), (newparent.0, newname.as_bytes()));
+        let res = self.may_rename(req, from, to, flags.bits()).and_then(|()| self.call("rename", |fs| fs.rename(from.0, from.1, to.0, to.1, flags.bits())));
+        reply_empty(reply, res);
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        if self.checks {
+            if let Err(e) = self.getattr("link", ino.0).and_then(|a| caller(req).may_link(&a)) {
+                return reply.error(e);
+            }
         }
+        self.make_entry(req, "link", newparent.0, reply, |fs| fs.link(ino.0, newparent.0, newname.as_bytes()));
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        let res = self.call("link", |fs| fs.link(ino.0, newparent.0, newname.as_bytes()));
-        self.reply_entry(reply, res);
-    }
-
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.checks {
+            if let Err(e) = self.getattr("open", ino.0).and_then(|a| caller(req).may_open(&a, flags.0)) {
+                return reply.error(e);
+            }
+        }
         // The kernel is the only writer, so its page cache stays valid across opens.
         match self.call("open", |fs| fs.open(ino.0)) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
@@ -407,7 +580,12 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.checks {
+            if let Err(e) = self.getattr("opendir", ino.0).and_then(|a| caller(req).check(&a, MAY_READ)) {
+                return reply.error(e);
+            }
+        }
         match self.call("opendir", |fs| fs.open(ino.0)) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(e),
@@ -423,11 +601,16 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        // Opening the directory was the check; the mode decides how long names may be cached.
+        let ttl = match self.checks.then(|| self.getattr("readdirplus", ino.0)).transpose() {
+            Ok(dir) => dir.map_or(self.entry_ttl, |d| self.entry_ttl_in(&d)),
+            Err(e) => return reply.error(e),
+        };
         let res = self.fill_dir(ino.0, offset, |e| {
             // Attributes are read after the batch, without the directory's lock. An entry
             // removed meanwhile is left out, as if the listing had been taken a moment later.
             match self.call("readdirplus", |fs| fs.getattr(e.ino)) {
-                Ok(a) => reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(&e.name), &self.entry_ttl, &file_attr(&a), Generation(a.generation as u64)),
+                Ok(a) => reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(&e.name), &ttl, &file_attr(&a), Generation(a.generation as u64)),
                 Err(_) => false,
             }
         });
@@ -458,21 +641,18 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
-        if let Err(e) = check_xattr_name(name.as_bytes()) {
-            return reply.error(e);
-        }
-        match self.call("setxattr", |fs| fs.setxattr(ino.0, name.as_bytes(), value, flags as u32)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+    fn setxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        let name = name.as_bytes();
+        let res = check_xattr_name(name)
+            .and_then(|()| self.may_xattr(req, "setxattr", ino.0, name, MAY_WRITE))
+            .and_then(|()| self.call("setxattr", |fs| fs.setxattr(ino.0, name, value, flags as u32)));
+        reply_empty(reply, res);
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if let Err(e) = check_xattr_name(name.as_bytes()) {
-            return reply.error(e);
-        }
-        reply_xattr(reply, size, self.call("getxattr", |fs| fs.getxattr(ino.0, name.as_bytes())));
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name.as_bytes();
+        let res = check_xattr_name(name).and_then(|()| self.may_xattr(req, "getxattr", ino.0, name, MAY_READ)).and_then(|()| self.call("getxattr", |fs| fs.getxattr(ino.0, name)));
+        reply_xattr(reply, size, res);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
@@ -486,30 +666,43 @@ impl fuser::Filesystem for FerroFuse {
         reply_xattr(reply, size, names);
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if let Err(e) = check_xattr_name(name.as_bytes()) {
-            return reply.error(e);
-        }
-        match self.call("removexattr", |fs| fs.removexattr(ino.0, name.as_bytes())) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.as_bytes();
+        let res = check_xattr_name(name)
+            .and_then(|()| self.may_xattr(req, "removexattr", ino.0, name, MAY_WRITE))
+            .and_then(|()| self.call("removexattr", |fs| fs.removexattr(ino.0, name)));
+        reply_empty(reply, res);
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        // F_OK: the inode exists, or the kernel would not have asked.
+        let res = self.getattr("access", ino.0).and_then(|a| match (mask & (AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK)).bits() {
+            0 => Ok(()),
+            m => caller(req).check(&a, m as u32),
+        });
+        reply_empty(reply, res);
     }
 
     fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
-        let res = self.call("create", |fs| {
-            let attr = match fs.create(parent.0, name.as_bytes(), masked(mode, umask), cred(req)) {
+        let ttl = match self.enter_dir(req, "create", parent.0, MAY_WRITE | MAY_EXEC) {
+            Ok(ttl) => ttl,
+            Err(e) => return reply.error(e),
+        };
+        let res = self
+            .call("create", |fs| match fs.create(parent.0, name.as_bytes(), masked(mode, umask), cred(req)) {
+                Ok(a) => Ok((a, true)),
                 // Without O_EXCL an existing regular file is opened (another creator won).
                 Err(ferrofs::Error::Exists) if flags & libc::O_EXCL == 0 => match fs.lookup(parent.0, name.as_bytes())? {
-                    a if a.kind == ferrofs::FileType::RegularFile => a,
-                    _ => return Err(ferrofs::Error::Exists),
+                    a if a.kind == ferrofs::FileType::RegularFile => Ok((a, false)),
+                    _ => Err(ferrofs::Error::Exists),
                 },
-                r => r?,
-            };
-            fs.open(attr.ino)
-        });
+                Err(e) => Err(e),
+            })
+            // A file the caller did not create opens only as its mode allows.
+            .and_then(|(a, created)| if created || !self.checks { Ok(a) } else { caller(req).may_open(&a, flags).map(|()| a) })
+            .and_then(|a| self.call("create", |fs| fs.open(a.ino)));
         match res {
-            Ok(a) => reply.created(&self.entry_ttl, &file_attr(&a), Generation(a.generation as u64), FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(a) => reply.created(&ttl, &file_attr(&a), Generation(a.generation as u64), FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(e),
         }
     }

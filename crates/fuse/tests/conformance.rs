@@ -1,6 +1,8 @@
 //! POSIX semantics through a real FUSE mount, beyond what `mount.rs` covers: permission checks
-//! (the kernel's `default_permissions` against the attributes ferrofs returns) with other
-//! users and supplementary groups, setuid/setgid clearing, sticky directories, open flags,
+//! (the adapter's; with FERROFS_TEST_DEFAULT_PERMISSIONS=1 the kernel's `default_permissions`
+//! against the attributes ferrofs returns) with other users and supplementary groups,
+//! access(2), chdir and execve, names cached before a directory turned private,
+//! setuid/setgid clearing, sticky directories, open flags,
 //! link counts, symlinks, every rename case, timestamps, xattr namespaces, SEEK_DATA/HOLE,
 //! statfs accounting, files past 4 GiB, readdir under concurrent change, and mmap.
 //!
@@ -1156,4 +1158,153 @@ fn mmap_reads_and_writes() {
         assert!(std::slice::from_raw_parts(p.cast::<u8>(), 8 * 4096) == &expect[..]);
         check(libc::munmap(p, 8 * 4096)).unwrap();
     }
+}
+
+/// Run `path` (a script) with execve in a child forked from an `as_user` thread, which
+/// inherits that thread's identity: 0 if it ran, else the errno execve failed with.
+fn exec_status(path: &Path) -> i32 {
+    let prog = cpath(path);
+    let argv = [prog.as_ptr(), std::ptr::null()];
+    let envp = [std::ptr::null()];
+    // SAFETY: the child calls only execve and _exit (async-signal-safe), on memory prepared
+    // before the fork.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            libc::execve(prog.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            libc::_exit(*libc::__errno_location());
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        libc::WEXITSTATUS(status)
+    }
+}
+
+#[test]
+fn access_chdir_and_exec_follow_the_mode() {
+    let Some(fx) = multi_user_fixture("accessx") else { return };
+    let d = fx.path("d");
+    fs::create_dir(&d).unwrap();
+    let f = d.join("f");
+    fs::write(&f, b"#!/bin/sh\nexit 0\n").unwrap();
+    chown(&f, 1000, 2000).unwrap();
+    chmod(&f, 0o654);
+    for (uid, gid, groups, want) in [(1000, 1, &[][..], [true, true, false]), (3000, 2000, &[], [true, false, true]), (3000, 3000, &[2000], [true, false, true]), (3000, 3000, &[], [true, false, false])] {
+        as_user(uid, gid, groups, || {
+            for (how, ok) in [libc::R_OK, libc::W_OK, libc::X_OK].into_iter().zip(want) {
+                assert_eq!(access(&f, how).is_ok(), ok, "uid {uid} groups {groups:?} access {how}");
+            }
+            access(&f, libc::F_OK).unwrap();
+        });
+    }
+    // Root: read and write anything, execute only what has an x bit.
+    chmod(&f, 0o444);
+    access(&f, libc::W_OK).unwrap();
+    assert_eq!(errno(access(&f, libc::X_OK)), libc::EACCES);
+    // execve: the group may run it, "other" may not, though the file has x bits.
+    chmod(&f, 0o754);
+    as_user(3000, 3000, &[2000], || assert_eq!(exec_status(&f), 0));
+    as_user(3000, 3000, &[], || assert_eq!(exec_status(&f), libc::EACCES));
+    // chdir asks for search permission.
+    chmod(&d, 0o750);
+    chown(&d, 1000, 2000).unwrap();
+    as_user(3000, 3000, &[], || assert_eq!(errno(std::env::set_current_dir(&d)), libc::EACCES));
+    as_user(3000, 3000, &[2000], || std::env::set_current_dir(&d).unwrap());
+}
+
+#[test]
+fn names_in_a_directory_that_stops_being_searchable_are_checked_at_once() {
+    let Some(fx) = multi_user_fixture("searchable") else { return };
+    let d = fx.path("d");
+    fs::create_dir_all(d.join("sub")).unwrap();
+    fs::write(d.join("f"), b"data").unwrap();
+    // Another user walks through the directory while everyone may: the kernel caches the names.
+    as_user(1000, 1000, &[], || {
+        assert_eq!(fs::read(d.join("f")).unwrap(), b"data");
+        fs::metadata(d.join("sub")).unwrap();
+    });
+    // Taking search away takes effect at once for those cached names and below them...
+    chmod(&d, 0o700);
+    as_user(1000, 1000, &[], || {
+        assert_eq!(errno(fs::metadata(d.join("f"))), libc::EACCES);
+        assert_eq!(errno(fs::read(d.join("f"))), libc::EACCES);
+        assert_eq!(errno(fs::metadata(d.join("sub/."))), libc::EACCES);
+    });
+    // ...while the owner and root still get through, again and again, and what their walks
+    // bring into the kernel's cache lets no one else through.
+    for _ in 0..3 {
+        assert_eq!(fs::read(d.join("f")).unwrap(), b"data");
+        fs::metadata(d.join("sub")).unwrap();
+        as_user(1000, 1000, &[], || assert_eq!(errno(fs::metadata(d.join("f"))), libc::EACCES));
+    }
+    // Search without read: known names resolve, the listing is refused.
+    chmod(&d, 0o711);
+    as_user(1000, 1000, &[], || {
+        assert_eq!(fs::read(d.join("f")).unwrap(), b"data");
+        assert_eq!(errno(fs::read_dir(&d)), libc::EACCES);
+    });
+    chmod(&d, 0o755);
+    as_user(1000, 1000, &[], || assert_eq!(fs::read_dir(&d).unwrap().count(), 2));
+}
+
+#[test]
+fn changes_need_their_permissions() {
+    let Some(fx) = multi_user_fixture("changes") else { return };
+    let shared = fx.path("shared");
+    fs::create_dir(&shared).unwrap();
+    chown(&shared, 0, 2000).unwrap();
+    chmod(&shared, 0o775);
+    // Creating and removing in a directory writable through a supplementary group only.
+    as_user(3000, 3000, &[], || {
+        assert_eq!(errno(fs::write(shared.join("x"), b"")), libc::EACCES);
+        assert_eq!(errno(fs::create_dir(shared.join("x"))), libc::EACCES);
+        assert_eq!(errno(symlink("t", shared.join("x"))), libc::EACCES);
+    });
+    as_user(3000, 3000, &[2000], || {
+        fs::write(shared.join("x"), b"x").unwrap();
+        fs::create_dir(shared.join("xd")).unwrap();
+    });
+    as_user(4000, 4000, &[], || {
+        assert_eq!(errno(fs::remove_file(shared.join("x"))), libc::EACCES);
+        assert_eq!(errno(fs::remove_dir(shared.join("xd"))), libc::EACCES);
+        assert_eq!(errno(fs::rename(shared.join("x"), shared.join("y"))), libc::EACCES);
+        // truncate(2) and open(O_TRUNC) without write permission, and chmod by a non-owner.
+        assert_eq!(errno(OpenOptions::new().write(true).truncate(true).open(shared.join("x"))), libc::EACCES);
+        let p = cpath(&shared.join("x"));
+        assert_eq!(errno(check(unsafe { libc::truncate(p.as_ptr(), 0) })), libc::EACCES);
+        assert_eq!(errno(fs::set_permissions(shared.join("x"), fs::Permissions::from_mode(0o777))), libc::EPERM);
+    });
+    assert_eq!(fs::read(shared.join("x")).unwrap(), b"x");
+    // A file opened for writing may be truncated through its descriptor after it is made
+    // read-only: the check was at open.
+    as_user(3000, 3000, &[], || {
+        let w = OpenOptions::new().write(true).open(shared.join("x")).unwrap();
+        chmod(&shared.join("x"), 0o444);
+        w.set_len(0).unwrap();
+    });
+    assert_eq!(fs::metadata(shared.join("x")).unwrap().len(), 0);
+    // Hard links to someone else's file need read and write permission on it.
+    let open = fx.path("open");
+    fs::create_dir(&open).unwrap();
+    chmod(&open, 0o777);
+    fs::write(open.join("roots"), b"").unwrap();
+    as_user(4000, 4000, &[], || assert_eq!(errno(fs::hard_link(open.join("roots"), open.join("l"))), libc::EPERM));
+    chmod(&open.join("roots"), 0o666);
+    as_user(4000, 4000, &[], || fs::hard_link(open.join("roots"), open.join("l")).unwrap());
+    // A directory moving to another parent needs write permission on itself (its "..").
+    fs::create_dir(open.join("rootdir")).unwrap();
+    fs::create_dir(open.join("other")).unwrap();
+    chmod(&open.join("other"), 0o777);
+    as_user(4000, 4000, &[], || {
+        assert_eq!(errno(fs::rename(open.join("rootdir"), open.join("other/rootdir"))), libc::EACCES);
+        // Within the same directory its ".." stays: allowed.
+        fs::rename(open.join("rootdir"), open.join("rootdir2")).unwrap();
+    });
+    // user.* xattrs of a sticky directory: only its owner writes them.
+    chmod(&open, 0o1777);
+    as_user(4000, 4000, &[], || {
+        assert_eq!(errno(setxattr(&open, "user.a", b"x", 0)), libc::EPERM);
+        assert_eq!(errno(getxattr(&open, "user.a")), libc::ENODATA);
+    });
+    setxattr(&open, "user.a", b"x", 0).unwrap();
 }

@@ -365,7 +365,7 @@ fn new_files_belong_to_the_caller() {
         symlink("mine", open2.join("mylink")).unwrap();
         fs::write(sgid2.join("inherited"), b"x").unwrap();
         fs::create_dir(sgid2.join("subdir")).unwrap();
-        // default_permissions: the kernel refuses what the caller may not do.
+        // The caller may not write into root's directory.
         assert_eq!(errno(fs::write(open2.parent().unwrap().join("rootonly"), b"x")), libc::EACCES);
     })
     .join()
@@ -602,7 +602,7 @@ fn mount_options_reach_the_kernel() {
     let (fstype, source, super_opts) = (sup.next().unwrap(), sup.next().unwrap(), sup.next().unwrap());
     assert!(fstype.starts_with("fuse"), "{line}");
     assert_eq!(source, "ferro-test", "{line}");
-    assert_eq!(super_opts.contains("default_permissions"), is_root(), "{line}");
+    assert_eq!(super_opts.contains("default_permissions"), kernel_checks_permissions(), "{line}");
     assert!(!super_opts.contains("allow_other"), "{line}");
 }
 
@@ -750,7 +750,7 @@ fn child_serves_a_mount() {
     let Ok(spec) = std::env::var("FERROFS_FUSE_CHILD") else { return };
     let (image, mnt) = spec.split_once('\n').unwrap();
     let mut cfg = ferrofs_fuse::MountConfig::new(image, mnt);
-    cfg.default_permissions = is_root();
+    cfg.default_permissions = kernel_checks_permissions();
     if let Err(e) = ferrofs_fuse::mount(&cfg, || {}) {
         eprintln!("child mount: {e}");
         std::process::exit(2);

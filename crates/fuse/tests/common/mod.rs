@@ -49,6 +49,22 @@ pub fn mkfs(image: &Path, size: u64) {
     FileSystem::mkfs(&dev, &MkfsOptions::default()).expect("mkfs");
 }
 
+/// Whether this run's mounts leave permission checks to the kernel (`default_permissions`,
+/// with FERROFS_TEST_DEFAULT_PERMISSIONS=1) instead of the adapter (the default). Every suite
+/// must pass both ways.
+pub fn kernel_checks_permissions() -> bool {
+    std::env::var_os("FERROFS_TEST_DEFAULT_PERMISSIONS").is_some_and(|v| v == "1")
+}
+
+fn give_root_directory_to_caller(image: &Path) {
+    let dev = FileDevice::open_wait(image, false, Duration::from_secs(10)).expect("open image");
+    let fs = FileSystem::mount_device(Arc::new(dev), &MountOptions::default()).expect("engine mount");
+    // SAFETY: getuid and getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    fs.setattr(1, &ferrofs::SetAttr { uid: Some(uid), gid: Some(gid), ..Default::default() }).expect("chown /");
+    fs.unmount().expect("engine unmount");
+}
+
 /// Mount the image with the engine alone: how many log records the mount had to replay
 /// (0 after a clean unmount).
 pub fn replayed_records(image: &Path) -> u64 {
@@ -90,12 +106,15 @@ impl Fixture {
         std::fs::create_dir_all(dir.join("mnt")).expect("create test dir");
         let image = dir.join("image");
         mkfs(&image, size);
+        if !is_root() {
+            // mkfs makes the root directory root's: a user mounting through fusermount3
+            // could not write into it.
+            give_root_directory_to_caller(&image);
+        }
         let mnt = dir.join("mnt");
         let mut cfg = MountConfig::new(&image, &mnt);
         cfg.lock_timeout = Duration::from_secs(10);
-        // mkfs makes the root directory root's: a user mounting through fusermount3 could
-        // not write into it with the kernel checking permissions.
-        cfg.default_permissions = is_root();
+        cfg.default_permissions = kernel_checks_permissions();
         tweak(&mut cfg);
         let mut fx = Fixture { name: name.to_string(), dir, image, mnt, cfg, handle: None };
         match fx.mount() {
