@@ -17,7 +17,7 @@
 //! Such a build runs only under the checker: outside `shuttle::check_*` its primitives panic.
 //!
 //! Why shuttle and not loom: loom explores exhaustively, which cannot finish for a CIL switch
-//! that locks every shard, or a cache with eight shards per AG, and it needs every primitive
+//! that visits every shard, or a cache with eight shards per AG, and it needs every primitive
 //! of the code under test swapped, including `Arc` and the `parking_lot` locks' API. Shuttle's
 //! randomized and PCT schedulers find bugs of small depth (a missing lock, a check made outside
 //! the lock) with high probability in thousands of schedules, and only these few types change.
