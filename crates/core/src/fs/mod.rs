@@ -739,7 +739,7 @@ impl FileSystem {
             let old_e = dir::lookup(&self.m, opi, &opd, oldname)?.ok_or(Error::NotFound)?;
             if exchange {
                 let d = dd.as_ref().unwrap();
-                dir::retarget(&mut s, &mut opd, &old_e, dst.unwrap().ino, ftype_of(d.mode))?;
+                dir::retarget(&mut s, &mut opd, &old_e, oldname, dst.unwrap().ino, ftype_of(d.mode))?;
             } else {
                 dir::remove(&mut s, opi, &mut opd, oldname)?;
             }
@@ -750,7 +750,7 @@ impl FileSystem {
             let goal = self.dir_goal(npi, target);
             let mut s = TxStore::new(&mut tx, npi, goal);
             match dir::lookup(&self.m, npi, target, newname)? {
-                Some(e) => dir::retarget(&mut s, target, &e, src.ino, ftype_of(sd.mode))?,
+                Some(e) => dir::retarget(&mut s, target, &e, newname, src.ino, ftype_of(sd.mode))?,
                 None => dir::insert(&mut s, npi, target, newname, src.ino, ftype_of(sd.mode))?,
             }
             target.add_blocks(npi, s.blocks)?;
@@ -1270,7 +1270,7 @@ impl FileSystem {
         if cookie < dir::COOKIE_DOTDOT && !f(DirEntry { ino: g.parent, cookie: dir::COOKIE_DOTDOT, kind: FileType::Directory, name: b"..".to_vec() }) {
             return Ok(());
         }
-        dir::read(&self.m, ino, &g, cookie, &mut |e| f(DirEntry { ino: e.ino, cookie: dir::cookie_of(&e), kind: FileType::from_ftype(e.ftype), name: e.name }))
+        dir::read(&self.m, ino, &g, cookie, &mut |e, name| f(DirEntry { ino: e.ino, cookie: dir::cookie_of(&e), kind: FileType::from_ftype(e.ftype), name: name.to_vec() }))
     }
 
     pub fn statfs(&self) -> StatFs {
