@@ -454,7 +454,10 @@ impl FileSystem {
             l.set(c.ino, cd);
             drop(l);
             if freed {
+                // Freed in the transaction: nothing is left to reap, and looking would lock
+                // the inode and its AG once more per unlink.
                 self.m.icache.remove(c.ino);
+                return Ok(());
             }
             return self.reap_if_unused(&c);
         }
@@ -497,10 +500,12 @@ impl FileSystem {
     }
 
     /// If the inode has no links and no open handles, free it (in batches, on the orphan
-    /// list until done).
+    /// list until done). Only while `i` itself is the cached inode of its number: once it
+    /// was freed, a create may have reused the number for a new inode, which is not ours to
+    /// free.
     fn reap_if_unused(&self, i: &InodeRef) -> Result<()> {
         let mut g = i.core.write();
-        if g.nlink > 0 || i.open_count.load(Acquire) > 0 || !self.m.ags[ino_ag(i.ino) as usize].inode_in_use(crate::format::ino_index(i.ino)) || self.m.icache.get(i.ino).is_none() {
+        if g.nlink > 0 || i.open_count.load(Acquire) > 0 || !self.m.ags[ino_ag(i.ino) as usize].inode_in_use(crate::format::ino_index(i.ino)) || !self.m.icache.get(i.ino).is_some_and(|c| Arc::ptr_eq(&c, i)) {
             return Ok(());
         }
         self.reap(i, &mut g)
