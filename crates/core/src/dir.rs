@@ -49,17 +49,18 @@ pub fn set_root(di: &mut DiskInode, root: u64) {
     di.fork = if root == 0 { Fork::Empty } else { Fork::Btree(root) };
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A directory entry without its name: lookups know the name already, and readdir hands it
+/// out borrowed from the node, so neither allocates per entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub key: u64,
     pub ino: u64,
     pub ftype: u8,
-    pub name: Vec<u8>,
 }
 
-fn decode(key: u64, v: &[u8], dir: u64) -> Result<Entry> {
+fn decode(key: u64, v: &[u8], dir: u64) -> Result<(Entry, &[u8])> {
     let name = entry_name(v).ok_or_else(|| Error::corrupt("directory entry", dir, format!("key {key:#x}: value of {} bytes or a name no caller could give", v.len())))?;
-    Ok(Entry { key, ino: get_u64(v, 0), ftype: v[8], name: name.to_vec() })
+    Ok((Entry { key, ino: get_u64(v, 0), ftype: v[8] }, name))
 }
 
 fn encode(ino: u64, ftype: u8, name: &[u8]) -> Vec<u8> {
@@ -72,14 +73,15 @@ fn encode(ino: u64, ftype: u8, name: &[u8]) -> Vec<u8> {
 
 /// The hashed-name index shared by directories and xattrs: scan the collision range of
 /// `name` for the record whose name (`name_of` extracts it) matches, and find the lowest free
-/// collision index. Returns ((key, value) of the match, free key).
-pub(crate) fn probe_hashed(
+/// collision index. Returns what `found` makes of the match's key and value, and the free key.
+pub(crate) fn probe_hashed<T>(
     store: &mut dyn NodeStore,
     root: u64,
     name: &[u8],
     name_of: &dyn Fn(&[u8]) -> Option<&[u8]>,
     owner: u64,
-) -> Result<(Option<(u64, Vec<u8>)>, Option<u64>)> {
+    found_as: &dyn Fn(u64, &[u8]) -> Result<T>,
+) -> Result<(Option<T>, Option<u64>)> {
     let base = name_hash(name) << 16;
     let (mut found, mut next_free) = (None, Some(base));
     if root == 0 {
@@ -94,7 +96,7 @@ pub(crate) fn probe_hashed(
         }
         match name_of(v) {
             Some(n) if n == name => {
-                found = Some((k, v.to_vec()));
+                found = Some(found_as(k, v)?);
                 Ok(false)
             }
             Some(_) => Ok(true),
@@ -113,8 +115,7 @@ fn entry_name(v: &[u8]) -> Option<&[u8]> {
 }
 
 fn probe(store: &mut dyn NodeStore, root: u64, dir: u64, name: &[u8]) -> Result<(Option<Entry>, Option<u64>)> {
-    let (found, free) = probe_hashed(store, root, name, &entry_name, dir)?;
-    Ok((found.map(|(k, v)| decode(k, &v, dir)).transpose()?, free))
+    probe_hashed(store, root, name, &entry_name, dir, &|k, v| Ok(decode(k, v, dir)?.0))
 }
 
 pub fn lookup(m: &Mount, dir: u64, di: &DiskInode, name: &[u8]) -> Result<Option<Entry>> {
@@ -149,23 +150,27 @@ pub fn remove(s: &mut TxStore, dir: u64, di: &mut DiskInode, name: &[u8]) -> Res
     Ok(e)
 }
 
-/// Point an existing entry at another inode (rename over an existing name); keeps its key.
-pub fn retarget(s: &mut TxStore, di: &mut DiskInode, e: &Entry, ino: u64, ftype: u8) -> Result<()> {
+/// Point the existing entry `e`, named `name`, at another inode (rename over an existing
+/// name); keeps its key.
+pub fn retarget(s: &mut TxStore, di: &mut DiskInode, e: &Entry, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
     let mut root = root_of(di);
-    btree::insert(s, &mut root, e.key, &encode(ino, ftype, &e.name))?;
+    btree::insert(s, &mut root, e.key, &encode(ino, ftype, name))?;
     set_root(di, root);
     Ok(())
 }
 
 /// Entries after `cookie` in cookie order, until `f` returns false. Does not emit "." or
 /// "..": the caller does (it knows the inode numbers).
-pub fn read(m: &Mount, dir: u64, di: &DiskInode, cookie: u64, f: &mut dyn FnMut(Entry) -> bool) -> Result<()> {
+pub fn read(m: &Mount, dir: u64, di: &DiskInode, cookie: u64, f: &mut dyn FnMut(Entry, &[u8]) -> bool) -> Result<()> {
     let root = root_of(di);
     if root == 0 {
         return Ok(());
     }
     let from = cookie.saturating_sub(COOKIE_DOTDOT);
-    btree::range(&mut ReadStore::new(m, dir), root, from, &mut |k, v| Ok(f(decode(k, v, dir)?)))
+    btree::range(&mut ReadStore::new(m, dir), root, from, &mut |k, v| {
+        let (e, name) = decode(k, v, dir)?;
+        Ok(f(e, name))
+    })
 }
 
 pub fn cookie_of(e: &Entry) -> u64 {
@@ -178,7 +183,7 @@ mod tests {
 
     #[test]
     fn stored_names_follow_the_rules_for_given_ones() {
-        assert_eq!(decode(7, &encode(12, 8, b"entry"), 2).unwrap().name, b"entry");
+        assert_eq!(decode(7, &encode(12, 8, b"entry"), 2).unwrap().1, b"entry");
         // Damage the corruption sweep found: names readdir would list and lookup refuse.
         for bad in [&b"en/ry"[..], b"a\0b", b".", b"..", b""] {
             assert!(matches!(decode(7, &encode(12, 8, bad), 2), Err(Error::Corrupt { .. })), "{bad:?}");

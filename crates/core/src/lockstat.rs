@@ -19,7 +19,7 @@
 //!   while investigating, and `hold_*` statistics stay 0 otherwise.
 //!
 //! With timing off an uncontended lock/unlock pair costs about 1.5 ns more
-//! than the bare `parking_lot` lock (numbers on [`RwLock::new_pooled`]).
+//! than the bare lock (numbers on [`RwLock::new_pooled`]).
 //!
 //! - **Everything** can be switched off at run time with
 //!   [`set_counting`]`(false)`: an acquisition then does one relaxed load of
@@ -794,7 +794,7 @@ mod order {
     }
 }
 
-/// A named, measured mutual-exclusion lock over `parking_lot::Mutex` (the model checker's
+/// A named, measured mutual-exclusion lock over `std::sync::Mutex` (the model checker's
 /// under the `shuttle` feature: [`crate::sync`]).
 pub struct Mutex<T> {
     meter: Meter,
@@ -890,8 +890,8 @@ pub struct MutexGuard<'a, T> {
 }
 
 impl<'a, T> MutexGuard<'a, T> {
-    /// The underlying `parking_lot` guard ([`crate::sync`]), for APIs that need it. Time spent
-    /// unlocked through it (e.g. `parking_lot::Condvar::wait`) counts as
+    /// The underlying guard ([`crate::sync`]), for APIs that need it. Time spent
+    /// unlocked through it (e.g. a raw condition variable's wait) counts as
     /// hold time; [`Condvar`] avoids that.
     pub fn inner_mut(&mut self) -> &mut raw::MutexGuard<'a, T> {
         &mut self.raw
@@ -917,7 +917,7 @@ impl<T: fmt::Debug> fmt::Debug for MutexGuard<'_, T> {
     }
 }
 
-/// A named, measured reader-writer lock over `parking_lot::RwLock` (or the model checker's,
+/// A named, measured reader-writer lock over `std::sync::RwLock` (or the model checker's,
 /// [`crate::sync`]); reads
 /// and writes are counted separately.
 pub struct RwLock<T> {
@@ -945,14 +945,14 @@ impl<T> RwLock<T> {
     /// A lock of `class` with no counters of its own, for per-object locks
     /// there are millions of (e.g. one per cached inode). It counts into
     /// per-thread counters owned by the class, so it costs no allocation
-    /// and no registration, only one word next to the `parking_lot` lock.
+    /// and no registration, only one word next to the raw lock.
     /// It appears in the class totals and live count of [`snapshot`], but
     /// not in `per_instance`, and its [`RwLock::stats`] are zero. Lock
     /// order is checked as for an unindexed instance: two pooled locks of
     /// one ranked class cannot be nested (use an unranked class for those).
     ///
-    /// Costs (x86-64): `RwLock<u64>` is 24 bytes, pooled or registered,
-    /// against 16 for the bare `parking_lot::RwLock<u64>`; a registered
+    /// Costs (x86-64): `RwLock<u64>` is 32 bytes, pooled or registered,
+    /// against 24 for the bare `std::sync::RwLock<u64>`; a registered
     /// lock also has a ~140-byte heap block and a registry slot, a pooled
     /// one nothing else (the class allocates its 32 counter sets, 4 KiB,
     /// once). With hold timing off, an uncontended lock/unlock pair of
@@ -1117,13 +1117,13 @@ impl Condvar {
         result
     }
 
-    /// Wakes one waiter; returns whether one was woken.
-    pub fn notify_one(&self) -> bool {
+    /// Wakes one waiter.
+    pub fn notify_one(&self) {
         self.raw.notify_one()
     }
 
-    /// Wakes all waiters; returns how many were woken.
-    pub fn notify_all(&self) -> usize {
+    /// Wakes all waiters.
+    pub fn notify_all(&self) {
         self.raw.notify_all()
     }
 }
@@ -1506,13 +1506,13 @@ mod tests {
     fn pooled_locks_cost_one_word() {
         use std::mem::size_of;
         fn check<T>() {
-            let bare = size_of::<parking_lot::RwLock<T>>();
+            let bare = size_of::<raw::RwLock<T>>();
             assert!(
                 size_of::<RwLock<T>>() <= bare + 8,
                 "RwLock<{}>",
                 std::any::type_name::<T>()
             );
-            let bare = size_of::<parking_lot::Mutex<T>>();
+            let bare = size_of::<raw::Mutex<T>>();
             assert!(
                 size_of::<Mutex<T>>() <= bare + 8,
                 "Mutex<{}>",
@@ -1525,10 +1525,7 @@ mod tests {
         check::<u64>();
         check::<[u8; 250]>();
         check::<(u64, [u8; 3])>();
-        assert_eq!(
-            size_of::<RwLock<u64>>(),
-            size_of::<parking_lot::RwLock<u64>>() + 8
-        );
+        assert_eq!(size_of::<RwLock<u64>>(), size_of::<raw::RwLock<u64>>() + 8);
     }
 
     #[test]
@@ -1699,7 +1696,6 @@ mod tests {
             .1
             .wait_for(&mut guard, Duration::from_millis(1))
             .timed_out());
-        assert!(!pair.1.notify_one());
         drop(guard);
         assert!(pair.0.stats().exclusive.acquisitions >= 3);
     }

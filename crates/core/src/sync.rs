@@ -2,52 +2,67 @@
 //! raw locks inside `lockstat`'s locks, the atomics of the CIL, the caches and the lock
 //! counters, and their thread-locals.
 //!
-//! A normal build re-exports `parking_lot` and `std` here, so the indirection costs nothing.
-//! With the `shuttle` feature they are the [shuttle](https://docs.rs/shuttle) model checker's
+//! The locks are `std::sync`'s, not `parking_lot`'s: both park on a futex, but a contended
+//! `parking_lot` lock first spins with `sched_yield`, which with many more threads than CPUs
+//! hands the CPU to other waiters instead of the lock holder (with 48 threads on 2 CPUs, 15%
+//! of the CPU time of `ferrofs bench scale` went to `sched_yield` and its context switches,
+//! and a shared-directory create ran at 45% of its best rate, against 96% with `std`'s locks,
+//! which spin briefly without yielding). Their
+//! poisoning is ignored: a panic while a lock is held is a bug, not a state to report.
+//! The atomics and thread-locals are `std`'s, so the indirection costs nothing.
+//! With the `shuttle` feature all of them are the [shuttle](https://docs.rs/shuttle) model checker's
 //! (`tests/model_check.rs`): every lock operation and atomic access then becomes a point where
 //! the checker may switch threads, and the thread-locals are per checker thread (shuttle runs
 //! its threads as coroutines on one OS thread, so `std`'s would be shared by all of them).
 //! Such a build runs only under the checker: outside `shuttle::check_*` its primitives panic.
 //!
 //! Why shuttle and not loom: loom explores exhaustively, which cannot finish for a CIL switch
-//! that locks every shard, or a cache with eight shards per AG, and it needs every primitive
+//! that visits every shard, or a cache with eight shards per AG, and it needs every primitive
 //! of the code under test swapped, including `Arc` and the `parking_lot` locks' API. Shuttle's
 //! randomized and PCT schedulers find bugs of small depth (a missing lock, a check made outside
 //! the lock) with high probability in thousands of schedules, and only these few types change.
 //! Shuttle treats every atomic as `SeqCst`, so it cannot find a missing `Acquire`/`Release`:
 //! the orderings stay a matter for review.
 
-#[cfg(not(feature = "shuttle"))]
-pub use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
+pub use unpoisoned::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
 #[cfg(not(feature = "shuttle"))]
 pub use std::sync::atomic;
 #[cfg(not(feature = "shuttle"))]
 pub use std::thread_local;
-
-#[cfg(feature = "shuttle")]
-pub use checked::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
 #[cfg(feature = "shuttle")]
 pub use shuttle::sync::atomic;
 #[cfg(feature = "shuttle")]
 pub use shuttle::thread_local;
 
-/// Shuttle's locks behind the slice of `parking_lot`'s API that `lockstat` uses (no poisoning,
-/// `try_*` returning `Option`, a condition variable that waits on `&mut` guards).
-#[cfg(feature = "shuttle")]
-mod checked {
+/// `std::sync`'s (or shuttle's, which copy their API) locks behind the small API that
+/// `lockstat` uses: no poisoning, `try_*` returning `Option`, a condition variable that waits
+/// on `&mut` guards.
+mod unpoisoned {
+    #[cfg(not(feature = "shuttle"))]
+    use std::sync as s;
+    #[cfg(feature = "shuttle")]
     use shuttle::sync as s;
     use std::fmt;
     use std::ops::{Deref, DerefMut};
-    use std::sync::PoisonError;
+    use std::sync::{PoisonError, TryLockError, TryLockResult};
     use std::time::Duration;
 
     pub use s::{RwLockReadGuard, RwLockWriteGuard};
 
+    /// The guard if the lock was free, poisoned or not; `None` if it was held.
+    fn untried<G>(r: TryLockResult<G>) -> Option<G> {
+        match r {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
     #[derive(Default)]
     pub struct Mutex<T>(s::Mutex<T>);
 
-    /// The shuttle guard in an `Option` so that [`Condvar::wait`] can hand it to shuttle's
-    /// condition variable (which takes guards by value) and put the returned one back.
+    /// The guard in an `Option` so that [`Condvar::wait`] can hand it to the condition
+    /// variable (which takes guards by value) and put the returned one back.
     pub struct MutexGuard<'a, T>(Option<s::MutexGuard<'a, T>>);
 
     impl<T> Mutex<T> {
@@ -58,7 +73,7 @@ mod checked {
             MutexGuard(Some(self.0.lock().unwrap_or_else(PoisonError::into_inner)))
         }
         pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-            self.0.try_lock().ok().map(|g| MutexGuard(Some(g)))
+            untried(self.0.try_lock()).map(|g| MutexGuard(Some(g)))
         }
         pub fn into_inner(self) -> T {
             self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
@@ -101,10 +116,10 @@ mod checked {
             self.0.write().unwrap_or_else(PoisonError::into_inner)
         }
         pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
-            self.0.try_read().ok()
+            untried(self.0.try_read())
         }
         pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
-            self.0.try_write().ok()
+            untried(self.0.try_write())
         }
         pub fn into_inner(self) -> T {
             self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
@@ -146,15 +161,11 @@ mod checked {
             guard.0 = Some(g);
             WaitTimeoutResult(r.timed_out())
         }
-        /// Shuttle does not say whether anyone was woken; `lockstat` passes this on, and no
-        /// caller in this crate looks at it.
-        pub fn notify_one(&self) -> bool {
+        pub fn notify_one(&self) {
             self.0.notify_one();
-            false
         }
-        pub fn notify_all(&self) -> usize {
+        pub fn notify_all(&self) {
             self.0.notify_all();
-            0
         }
     }
 }

@@ -78,7 +78,7 @@ pub fn get(m: &Mount, ino: u64, di: &DiskInode, name: &[u8]) -> Result<Vec<u8>> 
     if let Some((_, v)) = inline_entries(di).into_iter().find(|(n, _)| n == name) {
         return Ok(v);
     }
-    let (found, _) = probe_hashed(&mut ReadStore::new(m, ino), di.xattr_root, name, &tree_name, ino)?;
+    let (found, _) = probe_hashed(&mut ReadStore::new(m, ino), di.xattr_root, name, &tree_name, ino, &|k, v| Ok((k, v.to_vec())))?;
     found.map(|(_, v)| v[1 + name.len()..].to_vec()).ok_or(Error::NoAttr)
 }
 
@@ -98,7 +98,7 @@ pub fn set(s: &mut TxStore, ino: u64, di: &mut DiskInode, name: &[u8], value: &[
     check(name, value.len())?;
     let mut inline = inline_entries(di);
     let in_inline = inline.iter().position(|(n, _)| n == name);
-    let (in_tree, free) = probe_hashed(s, di.xattr_root, name, &tree_name, ino)?;
+    let (in_tree, free) = probe_hashed(s, di.xattr_root, name, &tree_name, ino, &|k, v| Ok((k, v.to_vec())))?;
     let exists = in_inline.is_some() || in_tree.is_some();
     if exists && flags & XATTR_CREATE != 0 {
         return Err(Error::Exists);
@@ -137,7 +137,7 @@ pub fn remove(s: &mut TxStore, ino: u64, di: &mut DiskInode, name: &[u8]) -> Res
         store_inline(di, &inline);
         return Ok(());
     }
-    let (found, _) = probe_hashed(s, di.xattr_root, name, &tree_name, ino)?;
+    let (found, _) = probe_hashed(s, di.xattr_root, name, &tree_name, ino, &|k, v| Ok((k, v.to_vec())))?;
     let (k, _) = found.ok_or(Error::NoAttr)?;
     let mut root = di.xattr_root;
     btree::remove(s, &mut root, k)?;

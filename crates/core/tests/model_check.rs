@@ -74,7 +74,9 @@ fn image(key: u64, version: u64) -> Vec<u8> {
 /// concurrently, and a final switch closes everything. Every sequence's merged items must hold,
 /// for each inode, the image of the highest version whose commit returned that sequence: no
 /// change is lost, none lands in a later sequence than the one its commit returned (what fsync
-/// forces), and the merge across shards keeps the newest. The CIL's byte count returns to 0.
+/// forces), and the merge across shards keeps the newest. An inode's later commits never
+/// return an earlier sequence (a checkpoint holds what its changes depend on, although the
+/// switch visits the shards one at a time). The CIL's byte count returns to 0.
 #[test]
 fn cil_commit_and_switch_lose_nothing() {
     check(|| {
@@ -112,6 +114,8 @@ fn cil_commit_and_switch_lose_nothing() {
                 let w = want.entry(seq).or_default();
                 *w = (*w).max(v);
             }
+            let seqs: Vec<u64> = owner.lock().unwrap().1.iter().map(|&(_, seq)| seq).collect();
+            assert!(seqs.windows(2).all(|w| w[0] <= w[1]), "inode {ino}: a later commit returned an earlier sequence: {seqs:?}");
             for (seq, items) in &by_seq {
                 let got = items.get(&ItemKey::Inode(ino)).map(|img| img.as_deref().expect("inodes are never revoked"));
                 match want.get(seq) {

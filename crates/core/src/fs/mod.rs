@@ -87,6 +87,32 @@ impl<'a> Locked<'a> {
     fn set(&mut self, ino: u64, di: DiskInode) {
         *self.guards.iter_mut().find(|(i, _)| *i == ino).expect("inode locked").1 = di;
     }
+
+    /// Lock `more` as well, keeping the order rule: an inode numbered above every one held is
+    /// waited for, a lower one only tried (waiting could close a cycle with a thread that
+    /// holds it and waits for one of ours). False if a try failed: the caller then drops
+    /// everything and locks in order. This lets an operation look names up under the
+    /// directory lock it needs anyway, rather than under a shared hold first: in a busy
+    /// directory every extra acquisition is another wait behind its writers.
+    fn add(&mut self, more: &[&'a InodeRef]) -> bool {
+        let mut v: Vec<&InodeRef> = more.to_vec();
+        v.sort_by_key(|i| i.ino);
+        for i in v {
+            if self.guards.iter().any(|(ino, _)| *ino == i.ino) {
+                continue;
+            }
+            let guard = if self.guards.iter().all(|(ino, _)| *ino < i.ino) {
+                i.core.write()
+            } else {
+                match i.core.try_write() {
+                    Some(g) => g,
+                    None => return false,
+                }
+            };
+            self.guards.push((i.ino, guard));
+        }
+        true
+    }
 }
 
 impl FileSystem {
@@ -388,11 +414,21 @@ impl FileSystem {
     }
 
     fn remove_name(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
+        dir::check_name(name)?;
+        let p = self.m.iget(parent)?;
         loop {
-            let (p, c) = self.lookup_child(parent, name)?;
-            let mut l = Locked::new(&[&p, &c]);
-            if !self.still_points(parent, l.get(parent), name, Some(c.ino))? {
-                continue;
+            let c: InodeRef;
+            let mut l = Locked::new(&[&p]);
+            if !l.get(parent).is_dir() {
+                return Err(Error::NotDir);
+            }
+            c = self.m.iget(dir::lookup(&self.m, parent, l.get(parent), name)?.ok_or(Error::NotFound)?.ino)?;
+            if !l.add(&[&c]) {
+                drop(l);
+                l = Locked::new(&[&p, &c]);
+                if !self.still_points(parent, l.get(parent), name, Some(c.ino))? {
+                    continue;
+                }
             }
             let (mut pd, mut cd) = (l.get(parent).clone(), l.get(c.ino).clone());
             match (want_dir, cd.is_dir()) {
@@ -418,7 +454,10 @@ impl FileSystem {
             l.set(c.ino, cd);
             drop(l);
             if freed {
+                // Freed in the transaction: nothing is left to reap, and looking would lock
+                // the inode and its AG once more per unlink.
                 self.m.icache.remove(c.ino);
+                return Ok(());
             }
             return self.reap_if_unused(&c);
         }
@@ -461,10 +500,12 @@ impl FileSystem {
     }
 
     /// If the inode has no links and no open handles, free it (in batches, on the orphan
-    /// list until done).
+    /// list until done). Only while `i` itself is the cached inode of its number: once it
+    /// was freed, a create may have reused the number for a new inode, which is not ours to
+    /// free.
     fn reap_if_unused(&self, i: &InodeRef) -> Result<()> {
         let mut g = i.core.write();
-        if g.nlink > 0 || i.open_count.load(Acquire) > 0 || !self.m.ags[ino_ag(i.ino) as usize].inode_in_use(crate::format::ino_index(i.ino)) || self.m.icache.get(i.ino).is_none() {
+        if g.nlink > 0 || i.open_count.load(Acquire) > 0 || !self.m.ags[ino_ag(i.ino) as usize].inode_in_use(crate::format::ino_index(i.ino)) || !self.m.icache.get(i.ino).is_some_and(|c| Arc::ptr_eq(&c, i)) {
             return Ok(());
         }
         self.reap(i, &mut g)
@@ -544,6 +585,9 @@ impl FileSystem {
             return Err(Error::Invalid("rename flags"));
         }
         dir::check_name(newname)?;
+        if self.rename_under_parent_locks(oldparent, oldname, newparent, newname, flags)? {
+            return Ok(());
+        }
         loop {
             let (op, src) = self.lookup_child(oldparent, oldname)?;
             let np = self.m.iget(newparent)?;
@@ -600,6 +644,58 @@ impl FileSystem {
         }
     }
 
+    /// The common rename: lock both parents, look both names up under those locks and lock
+    /// the inodes they name beside them (`Locked::add`), so a busy directory's lock is taken
+    /// once per rename. False, with nothing changed, if that cannot keep the lock order: an
+    /// inode's lock was busy, or a directory moves to another parent (the rename lock, taken
+    /// before any inode lock, guards the loop check). The checks and errors are the slow
+    /// path's, in its order.
+    fn rename_under_parent_locks(&self, oldparent: u64, oldname: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<bool> {
+        dir::check_name(oldname)?;
+        let (op, np) = (self.m.iget(oldparent)?, self.m.iget(newparent)?);
+        let src: InodeRef;
+        let dst: Option<InodeRef>;
+        let mut l = Locked::new(&[&op, &np]);
+        if !l.get(oldparent).is_dir() {
+            return Err(Error::NotDir);
+        }
+        let src_ino = dir::lookup(&self.m, oldparent, l.get(oldparent), oldname)?.ok_or(Error::NotFound)?.ino;
+        let npd = l.get(newparent);
+        if !npd.is_dir() {
+            return Err(Error::NotDir);
+        }
+        if npd.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        let dst_ino = dir::lookup(&self.m, newparent, npd, newname)?.map(|e| e.ino);
+        src = self.m.iget(src_ino)?;
+        dst = dst_ino.map(|i| self.m.iget(i)).transpose()?;
+        if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
+            return Err(Error::Exists);
+        }
+        if flags & RENAME_EXCHANGE != 0 && dst.is_none() {
+            return Err(Error::NotFound);
+        }
+        if dst_ino == Some(src_ino) {
+            return Ok(true);
+        }
+        let mut children = vec![&src];
+        children.extend(dst.as_ref());
+        if !l.add(&children) {
+            return Ok(false);
+        }
+        if oldparent != newparent && (l.get(src_ino).is_dir() || dst_ino.is_some_and(|d| l.get(d).is_dir())) {
+            return Ok(false);
+        }
+        self.rename_locked(&mut l, [&op, &np, &src], dst.as_ref(), oldname, newname, flags)?;
+        drop(l);
+        // A replaced target that is open or large is freed now that the locks are gone.
+        if let Some(d) = dst.filter(|_| flags & RENAME_EXCHANGE == 0) {
+            self.reap_if_unused(&d)?;
+        }
+        Ok(true)
+    }
+
     /// EINVAL if `dir` is `ancestor` or lies below it (moving a directory into itself).
     fn check_not_ancestor(&self, ancestor: u64, dir: u64) -> Result<()> {
         let mut cur = dir;
@@ -648,7 +744,7 @@ impl FileSystem {
             let old_e = dir::lookup(&self.m, opi, &opd, oldname)?.ok_or(Error::NotFound)?;
             if exchange {
                 let d = dd.as_ref().unwrap();
-                dir::retarget(&mut s, &mut opd, &old_e, dst.unwrap().ino, ftype_of(d.mode))?;
+                dir::retarget(&mut s, &mut opd, &old_e, oldname, dst.unwrap().ino, ftype_of(d.mode))?;
             } else {
                 dir::remove(&mut s, opi, &mut opd, oldname)?;
             }
@@ -659,7 +755,7 @@ impl FileSystem {
             let goal = self.dir_goal(npi, target);
             let mut s = TxStore::new(&mut tx, npi, goal);
             match dir::lookup(&self.m, npi, target, newname)? {
-                Some(e) => dir::retarget(&mut s, target, &e, src.ino, ftype_of(sd.mode))?,
+                Some(e) => dir::retarget(&mut s, target, &e, newname, src.ino, ftype_of(sd.mode))?,
                 None => dir::insert(&mut s, npi, target, newname, src.ino, ftype_of(sd.mode))?,
             }
             target.add_blocks(npi, s.blocks)?;
@@ -1179,7 +1275,7 @@ impl FileSystem {
         if cookie < dir::COOKIE_DOTDOT && !f(DirEntry { ino: g.parent, cookie: dir::COOKIE_DOTDOT, kind: FileType::Directory, name: b"..".to_vec() }) {
             return Ok(());
         }
-        dir::read(&self.m, ino, &g, cookie, &mut |e| f(DirEntry { ino: e.ino, cookie: dir::cookie_of(&e), kind: FileType::from_ftype(e.ftype), name: e.name }))
+        dir::read(&self.m, ino, &g, cookie, &mut |e, name| f(DirEntry { ino: e.ino, cookie: dir::cookie_of(&e), kind: FileType::from_ftype(e.ftype), name: name.to_vec() }))
     }
 
     pub fn statfs(&self) -> StatFs {

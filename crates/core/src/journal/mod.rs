@@ -6,8 +6,8 @@
 //! CPU under that shard's lock only; an item relogged before the next checkpoint overwrites
 //! its previous copy, so it is logged once. No global lock is taken and nothing is written.
 //!
-//! Checkpoint: lock every shard (a short critical section that only swaps maps and bumps the
-//! sequence), merge the shards, write one record, one flush. fsync forces the log only up to
+//! Checkpoint: close the open sequence, then take each shard's items of it under that shard's
+//! lock alone, merge the shards, write one record, one flush. fsync forces the log only up to
 //! the CIL sequence that holds the inode's last change; it never waits for home-location
 //! writeback or a superblock write (seed 002).
 
@@ -50,17 +50,28 @@ struct CilItem {
     image: Option<Box<[u8]>>,
 }
 
+/// What one shard holds of one CIL sequence.
 #[derive(Default)]
-struct CilShard {
+struct CilBatch {
     items: FxHashMap<ItemKey, CilItem>,
     busy: Vec<BusyExtent>,
-    /// Log bytes this shard's items take (their part of `Journal::cil_bytes`).
+    /// Log bytes these items take (their part of `Journal::cil_bytes`).
     bytes: u64,
 }
 
-/// What a committing transaction sees of the CIL: the locked shard of its CPU.
+/// A shard holds at most two sequences: a switch closes the open sequence first and then
+/// visits the shards one at a time, so a commit can meet a shard the switch has not reached
+/// yet. Its changes belong to the new sequence and wait in `next`.
+struct CilShard {
+    /// The sequence of `open`; the switch moves it on when it takes `open`.
+    seq: u64,
+    open: CilBatch,
+    next: CilBatch,
+}
+
+/// What a committing transaction sees of the CIL: its sequence's batch in the locked shard.
 pub struct CilWriter<'a> {
-    shard: &'a mut CilShard,
+    batch: &'a mut CilBatch,
     added_bytes: u64,
 }
 
@@ -69,7 +80,7 @@ impl CilWriter<'_> {
     pub fn log(&mut self, key: ItemKey, version: u64, image: &[u8]) {
         debug_assert!(!matches!(key, ItemKey::Revoke(_)));
         debug_assert_eq!(image.len(), key.image_len());
-        match self.shard.items.get_mut(&key) {
+        match self.batch.items.get_mut(&key) {
             Some(it) => {
                 // An item's versions are taken under its owner's lock, which is held through
                 // the commit, and never restart (a reused inode number continues its AG's
@@ -84,20 +95,20 @@ impl CilWriter<'_> {
             }
             None => {
                 self.added_bytes += item_bytes(key) as u64;
-                self.shard.items.insert(key, CilItem { version, image: Some(image.into()) });
+                self.batch.items.insert(key, CilItem { version, image: Some(image.into()) });
             }
         }
     }
 
     /// The metadata block was freed: drop any logged image and revoke older ones.
     pub fn revoke(&mut self, blkno: u64, version: u64) {
-        let old = self.shard.items.insert(ItemKey::Block(blkno), CilItem { version, image: None });
+        let old = self.batch.items.insert(ItemKey::Block(blkno), CilItem { version, image: None });
         debug_assert!(old.is_none_or(|o| o.version < version), "block {blkno}: revoke version {version} not above the logged one");
         self.added_bytes += item_bytes(ItemKey::Revoke(blkno)) as u64;
     }
 
     pub fn busy(&mut self, e: BusyExtent) {
-        self.shard.busy.push(e);
+        self.batch.busy.push(e);
     }
 }
 
@@ -160,7 +171,9 @@ pub struct Journal {
     geo: Geometry,
     cfg: JournalConfig,
     shards: Box<[CachePadded<Mutex<CilShard>>]>,
-    /// The open CIL sequence; changes only while every shard is locked.
+    /// The open CIL sequence. A commit reads it under its shard's lock, so along any chain of
+    /// commits ordered by a lock the sequences never go down: a checkpoint that holds a change
+    /// holds everything it depends on.
     open_seq: AtomicU64,
     /// Every CIL sequence up to this one is durable in the log.
     durable_seq: AtomicU64,
@@ -215,7 +228,8 @@ impl Journal {
         // More shards than CPUs: threads are mapped to shards by their index, and with many
         // more threads than CPUs (an oversubscribed server) fewer shards would be shared.
         let nshards = (std::thread::available_parallelism().map_or(4, |n| n.get()) * 8).next_power_of_two().clamp(16, 64);
-        let shards = (0..nshards).map(|i| CachePadded::new(Mutex::new_indexed(&CIL_SHARD, i as u64, CilShard::default()))).collect();
+        let shard = || CilShard { seq: 1, open: CilBatch::default(), next: CilBatch::default() };
+        let shards = (0..nshards).map(|i| CachePadded::new(Mutex::new_indexed(&CIL_SHARD, i as u64, shard()))).collect();
         let log_start = geo.ag_layout(0).log;
         let j = Arc::new(Journal {
             ail: Ail::new(log_start, ring_blocks, header),
@@ -282,12 +296,18 @@ impl Journal {
         let shard = &self.shards[my_shard(self.shards.len())];
         let mut g = shard.lock();
         let seq = self.open_seq.load(Acquire);
-        let mut w = CilWriter { shard: &mut g, added_bytes: 0 };
+        let batch = if seq == g.seq {
+            &mut g.open
+        } else {
+            debug_assert_eq!(seq, g.seq + 1, "a switch visits every shard before the next one");
+            &mut g.next
+        };
+        let mut w = CilWriter { batch, added_bytes: 0 };
         f(&mut w);
         let added = w.added_bytes;
-        // Counted under the shard lock, so the switch (which holds every shard lock) takes
-        // out exactly the bytes of the items it takes.
-        g.bytes += added;
+        // Counted under the shard lock, so the switch takes out exactly the bytes of the
+        // items it takes.
+        batch.bytes += added;
         let total = self.cil_bytes.fetch_add(added, Relaxed) + added;
         drop(g);
         self.stats.commits.fetch_add(1, Relaxed);
@@ -387,14 +407,29 @@ impl Journal {
         Ok(())
     }
 
-    /// The only critical section that spans the shards: swap out their contents and open the
-    /// next sequence. Returns the closed sequence and its merged items, sorted by home.
+    /// Close the open sequence and take its items out of every shard, one shard lock at a
+    /// time: a committer preempted while it holds one shard delays that shard's switch only,
+    /// never commits to the others (holding all the locks at once, a switch waiting for a
+    /// preempted committer's shard stalled every shard it already held: with 48 threads on 2
+    /// CPUs that was most of the `cil-shard` wait). Commits that read the sequence before the
+    /// close finish under their shard's lock before the switch takes that shard; later ones
+    /// read the next sequence. Called under the push lock, so switches never overlap.
+    /// Returns the closed sequence and its merged items, sorted by home.
     fn switch(&self) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>, Vec<BusyExtent>) {
-        let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let seq = self.open_seq.fetch_add(1, AcqRel);
-        let taken: Vec<CilShard> = guards.iter_mut().map(|g| std::mem::take(&mut **g)).collect();
-        self.cil_bytes.fetch_sub(taken.iter().map(|s| s.bytes).sum(), Relaxed);
-        drop(guards);
+        let taken: Vec<CilBatch> = self
+            .shards
+            .iter()
+            .map(|s| {
+                let mut g = s.lock();
+                debug_assert_eq!(g.seq, seq);
+                g.seq = seq + 1;
+                let next = std::mem::take(&mut g.next);
+                let batch = std::mem::replace(&mut g.open, next);
+                self.cil_bytes.fetch_sub(batch.bytes, Relaxed);
+                batch
+            })
+            .collect();
         let mut merged: FxHashMap<ItemKey, CilItem> = FxHashMap::default();
         let mut busy = Vec::new();
         for shard in taken {
