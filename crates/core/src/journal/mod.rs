@@ -382,8 +382,9 @@ impl Journal {
     }
 
     /// Flush data written in place (fsync of a file whose metadata is already durable).
+    /// The note of unflushed data stays for the next checkpoint: a record written while this
+    /// flush is in progress may map data written before it, and must not pass it.
     pub fn flush_data(&self) -> Result<()> {
-        self.data_dirty.store(false, Relaxed);
         self.dev.flush().or_else(|e| self.fail(e))
     }
 
