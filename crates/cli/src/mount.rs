@@ -42,7 +42,7 @@ pub struct MountArgs {
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
     /// FUSE worker threads, each with its own /dev/fuse descriptor (default: one per CPU,
-    /// at least 8).
+    /// at least 2; fsyncs run on a separate pool and do not occupy them).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Make a file system of this size first if the image does not exist (e.g. 1G).

@@ -10,6 +10,7 @@
 
 use crate::access::{searchable_by_all, Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
 use crate::seek::{self, Whence};
+use crate::sync_pool::{SyncPool, SYNC_THREADS};
 use crate::{MountConfig, MAX_WRITE};
 use ferrofs::format::inode::Timespec;
 use ferrofs::{Attr, Cred, DirEntry, FileSystem, SetAttr};
@@ -37,20 +38,23 @@ pub struct FerroFuse {
     checks: bool,
     /// Set once the session exists: drops names the kernel may no longer cache.
     notifier: Arc<OnceLock<Notifier>>,
+    /// Runs fsync and fsyncdir, which wait on the device, off the workers.
+    syncs: SyncPool,
 }
 
 type Res<T> = std::result::Result<T, Errno>;
 
 impl FerroFuse {
-    pub fn new(fs: Arc<FileSystem>, opts: &MountConfig) -> FerroFuse {
-        FerroFuse {
+    pub fn new(fs: Arc<FileSystem>, opts: &MountConfig) -> std::io::Result<FerroFuse> {
+        Ok(FerroFuse {
             fs,
             entry_ttl: opts.entry_timeout,
             attr_ttl: opts.attr_timeout,
             writeback_cache: opts.writeback_cache,
             checks: !opts.default_permissions,
             notifier: Arc::new(OnceLock::new()),
-        }
+            syncs: SyncPool::start(SYNC_THREADS)?,
+        })
     }
 
     /// Where the session's notifier goes once the session exists.
@@ -58,24 +62,14 @@ impl FerroFuse {
         self.notifier.clone()
     }
 
-    /// Call the engine. An error becomes its errno; a panic (an engine bug) is contained:
-    /// the engine is shut down — no further changes, so nothing half-done reaches the disk —
-    /// and the request fails with EIO. The worker thread lives on.
     fn call<T>(&self, op: &'static str, f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>) -> Res<T> {
-        match catch_unwind(AssertUnwindSafe(|| f(&self.fs))) {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                if matches!(e, ferrofs::Error::Io(_) | ferrofs::Error::Corrupt { .. }) {
-                    eprintln!("ferrofs: {}: {}", op, e);
-                }
-                Err(Errno::from_i32(e.errno()))
-            }
-            Err(panic) => {
-                let msg = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
-                self.fs.mount().shutdown(&format!("engine panicked in {}: {}", op, msg));
-                Err(Errno::EIO)
-            }
-        }
+        call_engine(&self.fs, op, f)
+    }
+
+    /// fsync or fsyncdir, on the sync pool: the reply goes once the change is durable.
+    fn sync(&self, op: &'static str, ino: u64, datasync: bool, reply: ReplyEmpty) {
+        let fs = Arc::clone(&self.fs);
+        self.syncs.submit(move || reply_empty(reply, call_engine(&fs, op, |fs| fs.fsync(ino, datasync))));
     }
 
     fn reply_entry(&self, reply: ReplyEntry, entry_ttl: Duration, res: Res<Attr>) {
@@ -253,6 +247,26 @@ fn cred(req: &Request) -> Cred {
 
 fn caller(req: &Request) -> Caller {
     Caller::new(req.uid(), req.gid(), req.pid())
+}
+
+/// Call the engine. An error becomes its errno; a panic (an engine bug) is contained:
+/// the engine is shut down — no further changes, so nothing half-done reaches the disk —
+/// and the request fails with EIO. The calling thread lives on.
+fn call_engine<T>(fs: &FileSystem, op: &'static str, f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>) -> Res<T> {
+    match catch_unwind(AssertUnwindSafe(|| f(fs))) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => {
+            if matches!(e, ferrofs::Error::Io(_) | ferrofs::Error::Corrupt { .. }) {
+                eprintln!("ferrofs: {}: {}", op, e);
+            }
+            Err(Errno::from_i32(e.errno()))
+        }
+        Err(panic) => {
+            let msg = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+            fs.mount().shutdown(&format!("engine panicked in {}: {}", op, msg));
+            Err(Errno::EIO)
+        }
+    }
 }
 
 fn reply_empty(reply: ReplyEmpty, res: Res<()>) {
@@ -574,10 +588,7 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        match self.call("fsync", |fs| fs.fsync(ino.0, datasync)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.sync("fsync", ino.0, datasync, reply);
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -628,10 +639,7 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        match self.call("fsyncdir", |fs| fs.fsync(ino.0, datasync)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.sync("fsyncdir", ino.0, datasync, reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -742,7 +750,7 @@ mod tests {
         let dev = Arc::new(MemDevice::new(64 << 20));
         FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
         let fs = FileSystem::mount_device(dev, &MountOptions::default()).unwrap();
-        FerroFuse::new(Arc::new(fs), &MountConfig::new("image", "mnt"))
+        FerroFuse::new(Arc::new(fs), &MountConfig::new("image", "mnt")).unwrap()
     }
 
     #[test]
