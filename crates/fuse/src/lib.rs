@@ -75,7 +75,8 @@
 //! the kernel's fuse tracepoints shows the requests per removed file: UNLINK + GETATTR with
 //! it, UNLINK alone without; minifuse mounted with `default_permissions` also sends both,
 //! and loses about a third of its removal rate. With the checks here, `ferrofs bench fsmark`
-//! removal went from 0.47x to 0.63x minifuse (8 threads; `docs/bench-fsmark.md`).
+//! removal went from 0.47x to 0.63x minifuse (8 threads, 8 workers), and to 0.97x with one
+//! worker per CPU (`docs/bench-fsmark.md`).
 //!
 //! What the kernel caches is not checked again: a path walk through names it holds sends no
 //! LOOKUP. So names in a directory that some class may not search are given entry timeout 0
