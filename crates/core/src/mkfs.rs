@@ -128,6 +128,10 @@ fn write_log(dev: &dyn BlockDevice, geo: &Geometry) -> Result<()> {
     }
     // Zero the first ring block so no stale record from an earlier file system replays.
     dev.write_at(&[0u8; BLOCK_SIZE], (l.log + 2) * BLOCK_SIZE as u64)?;
+    // The log is written over and over for the file system's life: allocate its storage
+    // once here rather than on each record's first pass (a sparse image file, or one on a
+    // host file system, would otherwise allocate inside fsync's latency).
+    dev.preallocate(l.log * BLOCK_SIZE as u64, geo.log_blocks * BLOCK_SIZE as u64)?;
     Ok(())
 }
 
