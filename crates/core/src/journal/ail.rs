@@ -168,18 +168,24 @@ impl Ail {
     /// The items of `batch` that no later record supersedes (revokes write nothing), as
     /// (item, index of its entry in `batch`, offset of its image in that entry's record).
     fn live_items(&self, batch: &[Entry]) -> Vec<(ItemKey, usize, usize)> {
-        let mut g = self.inner.lock();
         let mut out = Vec::new();
+        // A chunk at a time: a checkpoint completing meanwhile (an fsync) waits for this lock,
+        // and a batch may hold hundreds of thousands of items. A record marked durable between
+        // chunks only supersedes items, which are then skipped: its own copy goes home later.
         for (i, e) in batch.iter().enumerate() {
-            for &(k, at) in &e.items {
-                if g.latest.get(&home(k)) == Some(&e.rec_seq) {
-                    g.latest.remove(&home(k));
-                    if !matches!(k, ItemKey::Revoke(_)) {
-                        out.push((k, i, at));
+            for chunk in e.items.chunks(LIVE_ITEMS_CHUNK) {
+                let mut g = self.inner.lock();
+                for &(k, at) in chunk {
+                    if g.latest.get(&home(k)) == Some(&e.rec_seq) {
+                        g.latest.remove(&home(k));
+                        if !matches!(k, ItemKey::Revoke(_)) {
+                            out.push((k, i, at));
+                        }
                     }
                 }
             }
         }
+        let mut g = self.inner.lock();
         // A burst of checkpoints grows the map; give the memory back once writeback drained
         // it (rarely: only when it is four times larger than it needs to be).
         if g.latest.capacity() > 4 * g.latest.len().max(1024) {
@@ -197,6 +203,9 @@ impl Ail {
         (h, self.log_start + (g.gen & 1))
     }
 }
+
+/// Items `live_items` looks up per hold of the AIL lock.
+const LIVE_ITEMS_CHUNK: usize = 1024;
 
 /// Largest single write writeback issues.
 const COALESCE_MAX: usize = 1 << 20;
