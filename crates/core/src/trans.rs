@@ -255,7 +255,12 @@ impl<'m> Tx<'m> {
     pub fn commit(mut self) -> Result<u64> {
         self.m.check_alive()?;
         let m = self.m;
-        let mut agnos: SmallVec<[u32; 4]> = self.ops.iter().map(|o| o.agno(m)).chain(self.reserved.iter().map(|r| r.0)).collect();
+        // Only the AGs whose bitmaps or orphan tables change are locked through the CIL
+        // insertion (another transaction's change to the same block must not reach the log
+        // before this one). An AG that only lent a reservation gives back what is left after
+        // the commit: holding its lock through the insertion would make every rename and
+        // create meet the other threads of the AG there.
+        let mut agnos: SmallVec<[u32; 4]> = self.ops.iter().map(|o| o.agno(m)).collect();
         agnos.sort_unstable();
         agnos.dedup();
         let mut guards: SmallVec<[_; 4]> = agnos.iter().map(|&a| (a, m.ags[a as usize].lock())).collect();
@@ -282,9 +287,12 @@ impl<'m> Tx<'m> {
                 AgOp::OrphanClear { slot, .. } => bufs.push(ag.set_disk_orphan(g, slot, 0)),
             }
         }
+        let mut reserved_only: SmallVec<[(u32, u64); 2]> = SmallVec::new();
         for (agno, n) in self.reserved.drain(..) {
-            let g = &mut guards.iter_mut().find(|(a, _)| *a == agno).unwrap().1;
-            m.ags[agno as usize].unreserve(g, n);
+            match guards.iter_mut().find(|(a, _)| *a == agno) {
+                Some((_, g)) => m.ags[agno as usize].unreserve(g, n),
+                None => reserved_only.push((agno, n)),
+            }
         }
         bufs.sort_unstable_by_key(|b| b.blkno);
         bufs.dedup_by_key(|b| b.blkno);
@@ -307,6 +315,10 @@ impl<'m> Tx<'m> {
             }
         });
         drop(guards);
+        for (agno, n) in reserved_only {
+            let ag = &m.ags[agno as usize];
+            ag.unreserve(&mut ag.lock(), n);
+        }
         for l in &inodes {
             l.inode.note_commit(seq, l.data);
         }

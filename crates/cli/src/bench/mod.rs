@@ -77,6 +77,11 @@ pub struct BenchArgs {
     /// Files in the one-big-directory phase (single thread; embedded); 0 skips it.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
     pub big_dir: u64,
+    /// scale: the read-only phases (stat, open/close, readdir) repeat passes over their
+    /// files until this many milliseconds have passed, each thread at least one full pass;
+    /// every operation done is counted.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub min_phase_ms: u64,
     /// scale: files each thread creates, stats and removes in the mdtest pattern.
     #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub mdtest_files: u64,

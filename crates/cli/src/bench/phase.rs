@@ -1,20 +1,28 @@
 //! One timed phase: every thread applies an operation to each name of its share, in its
 //! directory. Threads are spawned first and released together by a barrier; the clock runs
 //! from the first thread's release until the last thread is done and `finish` (e.g. sync)
-//! returned. The
-//! process's CPU time over the same span is taken too (it includes the journal's threads).
+//! returned. The process's CPU time over the same span is taken too (it includes the
+//! journal's threads).
+//!
+//! A read-only phase can instead run for a minimum time (`Phase::run_for`): each thread
+//! repeats passes over its share until the deadline, and every operation done is counted.
+//! One pass of a fast phase lasts a few milliseconds, so thread release and scheduling would
+//! otherwise be a large part of what is measured.
 
 use super::names::NameTable;
 use super::process;
 use crate::failure::{CliResult, Failure};
 use indicatif::ProgressBar;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
-/// Names a worker handles between progress updates (and checks for a failed peer).
+/// Names a worker handles between progress updates.
 const PROGRESS_CHUNK: usize = 4096;
+/// Names a worker handles between checks for a failed peer and for the deadline: the
+/// threads of a timed phase stop within this many operations of it.
+pub const STOP_CHECK: usize = 64;
 
 /// What one thread works on: a directory and a contiguous share of the name table.
 #[derive(Clone, Debug)]
@@ -52,35 +60,96 @@ where
         timed(
             self.what,
             shares.len(),
-            |t| self.work(&shares[t], &failed),
+            |t| self.pass(&shares[t], &failed, None).map(drop),
             || finish().map_err(|e| Failure::new(format!("{}: sync", self.what), e)),
         )
     }
 
-    fn work(&self, share: &Share, failed: &AtomicBool) -> CliResult<()> {
-        let mut from = share.names.start;
-        while from < share.names.end && !failed.load(Relaxed) {
-            let to = (from + PROGRESS_CHUNK).min(share.names.end);
-            for i in from..to {
-                let name = self.names.get(i);
-                if let Err(e) = (self.op)(share.dir, name) {
-                    failed.store(true, Relaxed);
-                    return Err(Failure::new(
-                        format!("{} {}", self.what, String::from_utf8_lossy(name)),
-                        e,
-                    ));
-                }
+    /// Run the phase over `shares` (one thread each) for at least `min`: see `repeat`.
+    /// Returns the time it took and the operations done.
+    pub fn run_for(&self, shares: &[Share], min: Duration) -> CliResult<(Timing, u64)> {
+        let failed = AtomicBool::new(false);
+        let deadline = Deadline::new(min);
+        let ops = AtomicU64::new(0);
+        let timing = timed(
+            self.what,
+            shares.len(),
+            |t| {
+                let done = repeat(&deadline, |until| self.pass(&shares[t], &failed, until))?;
+                ops.fetch_add(done, Relaxed);
+                Ok(())
+            },
+            || Ok(()),
+        )?;
+        Ok((timing, ops.into_inner()))
+    }
+
+    /// One pass over `share`, cut short at `until` if given; returns the operations done.
+    fn pass(&self, share: &Share, failed: &AtomicBool, until: Option<Instant>) -> CliResult<u64> {
+        let mut done = 0;
+        for i in share.names.clone() {
+            if done % STOP_CHECK == 0
+                && (failed.load(Relaxed) || until.is_some_and(|u| Instant::now() >= u))
+            {
+                break;
             }
-            self.bar.inc((to - from) as u64);
-            from = to;
+            let name = self.names.get(i);
+            if let Err(e) = (self.op)(share.dir, name) {
+                failed.store(true, Relaxed);
+                return Err(Failure::new(
+                    format!("{} {}", self.what, String::from_utf8_lossy(name)),
+                    e,
+                ));
+            }
+            done += 1;
+            if done % PROGRESS_CHUNK == 0 {
+                self.bar.inc(PROGRESS_CHUNK as u64);
+            }
         }
-        Ok(())
+        self.bar.inc((done % PROGRESS_CHUNK) as u64);
+        Ok(done as u64)
     }
 }
 
+/// When the workers of a phase run for a minimum time stop: `min` after the first of them
+/// started (the clock of `timed` starts then too; a thread that starts late under
+/// oversubscription must not extend the phase).
+pub struct Deadline {
+    start: OnceLock<Instant>,
+    min: Duration,
+}
+
+impl Deadline {
+    pub fn new(min: Duration) -> Deadline {
+        Deadline {
+            start: OnceLock::new(),
+            min,
+        }
+    }
+
+    fn arm(&self) -> Instant {
+        *self.start.get_or_init(Instant::now) + self.min
+    }
+}
+
+/// A worker's passes until `deadline`: the first runs in full, so every name is visited at
+/// least once whatever the deadline; later ones are given the deadline to stop at, and none
+/// starts after it. `pass` returns the operations it did; the sum is returned.
+pub fn repeat(
+    deadline: &Deadline,
+    mut pass: impl FnMut(Option<Instant>) -> CliResult<u64>,
+) -> CliResult<u64> {
+    let until = deadline.arm();
+    let mut ops = pass(None)?;
+    while Instant::now() < until {
+        ops += pass(Some(until))?;
+    }
+    Ok(ops)
+}
+
 /// Run `work(t)` on `threads` threads, released together by a barrier; the clock runs from
-/// the first thread's release until every thread returned and `finish` returned. `what` names the work in
-/// a failure. Every benchmark's timed section goes through here.
+/// the first thread's release until every thread returned and `finish` returned. `what`
+/// names the work in a failure. Every benchmark's timed section goes through here.
 pub fn timed<W, F>(what: &str, threads: usize, work: W, finish: F) -> CliResult<Timing>
 where
     W: Fn(usize) -> CliResult<()> + Sync,

@@ -196,13 +196,19 @@ pub fn print_locks(locks: &[ClassStats], lock_timing: bool) {
 impl PhaseStats {
     /// Rates of `ops` operations done in each run's `times` (at least one run).
     pub fn new(phase: &'static str, ops: usize, times: &[Timing]) -> PhaseStats {
-        let ops_per_sec: Vec<f64> = times
+        let runs: Vec<(u64, Timing)> = times.iter().map(|&t| (ops as u64, t)).collect();
+        PhaseStats::counted(phase, &runs)
+    }
+
+    /// Rates of runs that each did their own number of operations: (ops, time) per run.
+    pub fn counted(phase: &'static str, runs: &[(u64, Timing)]) -> PhaseStats {
+        let ops_per_sec: Vec<f64> = runs
             .iter()
-            .map(|t| ops as f64 / t.wall.as_secs_f64().max(1e-9))
+            .map(|(ops, t)| *ops as f64 / t.wall.as_secs_f64().max(1e-9))
             .collect();
-        let cpu_us_per_op: Vec<f64> = times
+        let cpu_us_per_op: Vec<f64> = runs
             .iter()
-            .map(|t| t.cpu.as_secs_f64() * 1e6 / ops.max(1) as f64)
+            .map(|(ops, t)| t.cpu.as_secs_f64() * 1e6 / (*ops).max(1) as f64)
             .collect();
         let rates = Spread::of(&ops_per_sec);
         PhaseStats {

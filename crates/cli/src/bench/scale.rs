@@ -5,7 +5,12 @@
 //! and unlink it. Then seed 001's mdtest pattern (`mdtest -F -C -T -r -u -n N`): each thread
 //! creates N files in a directory of its own, stats them and removes them.
 //!
-//! Every phase reports ops/s, its scaling against one thread, the AG allocation retries it
+//! The mutating phases do each file once and end with sync(). The read-only ones (stat,
+//! open/close, readdir) repeat passes over the files for at least `--min-phase-ms`, every
+//! operation counted: a single pass lasts milliseconds, and would measure thread release and
+//! scheduling more than the engine.
+//!
+//! Every phase reports ops/s, its wall time, its scaling against one thread, the AG allocation retries it
 //! caused, and the lock classes its threads waited on most, each as a share of the phase's
 //! thread time (wait total / (threads x wall time)). The lock figures of a phase are the
 //! difference of two lockstat snapshots around it, so they cover exactly that phase (the
@@ -13,8 +18,8 @@
 //! Two targets are checked and printed as PASS/MISS lines.
 
 use super::names::{self, NameTable};
-use super::phase::{timed, Phase, Share, Timing};
-use super::report::{rate_cell, Figures, PhaseStats};
+use super::phase::{repeat, timed, Deadline, Phase, Share, Timing, STOP_CHECK};
+use super::report::{rate_cell, Figures, PhaseStats, Spread};
 use super::session::Session;
 use super::{scratch, BenchArgs, Layout, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
@@ -27,6 +32,7 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 /// Lock classes reported per phase.
 const TOP_LOCKS: usize = 5;
@@ -42,6 +48,8 @@ pub struct ScaleFigures {
     pub files: usize,
     /// Files each thread creates in the mdtest pattern.
     pub mdtest_files_per_thread: usize,
+    /// Minimum wall time of a read-only phase (it repeats passes over its files).
+    pub min_phase_ms: u64,
     pub threads: Vec<usize>,
     pub rows: Vec<ScaleRow>,
     pub mdtest: Vec<ScaleRow>,
@@ -53,8 +61,10 @@ pub struct ScaleFigures {
 pub struct ScaleRow {
     pub layout: Layout,
     pub threads: usize,
-    /// Operations per run (readdir: entries returned).
-    pub ops: usize,
+    /// Operations done in each run (readdir: entries returned).
+    pub ops: Vec<u64>,
+    /// Wall time of each run, seconds.
+    pub wall_seconds: Vec<f64>,
     #[serde(flatten)]
     pub stats: PhaseStats,
     /// Median ops/s over the median at the smallest thread count measured.
@@ -86,6 +96,7 @@ pub struct Target {
 /// One phase of one run: its time and what it did to the counters.
 struct Sample {
     timing: Timing,
+    ops: u64,
     retries: u64,
     /// Per class: (acquisitions, contentions, wait ns) during the phase.
     locks: HashMap<&'static str, [u64; 3]>,
@@ -120,6 +131,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         fs: &session.fs,
         names: &names,
         bar: &bar,
+        min: Duration::from_millis(args.min_phase_ms),
     };
     let mut rows = Vec::new();
     for layout in [Layout::Private, Layout::Shared] {
@@ -130,11 +142,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
                     bench.main_run(layout, t, files, &run_label(layout.name(), t, r, args.runs))
                 })
                 .collect::<CliResult<_>>()?;
-            let ops = |phase: &str| match (phase, layout) {
-                ("readdir", Layout::Shared) => files * t,
-                _ => files,
-            };
-            group.extend(rows_of(layout, t, &PHASES, &runs, ops));
+            group.extend(rows_of(layout, t, &PHASES, &runs));
         }
         rows.extend(with_scaling(group));
     }
@@ -143,9 +151,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         let runs: Vec<Vec<Sample>> = (0..args.runs)
             .map(|r| bench.mdtest_run(t, per_thread, &run_label("mdtest", t, r, args.runs)))
             .collect::<CliResult<_>>()?;
-        mdtest.extend(rows_of(Layout::Private, t, &MDTEST_PHASES, &runs, |_| {
-            per_thread * t
-        }));
+        mdtest.extend(rows_of(Layout::Private, t, &MDTEST_PHASES, &runs));
     }
     let mdtest = with_scaling(mdtest);
     bar.finish_and_clear();
@@ -156,6 +162,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         ScaleFigures {
             files,
             mdtest_files_per_thread: per_thread,
+            min_phase_ms: args.min_phase_ms,
             threads,
             rows,
             mdtest,
@@ -172,6 +179,8 @@ struct Scale<'a> {
     fs: &'a FileSystem,
     names: &'a NameTable,
     bar: &'a ProgressBar,
+    /// Minimum wall time of a read-only phase.
+    min: Duration,
 }
 
 impl Scale<'_> {
@@ -202,16 +211,19 @@ impl Scale<'_> {
             })
             .collect();
         let sync = || fs.sync();
+        // The mutating phases do each file once.
+        let once = |t: Timing| (t, files as u64);
         let mut samples = Vec::with_capacity(PHASES.len());
         samples.push(measured(fs, || {
             self.phase(label, "create", files, |d, n| {
                 fs.create(d, n, FILE_MODE, CRED).map(drop)
             })
             .run(&shares, sync)
+            .map(once)
         })?);
         samples.push(measured(fs, || {
             self.phase(label, "stat", files, |d, n| stat(fs, d, n))
-                .run(&shares, || Ok(()))
+                .run_for(&shares, self.min)
         })?);
         samples.push(measured(fs, || {
             self.phase(label, "open/close", files, |d, n| {
@@ -219,19 +231,21 @@ impl Scale<'_> {
                 fs.open(ino)?;
                 fs.release(ino)
             })
-            .run(&shares, || Ok(()))
+            .run_for(&shares, self.min)
         })?);
-        let listed = if layout == Layout::Private {
-            files
+        // Every thread lists its whole directory: in the shared layout, all of it.
+        let per_listing = if layout == Layout::Private {
+            None
         } else {
-            files * threads
+            Some(files)
         };
-        samples.push(measured(fs, || self.readdir(label, &shares, listed))?);
+        samples.push(measured(fs, || self.readdir(label, &shares, per_listing))?);
         samples.push(measured(fs, || {
             self.phase(label, "rename in dir", files, |d, n| {
                 fs.rename(d, n, d, renamed(n).as_slice(), 0)
             })
             .run(&shares, sync)
+            .map(once)
         })?);
         samples.push(measured(fs, || {
             self.phase(label, "rename across", files, |d, n| {
@@ -239,12 +253,14 @@ impl Scale<'_> {
                 fs.rename(d, r.as_slice(), other(d), r.as_slice(), 0)
             })
             .run(&shares, sync)
+            .map(once)
         })?);
         samples.push(measured(fs, || {
             self.phase(label, "unlink", files, |d, n| {
                 fs.unlink(other(d), renamed(n).as_slice())
             })
             .run(&shares, sync)
+            .map(once)
         })?);
         self.remove_dirs(&format!("{label} a"), count)?;
         self.remove_dirs(&format!("{label} b"), count)?;
@@ -264,57 +280,82 @@ impl Scale<'_> {
             })
             .collect();
         let total = per_thread * threads;
+        let once = |t: Timing| (t, total as u64);
         let samples = vec![
             measured(fs, || {
                 self.phase(label, "create", total, |d, n| {
                     fs.create(d, n, FILE_MODE, CRED).map(drop)
                 })
                 .run(&shares, || fs.sync())
+                .map(once)
             })?,
             measured(fs, || {
                 self.phase(label, "stat", total, |d, n| stat(fs, d, n))
-                    .run(&shares, || Ok(()))
+                    .run_for(&shares, self.min)
             })?,
             measured(fs, || {
                 self.phase(label, "remove", total, |d, n| fs.unlink(d, n))
                     .run(&shares, || fs.sync())
+                    .map(once)
             })?,
         ];
         self.remove_dirs(label, threads)?;
         Ok(samples)
     }
 
-    /// Each thread lists its share's directory in full (in the shared layout, every thread
-    /// lists the one directory); `expect` entries in all, "." and ".." not counted.
-    fn readdir(&self, label: &str, shares: &[Share], expect: usize) -> CliResult<Timing> {
-        self.point_bar(label, "readdir", expect);
+    /// Each thread lists its share's directory again and again for at least the minimum
+    /// phase time (see `phase::repeat`); returns the entries listed in all ("." and ".." not
+    /// counted). A full listing must return the thread's share of names, or all `shared`
+    /// names when the threads share the directory.
+    fn readdir(
+        &self,
+        label: &str,
+        shares: &[Share],
+        shared: Option<usize>,
+    ) -> CliResult<(Timing, u64)> {
+        let pass = shares.iter().map(|s| shared.unwrap_or(s.names.len())).sum();
+        self.point_bar(label, "readdir", pass);
+        let deadline = Deadline::new(self.min);
         let listed = AtomicU64::new(0);
         let timing = timed(
             "readdir",
             shares.len(),
             |t| {
-                let dir = shares[t].dir;
-                let mut n = 0u64;
-                self.fs
-                    .readdir(dir, 0, &mut |e| {
-                        n += u64::from(e.name != b"." && e.name != b"..");
-                        true
-                    })
-                    .map_err(|e| Failure::new(format!("readdir of directory inode {dir}"), e))?;
+                let share = &shares[t];
+                let expect = shared.unwrap_or(share.names.len()) as u64;
+                let n = repeat(&deadline, |until| {
+                    let (n, whole) = self.list(share.dir, until)?;
+                    if whole && n != expect {
+                        return Err(Failure::new(
+                            "readdir",
+                            format!("directory inode {} listed {n} entries, expected {expect}", share.dir),
+                        ));
+                    }
+                    Ok(n)
+                })?;
                 listed.fetch_add(n, Relaxed);
-                self.bar.inc(n);
                 Ok(())
             },
             || Ok(()),
         )?;
-        let listed = listed.into_inner();
-        if listed != expect as u64 {
-            return Err(Failure::new(
-                "readdir",
-                format!("listed {listed} entries, expected {expect}"),
-            ));
-        }
-        Ok(timing)
+        Ok((timing, listed.into_inner()))
+    }
+
+    /// One listing of `dir`, cut short at `until` if given: (entries, whether it was whole).
+    fn list(&self, dir: u64, until: Option<Instant>) -> CliResult<(u64, bool)> {
+        let (mut n, mut whole) = (0u64, true);
+        self.fs
+            .readdir(dir, 0, &mut |e| {
+                if n % STOP_CHECK as u64 == 0 && until.is_some_and(|u| Instant::now() >= u) {
+                    whole = false;
+                    return false;
+                }
+                n += u64::from(e.name != b"." && e.name != b"..");
+                true
+            })
+            .map_err(|e| Failure::new(format!("readdir of directory inode {dir}"), e))?;
+        self.bar.inc(n);
+        Ok((n, whole))
     }
 
     fn point_bar(&self, label: &str, what: &str, len: usize) {
@@ -388,10 +429,20 @@ fn renamed(name: &[u8]) -> Renamed {
     }
 }
 
-/// Run one phase and take what it did to the lock and allocation counters.
-fn measured(fs: &FileSystem, phase: impl FnOnce() -> CliResult<Timing>) -> CliResult<Sample> {
+/// Run one phase (it returns its time and the operations it did) and take what it did to
+/// the lock and allocation counters. The log is written home first, untimed: otherwise the
+/// journal's threads would write the previous phase's changes home during this one, at a
+/// point that varies from run to run.
+fn measured(
+    fs: &FileSystem,
+    phase: impl FnOnce() -> CliResult<(Timing, u64)>,
+) -> CliResult<Sample> {
+    fs.mount()
+        .journal
+        .quiesce()
+        .context(|| "write the log home".to_string())?;
     let (locks, retries) = (lock_waits(), alloc_retries(fs));
-    let timing = phase()?;
+    let (timing, ops) = phase()?;
     let mut after = lock_waits();
     for (class, before) in locks {
         if let Some(a) = after.get_mut(class) {
@@ -402,6 +453,7 @@ fn measured(fs: &FileSystem, phase: impl FnOnce() -> CliResult<Timing>) -> CliRe
     }
     Ok(Sample {
         timing,
+        ops,
         retries: alloc_retries(fs) - retries,
         locks: after,
     })
@@ -433,17 +485,15 @@ fn rows_of(
     threads: usize,
     phases: &[&'static str],
     runs: &[Vec<Sample>],
-    ops: impl Fn(&str) -> usize,
 ) -> Vec<ScaleRow> {
     phases
         .iter()
         .enumerate()
         .map(|(p, &phase)| {
             let samples: Vec<&Sample> = runs.iter().map(|r| &r[p]).collect();
-            let times: Vec<Timing> = samples.iter().map(|s| s.timing).collect();
-            let thread_ns: f64 = times
+            let thread_ns: f64 = samples
                 .iter()
-                .map(|t| t.wall.as_nanos() as f64 * threads as f64)
+                .map(|s| s.timing.wall.as_nanos() as f64 * threads as f64)
                 .sum();
             let mut sums: HashMap<&'static str, [u64; 3]> = HashMap::new();
             for s in &samples {
@@ -471,8 +521,12 @@ fn rows_of(
             ScaleRow {
                 layout,
                 threads,
-                ops: ops(phase),
-                stats: PhaseStats::new(phase, ops(phase), &times),
+                ops: samples.iter().map(|s| s.ops).collect(),
+                wall_seconds: samples.iter().map(|s| s.timing.wall.as_secs_f64()).collect(),
+                stats: PhaseStats::counted(
+                    phase,
+                    &samples.iter().map(|s| (s.ops, s.timing)).collect::<Vec<_>>(),
+                ),
                 scaling: 1.0,
                 scaling_base_threads: threads,
                 ag_alloc_retries: samples.iter().map(|s| s.retries).sum(),
@@ -600,10 +654,11 @@ impl ScaleFigures {
     fn print_rows(&self, title: &str, rows: &[&ScaleRow], flag: bool) {
         println!("{title}");
         println!(
-            "{:<14} {:>7} {:>29} {:>6} {:>9}  top locks by wait (share of threads x wall time{})",
+            "{:<14} {:>7} {:>29} {:>7} {:>6} {:>9}  top locks by wait (share of threads x wall time{})",
             "phase",
             "threads",
             "ops/s median [min-max]",
+            "wall ms",
             "scale",
             "CPU us/op",
             if flag { "; ! above 5%" } else { "" }
@@ -623,10 +678,11 @@ impl ScaleFigures {
                 })
                 .collect();
             println!(
-                "{:<14} {:>7} {:>29} {:>6.2} {:>9.2}  {}",
+                "{:<14} {:>7} {:>29} {:>7.0} {:>6.2} {:>9.2}  {}",
                 r.stats.phase,
                 r.threads,
                 rate_cell(&r.stats),
+                Spread::of(&r.wall_seconds).median * 1e3,
                 r.scaling,
                 r.stats.cpu_us_per_op_median,
                 if locks.is_empty() {
@@ -672,8 +728,9 @@ impl ScaleFigures {
 impl Figures for ScaleFigures {
     fn print(&self) {
         println!(
-            "scale: {} files per run split over the threads; create, renames and unlink end with sync(); readdir counts entries listed; scale = median / median at the fewest threads\n",
-            grouped(self.files as u64)
+            "scale: {} files per run split over the threads, threads released together by a barrier; create, renames and unlink do each file once and end with sync(); stat, open/close and readdir repeat passes over the files for at least {} ms (each thread one full pass at least), every operation counted; readdir counts entries listed; wall ms = median time of the phase; scale = median / median at the fewest threads\n",
+            grouped(self.files as u64),
+            self.min_phase_ms
         );
         self.print_rows(
             "private directories (two per thread: renames across go between them)",

@@ -30,13 +30,23 @@ impl Session {
     /// Make a scratch image (where --image/--mem say) with room for `inodes` live inodes,
     /// mount it, and zero the lock statistics so they cover the workload only.
     pub fn open(args: &BenchArgs, inodes: u64, opts: MkfsOptions) -> CliResult<Session> {
+        Session::open_with(args, inodes, opts, &MountOptions::default())
+    }
+
+    /// As `open`, mounted with `mount` (e.g. a cache budget of its own).
+    pub fn open_with(
+        args: &BenchArgs,
+        inodes: u64,
+        opts: MkfsOptions,
+        mount: &MountOptions,
+    ) -> CliResult<Session> {
         let image = scratch::create(
             args.image.as_deref(),
             args.mem,
             scratch::image_size(inodes),
             opts,
         )?;
-        let fs = FileSystem::mount_device(image.dev.clone(), &MountOptions::default())
+        let fs = FileSystem::mount_device(image.dev.clone(), mount)
             .context(|| "mount the benchmark image".to_string())?;
         lockstat::reset();
         Ok(Session { fs, image })

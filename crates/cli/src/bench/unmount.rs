@@ -2,7 +2,8 @@
 //! the inodes another file system A of the same process has cached: each mount walks only
 //! its own caches. B's unmount is timed run by run (mount B, touch each of its files, unmount)
 //! first with no A, then again while A holds N cached inodes; the report gives both and
-//! their ratio.
+//! their ratio. A's cache budget is sized so that it keeps all N: the default budget
+//! (256 MiB) would hold about two thirds of a million.
 
 use super::phase::{Phase, Share};
 use super::report::{Figures, Spread};
@@ -11,7 +12,9 @@ use super::{names, scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
 use crate::progress;
 use crate::units::grouped;
+use ferrofs::cache::{CacheBudget, BUF_COST, DEFAULT_CACHE_BYTES};
 use ferrofs::format::ROOT_INO;
+use ferrofs::inode::INODE_COST;
 use ferrofs::{FileSystem, MountOptions, SetAttr, TimeOrNow};
 use names::NameTable;
 use serde::Serialize;
@@ -24,8 +27,11 @@ const BUILD_THREADS: usize = 2;
 
 #[derive(Serialize)]
 pub struct UnmountFigures {
-    /// Inodes cached by A while B was unmounted (A's inode cache size).
+    /// Files created in A, and the inodes A had cached while B was unmounted (A's inode
+    /// cache size: the files, their directories and the root).
+    pub a_files: usize,
     pub a_cached_inodes: u64,
+    pub a_cache_budget_bytes: u64,
     pub a_build_seconds: f64,
     /// Files in B, and the inodes B had cached at each unmount.
     pub b_files: usize,
@@ -58,10 +64,15 @@ pub(super) fn measure(
     let without: Vec<f64> = (0..runs)
         .map(|_| b.cycle(&names, &mut b_cached))
         .collect::<CliResult<_>>()?;
-    let session = Session::open(
+    let a_cache_budget_bytes = a_budget(a_files);
+    let session = Session::open_with(
         args,
         a_files as u64 + 16,
         scratch::mkfs_options(BUILD_THREADS),
+        &MountOptions {
+            cache: Some(CacheBudget::new(a_cache_budget_bytes)),
+            ..MountOptions::default()
+        },
     )?;
     let started = Instant::now();
     build(&session.fs, &names, a_files)?;
@@ -83,7 +94,9 @@ pub(super) fn measure(
     Ok((
         session,
         UnmountFigures {
+            a_files,
             a_cached_inodes,
+            a_cache_budget_bytes,
             a_build_seconds,
             b_files,
             b_cached_inodes: b_cached,
@@ -94,6 +107,13 @@ pub(super) fn measure(
             met: ratio <= TARGET_RATIO,
         },
     ))
+}
+
+/// A's cache budget: room for each file's inode and a whole metadata block per file besides
+/// (far more than its share of directory, inode-table and bitmap blocks), so that A keeps
+/// every inode cached. A budget is a limit, not an allocation: A uses what it caches.
+fn a_budget(files: usize) -> u64 {
+    DEFAULT_CACHE_BYTES.max(files as u64 * (INODE_COST + BUF_COST))
 }
 
 /// File system A: `files` empty files over `BUILD_THREADS` directories, all left cached
@@ -200,9 +220,12 @@ impl Figures for UnmountFigures {
             grouped(self.b_cached_inodes)
         );
         println!(
-            "A: {} inodes cached (built in {:.1} s); B's unmount, seconds median [min-max]:",
+            "A: {} files created, {} inodes cached (cache budget {} MiB; built in {:.1} s); B's unmount, median [min-max] of {} runs:",
+            grouped(self.a_files as u64),
             grouped(self.a_cached_inodes),
-            self.a_build_seconds
+            self.a_cache_budget_bytes >> 20,
+            self.a_build_seconds,
+            self.seconds_with_a.runs.len()
         );
         let ms = |v: f64| format!("{:.3}ms", v * 1e3);
         println!("  without A: {}", self.seconds_without_a.cell(ms));
