@@ -135,25 +135,24 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     };
     let mut rows = Vec::new();
     for layout in [Layout::Private, Layout::Shared] {
-        let mut group = Vec::new();
-        for &t in &threads {
-            let runs: Vec<Vec<Sample>> = (0..args.runs)
-                .map(|r| {
-                    bench.main_run(layout, t, files, &run_label(layout.name(), t, r, args.runs))
-                })
-                .collect::<CliResult<_>>()?;
-            group.extend(rows_of(layout, t, &PHASES, &runs));
-        }
-        rows.extend(with_scaling(group));
+        let runs = interleaved(&threads, args.runs, |t, r| {
+            bench.main_run(layout, t, files, &run_label(layout.name(), t, r, args.runs))
+        })?;
+        let group = threads.iter().zip(&runs);
+        rows.extend(with_scaling(
+            group.flat_map(|(&t, runs)| rows_of(layout, t, &PHASES, runs)).collect(),
+        ));
     }
-    let mut mdtest = Vec::new();
-    for &t in &threads {
-        let runs: Vec<Vec<Sample>> = (0..args.runs)
-            .map(|r| bench.mdtest_run(t, per_thread, &run_label("mdtest", t, r, args.runs)))
-            .collect::<CliResult<_>>()?;
-        mdtest.extend(rows_of(Layout::Private, t, &MDTEST_PHASES, &runs));
-    }
-    let mdtest = with_scaling(mdtest);
+    let runs = interleaved(&threads, args.runs, |t, r| {
+        bench.mdtest_run(t, per_thread, &run_label("mdtest", t, r, args.runs))
+    })?;
+    let mdtest = with_scaling(
+        threads
+            .iter()
+            .zip(&runs)
+            .flat_map(|(&t, runs)| rows_of(Layout::Private, t, &MDTEST_PHASES, runs))
+            .collect(),
+    );
     bar.finish_and_clear();
     let targets = check_targets(&rows, &mdtest, max_threads);
     session.finish(
@@ -169,6 +168,29 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
             targets,
         },
     )
+}
+
+/// `runs` runs of `run` at every thread count, one pass over the thread counts per run,
+/// ascending on even passes and descending on odd ones: every thread count meets the image
+/// and the machine at each age, so drift over the benchmark (an image aged by earlier runs,
+/// other load) does not favour the counts measured first. Samples per thread count.
+fn interleaved<S>(
+    threads: &[usize],
+    runs: u64,
+    mut run: impl FnMut(usize, u64) -> CliResult<S>,
+) -> CliResult<Vec<Vec<S>>> {
+    let mut samples: Vec<Vec<S>> = threads.iter().map(|_| Vec::new()).collect();
+    for r in 0..runs {
+        let order: Vec<usize> = if r % 2 == 0 {
+            (0..threads.len()).collect()
+        } else {
+            (0..threads.len()).rev().collect()
+        };
+        for i in order {
+            samples[i].push(run(threads[i], r)?);
+        }
+    }
+    Ok(samples)
 }
 
 fn run_label(what: &str, t: usize, run: u64, runs: u64) -> String {
@@ -728,7 +750,7 @@ impl ScaleFigures {
 impl Figures for ScaleFigures {
     fn print(&self) {
         println!(
-            "scale: {} files per run split over the threads, threads released together by a barrier; create, renames and unlink do each file once and end with sync(); stat, open/close and readdir repeat passes over the files for at least {} ms (each thread one full pass at least), every operation counted; readdir counts entries listed; wall ms = median time of the phase; scale = median / median at the fewest threads\n",
+            "scale: {} files per run split over the threads, threads released together by a barrier; create, renames and unlink do each file once and end with sync(); stat, open/close and readdir repeat passes over the files for at least {} ms (each thread one full pass at least), every operation counted; readdir counts entries listed; runs interleave the thread counts (ascending, then descending); wall ms = median time of the phase; scale = median / median at the fewest threads\n",
             grouped(self.files as u64),
             self.min_phase_ms
         );
