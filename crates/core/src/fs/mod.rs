@@ -276,6 +276,16 @@ impl FileSystem {
     fn make_node(&self, parent: u64, name: &[u8], mode: u16, cred: Cred, init: impl FnOnce(&mut Tx, u64, &mut DiskInode) -> Result<()>) -> Result<Attr> {
         dir::check_name(name)?;
         let p = self.m.iget(parent)?;
+        let is_dir = mode & S_IFMT == S_IFDIR;
+        // Begin (which may wait for CIL space) and allocate before taking the directory's
+        // lock: threads creating in one directory then meet only for the name insertion and
+        // the commit. A creation refused below gives its claims back when `tx` drops.
+        let mut tx = Tx::new(&self.m)?;
+        let pref = if is_dir { self.next_dir_ag() } else { ino_ag(parent) };
+        let (ino, gen, log_version) = tx.alloc_inode(pref, if is_dir { 0 } else { dir::INSERT_RESERVE })?;
+        if is_dir {
+            tx.reserve(ino_ag(parent), dir::INSERT_RESERVE)?;
+        }
         let mut pg = p.core.write();
         if !pg.is_dir() {
             return Err(Error::NotDir);
@@ -283,15 +293,8 @@ impl FileSystem {
         if pg.nlink == 0 {
             return Err(Error::NotFound);
         }
-        let is_dir = mode & S_IFMT == S_IFDIR;
         if is_dir && pg.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
-        }
-        let mut tx = Tx::new(&self.m)?;
-        let pref = if is_dir { self.next_dir_ag() } else { ino_ag(parent) };
-        let (ino, gen, log_version) = tx.alloc_inode(pref, if is_dir { 0 } else { dir::INSERT_RESERVE })?;
-        if is_dir {
-            tx.reserve(ino_ag(parent), dir::INSERT_RESERVE)?;
         }
         let mut di = DiskInode::new(mode, cred.uid, cred.gid, now(), gen);
         if pg.mode & crate::format::inode::S_ISGID != 0 {
