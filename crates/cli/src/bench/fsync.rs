@@ -34,6 +34,10 @@ pub struct FsyncFigures {
     pub loaded: Latency,
     /// Median loaded p99 over median unloaded p99.
     pub p99_ratio: f64,
+    /// The same ratio of the p99s of latency minus the fsync thread's run-queue wait: what
+    /// the load added beyond the thread waiting for a CPU (the load keeps both CPUs of a
+    /// 2-CPU machine busy).
+    pub p99_ratio_without_run_queue: f64,
 }
 
 /// One setting over all runs; latencies in microseconds.
@@ -94,6 +98,8 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         fsyncs_per_run: files,
         load_creators: creators,
         p99_ratio: loaded.p99_us.median / unloaded.p99_us.median,
+        p99_ratio_without_run_queue: loaded.p99_without_run_queue_us.median
+            / unloaded.p99_without_run_queue_us.median,
         unloaded,
         loaded,
     };
@@ -310,6 +316,10 @@ impl Figures for FsyncFigures {
                 l.p99_without_run_queue_us.cell(us)
             );
         }
+        println!(
+            "p99 loaded/idle without run-queue waits: {:.2}",
+            self.p99_ratio_without_run_queue
+        );
         for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
             println!(
                 "{name}: slowest 1% of fsyncs: mean {} us, of which {} us waiting for a CPU (run queue)",
