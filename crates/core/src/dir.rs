@@ -140,14 +140,14 @@ pub fn insert(s: &mut TxStore, dir: u64, di: &mut DiskInode, name: &[u8], ino: u
     Ok(())
 }
 
-/// Remove `name`; returns the entry. ENOENT if absent.
-pub fn remove(s: &mut TxStore, dir: u64, di: &mut DiskInode, name: &[u8]) -> Result<Entry> {
+/// Remove the entry `e`, found by a lookup in `di` under the directory's lock: its key
+/// still holds, so the name's collision range is not probed a second time.
+pub fn remove(s: &mut TxStore, di: &mut DiskInode, e: &Entry) -> Result<()> {
     let mut root = root_of(di);
-    let e = probe(s, root, dir, name)?.0.ok_or(Error::NotFound)?;
-    btree::remove(s, &mut root, e.key)?;
+    btree::remove(s, &mut root, e.key)?.ok_or(Error::NotFound)?;
     set_root(di, root);
     di.size = di.size.saturating_sub(1);
-    Ok(e)
+    Ok(())
 }
 
 /// Point the existing entry `e`, named `name`, at another inode (rename over an existing

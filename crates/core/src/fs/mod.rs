@@ -425,12 +425,15 @@ impl FileSystem {
             if !l.get(parent).is_dir() {
                 return Err(Error::NotDir);
             }
-            c = self.m.iget(dir::lookup(&self.m, parent, l.get(parent), name)?.ok_or(Error::NotFound)?.ino)?;
+            let mut e = dir::lookup(&self.m, parent, l.get(parent), name)?.ok_or(Error::NotFound)?;
+            c = self.m.iget(e.ino)?;
             if !l.add(&[&c]) {
                 drop(l);
                 l = Locked::new(&[&p, &c]);
-                if !self.still_points(parent, l.get(parent), name, Some(c.ino))? {
-                    continue;
+                // Unlocked meanwhile: the name may be gone, or linked again under another key.
+                match dir::lookup(&self.m, parent, l.get(parent), name)? {
+                    Some(now) if now.ino == c.ino => e = now,
+                    _ => continue,
                 }
             }
             let (mut pd, mut cd) = (l.get(parent).clone(), l.get(c.ino).clone());
@@ -444,7 +447,7 @@ impl FileSystem {
             let t = now();
             let freed = self.drop_link(&mut tx, &c, &mut cd, t)?;
             let mut s = TxStore::new(&mut tx, parent, 0);
-            dir::remove(&mut s, parent, &mut pd, name)?;
+            dir::remove(&mut s, &mut pd, &e)?;
             pd.add_blocks(parent, s.blocks)?;
             if want_dir {
                 pd.drop_dir_link(parent)?;
@@ -749,7 +752,7 @@ impl FileSystem {
                 let d = dd.as_ref().unwrap();
                 dir::retarget(&mut s, &mut opd, &old_e, oldname, dst.unwrap().ino, ftype_of(d.mode))?;
             } else {
-                dir::remove(&mut s, opi, &mut opd, oldname)?;
+                dir::remove(&mut s, &mut opd, &old_e)?;
             }
             opd.add_blocks(opi, s.blocks)?;
         }
