@@ -1,4 +1,5 @@
-//! `ferrofs bench fsmark` end to end, on the one target every Linux has (tmpfs), tiny.
+//! `ferrofs bench fsmark`, and `bench fsync` on mounted targets, end to end on the one target
+//! every Linux has (tmpfs), tiny.
 
 use std::process::Command;
 
@@ -66,4 +67,31 @@ fn fsmark_on_tmpfs_reports_files_per_second_and_cleans_up() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains("/ffb."), "{mounts}");
     assert!(!work.exists(), "{} left behind", work.display());
+}
+
+#[test]
+fn fsync_on_tmpfs_stands_next_to_the_engine_and_cleans_up() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return eprintln!("SKIPPED fsync on tmpfs: needs root to mount tmpfs");
+    }
+    let json = std::env::temp_dir().join(format!("ferrofs-fsync-test-{}.json", std::process::id()));
+    let o = Command::new(BIN)
+        .args(["bench", "fsync", "--targets", "tmpfs", "--files", "50", "--runs", "1", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run ferrofs");
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("syncfs") && out.contains("embedded") && out.contains("tmpfs"), "{out}");
+    let text = std::fs::read_to_string(&json).expect("JSON report");
+    let _ = std::fs::remove_file(&json);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let mounted = v["results"]["mounted"].as_array().expect("mounted targets");
+    assert_eq!(mounted.len(), 1, "{text}");
+    assert_eq!(mounted[0]["target"], "tmpfs");
+    assert!(mounted[0]["p99_ratio"].as_f64().unwrap() > 0.0, "{text}");
+    assert!(mounted[0]["loaded"]["load_creates"].as_u64().unwrap() > 0, "{text}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains("/ffb."), "{mounts}");
 }

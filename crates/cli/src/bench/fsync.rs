@@ -3,19 +3,29 @@
 //! it twice: alone, then while other threads create (and remove) files as fast as they can
 //! and one more thread writes checkpoints back to back. Reports p50/p99/max per setting and
 //! how each fsync was satisfied: by a checkpoint it wrote, by a concurrent checkpoint it
-//! waited for (group commit), or because its change was already durable.
+//! waited for (group commit), or because its change was already durable. With `--targets`,
+//! the same workload runs through system calls on mounted file systems too (kernel ext4,
+//! XFS, btrfs, tmpfs, ferrofs through FUSE ...), their checkpoints being syncfs(2), so the
+//! engine's figures stand next to the kernel's on the same machine.
 
 use super::names::NameTable;
 use super::process;
 use super::report::{Figures, Spread};
 use super::session::Session;
+use super::shell;
+use super::targets::{Env, Kind, Size};
 use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
 use crate::units::grouped;
 use ferrofs::format::{BLOCK_SIZE, ROOT_INO};
-use ferrofs::journal::JournalStats;
 use ferrofs::FileSystem;
 use serde::Serialize;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
@@ -30,6 +40,23 @@ const LOAD_BATCH: usize = 1000;
 pub struct FsyncFigures {
     pub fsyncs_per_run: usize,
     pub load_creators: usize,
+    /// The engine in this process.
+    #[serde(flatten)]
+    pub engine: Comparison,
+    /// The same workload on mounted file systems (`--targets`).
+    pub mounted: Vec<MountedFigures>,
+}
+
+#[derive(Serialize)]
+pub struct MountedFigures {
+    pub target: Kind,
+    #[serde(flatten)]
+    pub figures: Comparison,
+}
+
+/// One file system, idle against loaded.
+#[derive(Serialize)]
+pub struct Comparison {
     pub unloaded: Latency,
     pub loaded: Latency,
     /// Median loaded p99 over median unloaded p99.
@@ -54,7 +81,8 @@ pub struct Latency {
     /// p99 of each fsync's latency minus its run-queue wait: what the engine (its I/O and
     /// lock waits) cost, without the scheduler.
     pub p99_without_run_queue_us: Spread,
-    /// How the fsyncs were satisfied (all runs): wrote a checkpoint of the whole CIL...
+    /// How the fsyncs were satisfied (all runs; the engine only): wrote a checkpoint of the
+    /// whole CIL...
     pub wrote_checkpoint: u64,
     /// ...waited for a concurrent checkpoint that covered it (group commit)...
     pub joined_checkpoint: u64,
@@ -88,35 +116,212 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         scratch::mkfs_options(creators + 1),
     )?;
     let names = NameTable::new(files.max(LOAD_BATCH));
-    let (mut unloaded, mut loaded) = (Vec::new(), Vec::new());
-    for run in 0..args.runs {
-        unloaded.push(one_run(&session.fs, &names, files, 0, run)?);
-        loaded.push(one_run(&session.fs, &names, files, creators, run)?);
-    }
-    let (unloaded, loaded) = (Latency::of(&unloaded), Latency::of(&loaded));
+    let engine = compare(&Engine(&session.fs), &names, files, creators, args.runs)?;
+    let mounted = mounted(args, &names, files, creators)?;
     let figures = FsyncFigures {
         fsyncs_per_run: files,
         load_creators: creators,
+        engine,
+        mounted,
+    };
+    session.finish("fsync", args, figures)
+}
+
+/// `runs` runs of each setting on `fs`.
+fn compare<T: Target>(
+    fs: &T,
+    names: &NameTable,
+    files: usize,
+    creators: usize,
+    runs: u64,
+) -> CliResult<Comparison> {
+    let (mut unloaded, mut loaded) = (Vec::new(), Vec::new());
+    for run in 0..runs {
+        unloaded.push(one_run(fs, names, files, 0, run)?);
+        loaded.push(one_run(fs, names, files, creators, run)?);
+    }
+    let (unloaded, loaded) = (Latency::of(&unloaded), Latency::of(&loaded));
+    Ok(Comparison {
         p99_ratio: loaded.p99_us.median / unloaded.p99_us.median,
         p99_ratio_without_run_queue: loaded.p99_without_run_queue_us.median
             / unloaded.p99_without_run_queue_us.median,
         unloaded,
         loaded,
-    };
-    session.finish("fsync", args, figures)
+    })
 }
 
-fn counts(s: &JournalStats) -> [u64; 3] {
-    [
-        s.forced_checkpoints.load(Relaxed),
-        s.forces_joined.load(Relaxed),
-        s.fsyncs_durable.load(Relaxed),
-    ]
+/// The workload on each `--targets` file system, mounted afresh (none by default).
+fn mounted(
+    args: &BenchArgs,
+    names: &NameTable,
+    files: usize,
+    creators: usize,
+) -> CliResult<Vec<MountedFigures>> {
+    let f = &args.fsmark;
+    if f.targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    shell::catch_interrupts()?;
+    let env = Env::new(f.peers.clone(), f.mount_options.clone())?;
+    let size = Size {
+        files: (files + creators * LOAD_BATCH) as u64,
+        dirs: creators as u64 + 1,
+        threads: creators + 1,
+        data_bytes: (files * BLOCK_SIZE) as u64,
+    };
+    let mut out = Vec::new();
+    for &target in &f.targets {
+        if let Some(reason) = target.unavailable(&env) {
+            eprintln!("skipping {}: {reason}", target.name());
+            continue;
+        }
+        eprintln!("fsync on {}", target.name());
+        let m = target.mount(&env, &size)?;
+        let figures = Mounted::open(m.root())
+            .and_then(|fs| compare(&fs, names, files, creators, args.runs));
+        m.unmount()?;
+        out.push(MountedFigures { target, figures: figures? });
+    }
+    Ok(out)
+}
+
+/// What the workload needs of a file system.
+trait Target: Sync {
+    type Dir: Sync;
+    type File;
+    fn mkdir(&self, name: &str) -> CliResult<Self::Dir>;
+    /// Remove what is left of `names` in `dir` (called `name`), then `dir` itself.
+    fn remove_dir(&self, name: &str, dir: &Self::Dir, names: &NameTable) -> CliResult<()>;
+    fn create(&self, dir: &Self::Dir, name: &[u8]) -> CliResult<Self::File>;
+    fn write(&self, file: &Self::File, data: &[u8]) -> CliResult<()>;
+    fn fsync(&self, file: &Self::File) -> CliResult<()>;
+    fn unlink(&self, dir: &Self::Dir, name: &[u8]) -> CliResult<()>;
+    /// Make everything durable now: a checkpoint of the journal, syncfs(2) on a mount.
+    fn checkpoint(&self) -> CliResult<()>;
+    /// How the fsyncs so far were satisfied (wrote a checkpoint, joined one, already
+    /// durable); known of the engine only.
+    fn counts(&self) -> [u64; 3];
+}
+
+fn failed<E: std::fmt::Display>(what: &str, name: &[u8]) -> impl FnOnce(E) -> Failure {
+    let what = format!("{what} {}", String::from_utf8_lossy(name));
+    move |e| Failure::new(what, e)
+}
+
+/// The engine in this process.
+struct Engine<'a>(&'a FileSystem);
+
+impl Target for Engine<'_> {
+    type Dir = u64;
+    type File = u64;
+
+    fn mkdir(&self, name: &str) -> CliResult<u64> {
+        let attr = self.0.mkdir(ROOT_INO, name.as_bytes(), DIR_MODE, CRED);
+        Ok(attr.context(|| format!("mkdir {name}"))?.ino)
+    }
+
+    fn remove_dir(&self, name: &str, &dir: &u64, names: &NameTable) -> CliResult<()> {
+        for i in 0..names.len() {
+            match self.0.unlink(dir, names.get(i)) {
+                Ok(()) | Err(ferrofs::Error::NotFound) => {}
+                Err(e) => return Err(Failure::new(format!("unlink in {name}"), e)),
+            }
+        }
+        self.0.rmdir(ROOT_INO, name.as_bytes()).context(|| format!("rmdir {name}"))
+    }
+
+    fn create(&self, &dir: &u64, name: &[u8]) -> CliResult<u64> {
+        let attr = self.0.create(dir, name, FILE_MODE, CRED).map_err(failed("create", name))?;
+        Ok(attr.ino)
+    }
+
+    fn write(&self, &ino: &u64, data: &[u8]) -> CliResult<()> {
+        let written = self.0.write(ino, 0, data);
+        written.map(drop).map_err(|e| Failure::new(format!("write inode {ino}"), e))
+    }
+
+    fn fsync(&self, &ino: &u64) -> CliResult<()> {
+        self.0.fsync(ino, false).map_err(|e| Failure::new(format!("fsync inode {ino}"), e))
+    }
+
+    fn unlink(&self, &dir: &u64, name: &[u8]) -> CliResult<()> {
+        self.0.unlink(dir, name).map_err(failed("unlink", name))
+    }
+
+    fn checkpoint(&self) -> CliResult<()> {
+        self.0.mount().journal.checkpoint().map_err(|e| Failure::new("checkpoint", e))
+    }
+
+    fn counts(&self) -> [u64; 3] {
+        let s = &self.0.mount().journal.stats;
+        [
+            s.forced_checkpoints.load(Relaxed),
+            s.forces_joined.load(Relaxed),
+            s.fsyncs_durable.load(Relaxed),
+        ]
+    }
+}
+
+/// A file system mounted at `root`, through system calls.
+struct Mounted<'a> {
+    root: &'a Path,
+    /// Its root directory, open for syncfs(2).
+    handle: File,
+}
+
+impl Mounted<'_> {
+    fn open(root: &Path) -> CliResult<Mounted<'_>> {
+        let handle = File::open(root).context(|| format!("open {}", root.display()))?;
+        Ok(Mounted { root, handle })
+    }
+}
+
+impl Target for Mounted<'_> {
+    type Dir = PathBuf;
+    type File = File;
+
+    fn mkdir(&self, name: &str) -> CliResult<PathBuf> {
+        let dir = self.root.join(name);
+        std::fs::create_dir(&dir).context(|| format!("mkdir {}", dir.display()))?;
+        Ok(dir)
+    }
+
+    fn remove_dir(&self, _name: &str, dir: &PathBuf, _names: &NameTable) -> CliResult<()> {
+        std::fs::remove_dir_all(dir).context(|| format!("rm -r {}", dir.display()))
+    }
+
+    fn create(&self, dir: &PathBuf, name: &[u8]) -> CliResult<File> {
+        File::create(dir.join(OsStr::from_bytes(name))).map_err(failed("create", name))
+    }
+
+    fn write(&self, file: &File, data: &[u8]) -> CliResult<()> {
+        file.write_all_at(data, 0).map_err(|e| Failure::new("write", e))
+    }
+
+    fn fsync(&self, file: &File) -> CliResult<()> {
+        file.sync_all().map_err(|e| Failure::new("fsync", e))
+    }
+
+    fn unlink(&self, dir: &PathBuf, name: &[u8]) -> CliResult<()> {
+        std::fs::remove_file(dir.join(OsStr::from_bytes(name))).map_err(failed("unlink", name))
+    }
+
+    fn checkpoint(&self) -> CliResult<()> {
+        // SAFETY: `handle` owns an open descriptor for the whole call; syncfs takes no pointers.
+        if unsafe { libc::syncfs(self.handle.as_raw_fd()) } != 0 {
+            return Err(Failure::new("syncfs", std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    fn counts(&self) -> [u64; 3] {
+        [0; 3]
+    }
 }
 
 /// `files` fsyncs, with `creators` creating threads and a checkpoint thread if not 0.
-fn one_run(
-    fs: &FileSystem,
+fn one_run<T: Target>(
+    fs: &T,
     names: &NameTable,
     files: usize,
     creators: usize,
@@ -124,38 +329,30 @@ fn one_run(
 ) -> CliResult<RunResult> {
     let tag = if creators == 0 { "idle" } else { "loaded" };
     let dir_name = |d: usize| format!("fsync.{run}.{tag}.{d}");
-    let dirs: Vec<u64> = (0..=creators)
-        .map(|d| {
-            fs.mkdir(ROOT_INO, dir_name(d).as_bytes(), DIR_MODE, CRED)
-                .map(|a| a.ino)
-                .context(|| format!("mkdir {}", dir_name(d)))
-        })
+    let dirs: Vec<T::Dir> = (0..=creators)
+        .map(|d| fs.mkdir(&dir_name(d)))
         .collect::<CliResult<_>>()?;
     let stop = AtomicBool::new(false);
     let (creates, checkpoints) = (AtomicU64::new(0), AtomicU64::new(0));
-    let stats = &fs.mount().journal.stats;
     let mut result = std::thread::scope(|s| -> CliResult<RunResult> {
         let (stop, creates) = (&stop, &creates);
         let loaders: Vec<_> = dirs[1..]
             .iter()
-            .map(|&dir| s.spawn(move || create_load(fs, dir, names, stop, creates)))
+            .map(|dir| s.spawn(move || create_load(fs, dir, names, stop, creates)))
             .collect();
         let checkpointer = (creators > 0).then(|| {
             s.spawn(|| {
                 while !stop.load(Relaxed) {
-                    fs.mount()
-                        .journal
-                        .checkpoint()
-                        .map_err(|e| Failure::new("checkpoint", e))?;
+                    fs.checkpoint()?;
                     checkpoints.fetch_add(1, Relaxed);
                     std::thread::sleep(CHECKPOINT_PAUSE);
                 }
                 Ok(())
             })
         });
-        let before = counts(stats);
-        let samples = fsync_loop(fs, dirs[0], names, files);
-        let after = counts(stats);
+        let before = fs.counts();
+        let samples = fsync_loop(fs, &dirs[0], names, files);
+        let after = fs.counts();
         stop.store(true, Relaxed);
         for h in loaders.into_iter().chain(checkpointer) {
             h.join()
@@ -178,46 +375,28 @@ fn one_run(
     })?;
     result.load_creates = creates.load(Relaxed);
     result.load_checkpoints = checkpoints.load(Relaxed);
-    for (d, &dir) in dirs.iter().enumerate() {
-        for i in 0..names.len() {
-            match fs.unlink(dir, names.get(i)) {
-                Ok(()) | Err(ferrofs::Error::NotFound) => {}
-                Err(e) => return Err(Failure::new(format!("unlink {}", dir_name(d)), e)),
-            }
-        }
-        fs.rmdir(ROOT_INO, dir_name(d).as_bytes())
-            .context(|| format!("rmdir {}", dir_name(d)))?;
+    for (d, dir) in dirs.iter().enumerate() {
+        fs.remove_dir(&dir_name(d), dir, names)?;
     }
     Ok(result)
 }
 
 /// Create, write 4 KiB, fsync (timed), `files` times; each fsync's latency and the time the
 /// thread waited for a CPU meanwhile, in us.
-fn fsync_loop(
-    fs: &FileSystem,
-    dir: u64,
+fn fsync_loop<T: Target>(
+    fs: &T,
+    dir: &T::Dir,
     names: &NameTable,
     files: usize,
 ) -> CliResult<Vec<(f64, f64)>> {
     let data = vec![0xa5u8; BLOCK_SIZE];
     let mut lat = Vec::with_capacity(files);
     for i in 0..files {
-        let fail = |what: &'static str| {
-            move |e| {
-                Failure::new(
-                    format!("{what} {}", String::from_utf8_lossy(names.get(i))),
-                    e,
-                )
-            }
-        };
-        let ino = fs
-            .create(dir, names.get(i), FILE_MODE, CRED)
-            .map_err(fail("create"))?
-            .ino;
-        fs.write(ino, 0, &data).map_err(fail("write"))?;
+        let file = fs.create(dir, names.get(i))?;
+        fs.write(&file, &data)?;
         let queued = process::thread_run_delay();
         let t = Instant::now();
-        fs.fsync(ino, false).map_err(fail("fsync"))?;
+        fs.fsync(&file)?;
         let took = t.elapsed();
         let queued = process::thread_run_delay().saturating_sub(queued);
         lat.push((took.as_secs_f64() * 1e6, queued.as_secs_f64() * 1e6));
@@ -226,25 +405,23 @@ fn fsync_loop(
 }
 
 /// Create files in `dir` until `stop`, removing them every `LOAD_BATCH`.
-fn create_load(
-    fs: &FileSystem,
-    dir: u64,
+fn create_load<T: Target>(
+    fs: &T,
+    dir: &T::Dir,
     names: &NameTable,
     stop: &AtomicBool,
     creates: &AtomicU64,
 ) -> CliResult<()> {
     while !stop.load(Relaxed) {
         for i in 0..LOAD_BATCH {
-            fs.create(dir, names.get(i), FILE_MODE, CRED)
-                .map_err(|e| Failure::new("load create", e))?;
+            fs.create(dir, names.get(i))?;
             creates.fetch_add(1, Relaxed);
             if stop.load(Relaxed) {
                 return Ok(());
             }
         }
         for i in 0..LOAD_BATCH {
-            fs.unlink(dir, names.get(i))
-                .map_err(|e| Failure::new("load unlink", e))?;
+            fs.unlink(dir, names.get(i))?;
         }
     }
     Ok(())
@@ -294,12 +471,12 @@ impl Figures for FsyncFigures {
             self.load_creators,
             CHECKPOINT_PAUSE.as_micros()
         );
+        let e = &self.engine;
         println!(
             "{:<9} {:>26} {:>26} {:>30} {:>26}",
             "load", "p50 us", "p99 us", "max us", "mean us"
         );
-        let us = |v: f64| format!("{v:.0}");
-        for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
+        for (name, l) in [("idle", &e.unloaded), ("loaded", &e.loaded)] {
             println!(
                 "{:<9} {:>26} {:>26} {:>30} {:>26}",
                 name,
@@ -309,8 +486,8 @@ impl Figures for FsyncFigures {
                 l.mean_us.cell(us)
             );
         }
-        println!("p99 loaded/idle: {:.2}", self.p99_ratio);
-        for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
+        println!("p99 loaded/idle: {:.2}", e.p99_ratio);
+        for (name, l) in [("idle", &e.unloaded), ("loaded", &e.loaded)] {
             println!(
                 "{name}: p99 of latency minus run-queue wait: {} us",
                 l.p99_without_run_queue_us.cell(us)
@@ -318,16 +495,16 @@ impl Figures for FsyncFigures {
         }
         println!(
             "p99 loaded/idle without run-queue waits: {:.2}",
-            self.p99_ratio_without_run_queue
+            e.p99_ratio_without_run_queue
         );
-        for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
+        for (name, l) in [("idle", &e.unloaded), ("loaded", &e.loaded)] {
             println!(
                 "{name}: slowest 1% of fsyncs: mean {} us, of which {} us waiting for a CPU (run queue)",
                 l.slowest_1pct_mean_us.cell(us),
                 l.slowest_1pct_run_queue_us.cell(us)
             );
         }
-        for (name, l) in [("idle", &self.unloaded), ("loaded", &self.loaded)] {
+        for (name, l) in [("idle", &e.unloaded), ("loaded", &e.loaded)] {
             println!(
                 "{name}: fsyncs that wrote a checkpoint {}, joined a concurrent checkpoint {}, already durable {}; load: {} creates, {} checkpoints",
                 grouped(l.wrote_checkpoint),
@@ -337,5 +514,34 @@ impl Figures for FsyncFigures {
                 grouped(l.load_checkpoints)
             );
         }
+        if self.mounted.is_empty() {
+            return;
+        }
+        println!(
+            "\nthe same workload through system calls on mounted file systems (checkpoints: syncfs(2)); the engine first"
+        );
+        println!(
+            "{:<9} {:>22} {:>22} {:>22} {:>22} {:>7} {:>12} {:>14}",
+            "target", "idle p50 us", "idle p99 us", "loaded p50 us", "loaded p99 us", "ratio", "w/o run q.", "load creates"
+        );
+        let engine = [("embedded", e)];
+        let mounted = self.mounted.iter().map(|m| (m.target.name(), &m.figures));
+        for (name, c) in engine.into_iter().chain(mounted) {
+            println!(
+                "{:<9} {:>22} {:>22} {:>22} {:>22} {:>7.2} {:>12.2} {:>14}",
+                name,
+                c.unloaded.p50_us.cell(us),
+                c.unloaded.p99_us.cell(us),
+                c.loaded.p50_us.cell(us),
+                c.loaded.p99_us.cell(us),
+                c.p99_ratio,
+                c.p99_ratio_without_run_queue,
+                grouped(c.loaded.load_creates)
+            );
+        }
     }
+}
+
+fn us(v: f64) -> String {
+    format!("{v:.0}")
 }
