@@ -76,7 +76,7 @@ fn daemon_mount_serves_until_umount_and_one_writer_per_image() {
     // The image's path is the mount's source, as df and mount show it.
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let canon = s.image.canonicalize().unwrap();
-    assert!(info.lines().any(|l| l.contains(&format!(" - fuse {} ", canon.display()))), "{info}");
+    assert!(info.lines().any(|l| l.contains(&format!(" - fuse.ferrofs {} ", canon.display()))), "{info}");
     // A second mount of the same image fails at once, naming the reason.
     let second_dir = s.dir.join("second");
     std::fs::create_dir(&second_dir).unwrap();

@@ -218,8 +218,8 @@ impl MountConfig {
             let name = self.fs_name.clone().unwrap_or_else(|| format!("ferrofs:{}", self.image.display()));
             cfg.mount_options.push(MountOption::FSName(name));
         }
-        if !cfg.mount_options.iter().any(|o| matches!(o, MountOption::Subtype(_))) {
-            cfg.mount_options.push(MountOption::Subtype("ferrofs".into()));
+        if !cfg.mount_options.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.starts_with("subtype="))) {
+            cfg.mount_options.push(MountOption::CUSTOM("subtype=ferrofs".into()));
         }
         if self.default_permissions {
             cfg.mount_options.push(MountOption::DefaultPermissions);

@@ -22,9 +22,11 @@ pub fn parse_option(o: &str) -> MountOption {
         "dirsync" => MountOption::DirSync,
         "sync" => MountOption::Sync,
         "async" => MountOption::Async,
+        // `subtype=` stays a kernel option: fuser's own mount(2) path leaves its Subtype to
+        // fusermount and mounts plain `fuse`, while the kernel's FUSE takes `subtype=` itself
+        // (the mount then shows as `fuse.NAME`), and so does fusermount3.
         _ => match o.split_once('=') {
             Some(("fsname", v)) => MountOption::FSName(v.to_string()),
-            Some(("subtype", v)) => MountOption::Subtype(v.to_string()),
             _ => MountOption::CUSTOM(o.to_string()),
         },
     }
@@ -39,5 +41,6 @@ mod tests {
         assert_eq!(parse_option("noatime"), MountOption::NoAtime);
         assert_eq!(parse_option("fsname=img"), MountOption::FSName("img".into()));
         assert_eq!(parse_option("max_read=4096"), MountOption::CUSTOM("max_read=4096".into()));
+        assert_eq!(parse_option("subtype=x"), MountOption::CUSTOM("subtype=x".into()));
     }
 }

@@ -600,7 +600,7 @@ fn mount_options_reach_the_kernel() {
     assert!(mount_opts.split(',').any(|o| o == "noatime") && mount_opts.split(',').any(|o| o == "nodev"), "{line}");
     let mut sup = super_part.split(' ');
     let (fstype, source, super_opts) = (sup.next().unwrap(), sup.next().unwrap(), sup.next().unwrap());
-    assert!(fstype.starts_with("fuse"), "{line}");
+    assert_eq!(fstype, "fuse.ferrofs", "{line}");
     assert_eq!(source, "ferro-test", "{line}");
     assert_eq!(super_opts.contains("default_permissions"), kernel_checks_permissions(), "{line}");
     assert!(!super_opts.contains("allow_other"), "{line}");
