@@ -287,13 +287,14 @@ impl<'m> Tx<'m> {
                 AgOp::OrphanClear { slot, .. } => bufs.push(ag.set_disk_orphan(g, slot, 0)),
             }
         }
-        let mut reserved_only: SmallVec<[(u32, u64); 2]> = SmallVec::new();
-        for (agno, n) in self.reserved.drain(..) {
-            match guards.iter_mut().find(|(a, _)| *a == agno) {
-                Some((_, g)) => m.ags[agno as usize].unreserve(g, n),
-                None => reserved_only.push((agno, n)),
+        // Reservations of locked AGs go back now; the others after the guards drop.
+        self.reserved.retain(|&mut (agno, n)| match guards.iter_mut().find(|(a, _)| *a == agno) {
+            Some((_, g)) => {
+                m.ags[agno as usize].unreserve(g, n);
+                false
             }
-        }
+            None => true,
+        });
         bufs.sort_unstable_by_key(|b| b.blkno);
         bufs.dedup_by_key(|b| b.blkno);
         bufs.retain(|b| !revoked.contains(&b.blkno));
@@ -315,10 +316,7 @@ impl<'m> Tx<'m> {
             }
         });
         drop(guards);
-        for (agno, n) in reserved_only {
-            let ag = &m.ags[agno as usize];
-            ag.unreserve(&mut ag.lock(), n);
-        }
+        self.release_reservations();
         for l in &inodes {
             l.inode.note_commit(seq, l.data);
         }
@@ -333,6 +331,16 @@ impl<'m> Tx<'m> {
     }
 }
 
+impl Tx<'_> {
+    /// Give back the unused block reservations still held, each under its AG's lock.
+    fn release_reservations(&mut self) {
+        for (agno, n) in self.reserved.drain(..) {
+            let ag = &self.m.ags[agno as usize];
+            ag.unreserve(&mut ag.lock(), n);
+        }
+    }
+}
+
 impl Drop for Tx<'_> {
     /// An abandoned transaction gives back its claims. If it had already changed shared
     /// in-memory metadata, that state can no longer be trusted: shut down.
@@ -340,10 +348,7 @@ impl Drop for Tx<'_> {
         if self.done {
             return;
         }
-        for (agno, n) in self.reserved.drain(..) {
-            let ag = &self.m.ags[agno as usize];
-            ag.unreserve(&mut ag.lock(), n);
-        }
+        self.release_reservations();
         for op in &self.ops {
             let ag = &self.m.ags[op.agno(self.m) as usize];
             match *op {
