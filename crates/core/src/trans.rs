@@ -3,10 +3,12 @@
 //! CIL. It writes nothing to disk.
 //!
 //! Rules (docs/DESIGN.md, "Locking"):
-//! - Inode locks are taken before the transaction begins; AG locks only inside `commit`, in
-//!   AG order, around the on-disk bitmap updates and the CIL insert. So a bitmap block that
-//!   two transactions share never carries one transaction's uncommitted bits into another's
-//!   commit, and AG locks are held for microseconds.
+//! - A transaction begins (and may wait for CIL space) holding no AG lock; directory
+//!   operations begin before their inode locks, so no waiter blocks a directory. AG locks
+//!   are taken only inside `commit`, in AG order, around the on-disk bitmap updates and the
+//!   CIL insert. So a bitmap block that two transactions share never carries one
+//!   transaction's uncommitted bits into another's commit, and AG locks are held for
+//!   microseconds.
 //! - Space is claimed before anything is modified (claims and reservations can fail with
 //!   ENOSPC; B+tree splits then draw on the reservation and cannot). A transaction dropped
 //!   after it modified shared state shuts the file system down, as XFS does: the on-disk
@@ -17,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::format::log::ItemKey;
 use crate::format::{ino_ag, ino_index, make_ino, DiskInode, INODE_SIZE};
 use crate::inode::InodeRef;
-use crate::journal::BusyExtent;
+use crate::journal::{BusyExtent, CilWriter};
 use crate::mount::Mount;
 use crate::ag::AgState;
 use crate::lockstat::MutexGuard;
@@ -103,7 +105,7 @@ impl<'m> Tx<'m> {
     /// deleted files would see ENOSPC for space it has freed. Force the log so they come
     /// back, as XFS flushes its busy extents. Nothing of this transaction is in the log.
     fn release_busy(&self) -> Result<()> {
-        self.m.journal.force(self.m.journal.open_seq())
+        self.m.journal.release_busy()
     }
 
     /// Claim a new inode number, preferring AG `pref`, and reserve `blocks` in that AG in
@@ -265,7 +267,8 @@ impl<'m> Tx<'m> {
         agnos.dedup();
         let mut guards: SmallVec<[_; 4]> = agnos.iter().map(|&a| (a, m.ags[a as usize].lock())).collect();
         self.check_frees(&guards)?;
-        let mut bufs = std::mem::take(&mut self.bufs);
+        // The AGs' blocks (bitmaps, orphan tables), changed under their locks.
+        let mut bufs: SmallVec<[BufRef; 4]> = SmallVec::new();
         let mut busy: SmallVec<[BusyExtent; 2]> = SmallVec::new();
         let mut revoked: SmallVec<[u64; 2]> = SmallVec::new();
         for op in &self.ops {
@@ -297,25 +300,40 @@ impl<'m> Tx<'m> {
         });
         bufs.sort_unstable_by_key(|b| b.blkno);
         bufs.dedup_by_key(|b| b.blkno);
-        bufs.retain(|b| !revoked.contains(&b.blkno));
+        // The transaction's own blocks (directory and tree nodes), changed under the inode
+        // locks its caller holds; a node it freed is revoked instead.
+        let mut own = std::mem::take(&mut self.bufs);
+        own.sort_unstable_by_key(|b| b.blkno);
+        own.dedup_by_key(|b| b.blkno);
+        own.retain(|b| !revoked.contains(&b.blkno));
+        debug_assert!(own.iter().all(|b| bufs.binary_search_by_key(&b.blkno, |a| a.blkno).is_err()), "an AG block changed outside its AG's lock");
         let inodes = std::mem::take(&mut self.inodes);
         let revoked_bufs: Vec<Option<BufRef>> = revoked.iter().map(|&blkno| m.bufs.get(blkno)).collect();
+        let log_block = |cil: &mut CilWriter<'_>, b: &BufRef| {
+            let v = b.next_log_version();
+            cil.log(ItemKey::Block(b.blkno), v, &b.read()[..]);
+        };
         let seq = m.journal.commit(|cil| {
+            // What the AG locks guard goes in first; the locks go as soon as it is in (the
+            // rest cannot leave this shard's sequence: its lock is held to the end). Copying
+            // the directory blocks and inodes under them made threads of one AG wait there.
             for b in &bufs {
-                let v = b.next_log_version();
-                cil.log(ItemKey::Block(b.blkno), v, &b.read()[..]);
+                log_block(cil, b);
             }
             for (&blkno, b) in revoked.iter().zip(&revoked_bufs) {
                 cil.revoke(blkno, b.as_ref().map_or(0, |b| b.next_log_version()));
             }
-            for l in &inodes {
-                cil.log(ItemKey::Inode(l.inode.ino), l.version, &l.image[..]);
-            }
             for e in busy {
                 cil.busy(e);
             }
+            drop(guards);
+            for b in &own {
+                log_block(cil, b);
+            }
+            for l in &inodes {
+                cil.log(ItemKey::Inode(l.inode.ino), l.version, &l.image[..]);
+            }
         });
-        drop(guards);
         self.release_reservations();
         for l in &inodes {
             l.inode.note_commit(seq, l.data);
@@ -323,7 +341,7 @@ impl<'m> Tx<'m> {
         // Until `seq` is home, reclaim must keep these buffers: a reloaded buffer's log
         // version would restart below the images (or revokes) the log still holds. Holding
         // them here (strong references) keeps them cached until their sequence is noted.
-        for b in bufs.iter().chain(revoked_bufs.iter().flatten()) {
+        for b in bufs.iter().chain(&own).chain(revoked_bufs.iter().flatten()) {
             b.note_commit(seq);
         }
         self.done = true;

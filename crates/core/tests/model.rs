@@ -1500,6 +1500,12 @@ fn fill_up(few_inodes: bool) {
     }
     let full = counts(&fs);
     assert!(if few_inodes { full.ffree == 0 } else { full.bfree < 64 }, "{} files written, still {full:?} free", files.len());
+    // A name's own error comes before ENOSPC, as on a kernel file system (`mkdir -p` of a
+    // directory that exists must see EEXIST on a full one).
+    let errno_of = |r: ferrofs::Result<Attr>| r.map(drop).map_err(|e| e.errno());
+    assert_eq!(errno_of(fs.create(d, &files[0].0, 0o644, CRED)), Err(libc::EEXIST), "create of a taken name on a full file system");
+    assert_eq!(errno_of(fs.mkdir(ROOT_INO, b"d", 0o755, CRED)), Err(libc::EEXIST), "mkdir of a taken name on a full file system");
+    assert_eq!(fs.rename(d, b"missing", ROOT_INO, b"moved", 0).map_err(|e| e.errno()), Err(libc::ENOENT), "rename of a missing name on a full file system");
     // Everything else, on the full file system.
     let f0 = fs.lookup(d, &files[0].0).unwrap().ino;
     let attempts: Vec<(&str, ferrofs::Result<()>)> = vec![

@@ -144,10 +144,10 @@ impl FileSystem {
         self.m.unmount()
     }
 
-    /// Make every completed operation durable (sync(2)).
+    /// Make every completed operation durable (sync(2)), and the space it freed reusable.
     pub fn sync(&self) -> Result<()> {
         self.m.check_alive()?;
-        self.m.journal.force(self.m.journal.open_seq())
+        self.m.journal.release_busy()
     }
 
     // ---- attributes -------------------------------------------------------------------
@@ -282,9 +282,10 @@ impl FileSystem {
         // the commit. A creation refused below gives its claims back when `tx` drops.
         let mut tx = Tx::new(&self.m)?;
         let pref = if is_dir { self.next_dir_ag() } else { ino_ag(parent) };
-        let (ino, gen, log_version) = tx.alloc_inode(pref, if is_dir { 0 } else { dir::INSERT_RESERVE })?;
+        let claimed = tx.alloc_inode(pref, if is_dir { 0 } else { dir::INSERT_RESERVE });
+        let (ino, gen, log_version) = claimed.map_err(|e| self.early_claim_error(e, parent, name, false))?;
         if is_dir {
-            tx.reserve(ino_ag(parent), dir::INSERT_RESERVE)?;
+            tx.reserve(ino_ag(parent), dir::INSERT_RESERVE).map_err(|e| self.early_claim_error(e, parent, name, false))?;
         }
         let mut pg = p.core.write();
         if !pg.is_dir() {
@@ -326,6 +327,22 @@ impl FileSystem {
         }
         *pg = pd;
         Ok(Attr::from_inode(ino, &di))
+    }
+
+    /// An operation claims space before it locks the directory, so ENOSPC would come before
+    /// the name's own error: report EEXIST (a new name taken), ENOENT (an old name missing)
+    /// or ENOTDIR instead, as the order of a kernel file system does (`mkdir -p` counts on
+    /// EEXIST on a full file system).
+    fn early_claim_error(&self, e: Error, parent: u64, name: &[u8], must_exist: bool) -> Error {
+        if !matches!(e, Error::NoSpace) {
+            return e;
+        }
+        match (self.lookup(parent, name), must_exist) {
+            (Ok(_), false) => Error::Exists,
+            (Err(Error::NotFound), true) => Error::NotFound,
+            (Err(l), _) if !matches!(l, Error::NotFound) => l,
+            _ => e,
+        }
     }
 
     fn next_dir_ag(&self) -> u32 {
@@ -412,13 +429,11 @@ impl FileSystem {
         Ok((p, self.m.iget(e.ino)?))
     }
 
-    fn still_points(&self, parent: u64, pd: &DiskInode, name: &[u8], ino: Option<u64>) -> Result<bool> {
-        Ok(dir::lookup(&self.m, parent, pd, name)?.map(|e| e.ino) == ino)
-    }
-
     fn remove_name(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
         dir::check_name(name)?;
         let p = self.m.iget(parent)?;
+        // Begun (which may wait for CIL space) before the directory's lock, as for a create.
+        let mut tx = Tx::new(&self.m)?;
         loop {
             let c: InodeRef;
             let mut l = Locked::new(&[&p]);
@@ -443,7 +458,6 @@ impl FileSystem {
                 (true, true) if dir::root_of(&cd) != 0 => return Err(Error::NotEmpty),
                 _ => {}
             }
-            let mut tx = Tx::new(&self.m)?;
             let t = now();
             let freed = self.drop_link(&mut tx, &c, &mut cd, t)?;
             let mut s = TxStore::new(&mut tx, parent, 0);
@@ -591,9 +605,14 @@ impl FileSystem {
             return Err(Error::Invalid("rename flags"));
         }
         dir::check_name(newname)?;
-        if self.rename_under_parent_locks(oldparent, oldname, newparent, newname, flags)? {
+        // Begin (which may wait for CIL space) and reserve for the insertion before any
+        // directory lock: threads renaming in one directory then meet only for the entry
+        // changes and the commit.
+        let mut tx = Tx::new(&self.m)?;
+        tx.reserve(ino_ag(newparent), dir::INSERT_RESERVE).map_err(|e| self.early_claim_error(e, oldparent, oldname, true))?;
+        let Some(tx) = self.rename_under_parent_locks(tx, oldparent, oldname, newparent, newname, flags)? else {
             return Ok(());
-        }
+        };
         loop {
             let (op, src) = self.lookup_child(oldparent, oldname)?;
             let np = self.m.iget(newparent)?;
@@ -634,13 +653,16 @@ impl FileSystem {
             let mut l = Locked::new(&set);
             // Retry if a name changed or the new parent was removed meanwhile (the retry
             // then reports ENOENT for it).
-            if !self.still_points(oldparent, l.get(oldparent), oldname, Some(src.ino))?
-                || !self.still_points(newparent, l.get(newparent), newname, dst.as_ref().map(|d| d.ino))?
-                || l.get(newparent).nlink == 0
-            {
+            let old_e = dir::lookup(&self.m, oldparent, l.get(oldparent), oldname)?;
+            let new_e = dir::lookup(&self.m, newparent, l.get(newparent), newname)?;
+            let old_e = match old_e {
+                Some(e) if e.ino == src.ino => e,
+                _ => continue,
+            };
+            if new_e.map(|e| e.ino) != dst.as_ref().map(|d| d.ino) || l.get(newparent).nlink == 0 {
                 continue;
             }
-            self.rename_locked(&mut l, [&op, &np, &src], dst.as_ref(), oldname, newname, flags)?;
+            self.rename_locked(&mut l, tx, [&op, &np, &src], dst.as_ref(), (old_e, oldname), (new_e, newname), flags)?;
             drop(l);
             // A replaced target that is open or large is freed now that the locks are gone.
             return match dst.filter(|_| flags & RENAME_EXCHANGE == 0) {
@@ -652,11 +674,11 @@ impl FileSystem {
 
     /// The common rename: lock both parents, look both names up under those locks and lock
     /// the inodes they name beside them (`Locked::add`), so a busy directory's lock is taken
-    /// once per rename. False, with nothing changed, if that cannot keep the lock order: an
-    /// inode's lock was busy, or a directory moves to another parent (the rename lock, taken
-    /// before any inode lock, guards the loop check). The checks and errors are the slow
-    /// path's, in its order.
-    fn rename_under_parent_locks(&self, oldparent: u64, oldname: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<bool> {
+    /// once per rename. Gives `tx` back, with nothing changed, if that cannot keep the lock
+    /// order: an inode's lock was busy, or a directory moves to another parent (the rename
+    /// lock, taken before any inode lock, guards the loop check). The checks and errors are
+    /// the slow path's, in its order.
+    fn rename_under_parent_locks<'m>(&'m self, tx: Tx<'m>, oldparent: u64, oldname: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<Option<Tx<'m>>> {
         dir::check_name(oldname)?;
         let (op, np) = (self.m.iget(oldparent)?, self.m.iget(newparent)?);
         let src: InodeRef;
@@ -665,7 +687,8 @@ impl FileSystem {
         if !l.get(oldparent).is_dir() {
             return Err(Error::NotDir);
         }
-        let src_ino = dir::lookup(&self.m, oldparent, l.get(oldparent), oldname)?.ok_or(Error::NotFound)?.ino;
+        let old_e = dir::lookup(&self.m, oldparent, l.get(oldparent), oldname)?.ok_or(Error::NotFound)?;
+        let src_ino = old_e.ino;
         let npd = l.get(newparent);
         if !npd.is_dir() {
             return Err(Error::NotDir);
@@ -673,7 +696,8 @@ impl FileSystem {
         if npd.nlink == 0 {
             return Err(Error::NotFound);
         }
-        let dst_ino = dir::lookup(&self.m, newparent, npd, newname)?.map(|e| e.ino);
+        let new_e = dir::lookup(&self.m, newparent, npd, newname)?;
+        let dst_ino = new_e.map(|e| e.ino);
         src = self.m.iget(src_ino)?;
         dst = dst_ino.map(|i| self.m.iget(i)).transpose()?;
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
@@ -683,23 +707,23 @@ impl FileSystem {
             return Err(Error::NotFound);
         }
         if dst_ino == Some(src_ino) {
-            return Ok(true);
+            return Ok(None);
         }
         let mut children = vec![&src];
         children.extend(dst.as_ref());
         if !l.add(&children) {
-            return Ok(false);
+            return Ok(Some(tx));
         }
         if oldparent != newparent && (l.get(src_ino).is_dir() || dst_ino.is_some_and(|d| l.get(d).is_dir())) {
-            return Ok(false);
+            return Ok(Some(tx));
         }
-        self.rename_locked(&mut l, [&op, &np, &src], dst.as_ref(), oldname, newname, flags)?;
+        self.rename_locked(&mut l, tx, [&op, &np, &src], dst.as_ref(), (old_e, oldname), (new_e, newname), flags)?;
         drop(l);
         // A replaced target that is open or large is freed now that the locks are gone.
         if let Some(d) = dst.filter(|_| flags & RENAME_EXCHANGE == 0) {
             self.reap_if_unused(&d)?;
         }
-        Ok(true)
+        Ok(None)
     }
 
     /// EINVAL if `dir` is `ancestor` or lies below it (moving a directory into itself).
@@ -717,7 +741,9 @@ impl FileSystem {
         Err(Error::corrupt("directory", dir, "parent chain does not reach the root"))
     }
 
-    fn rename_locked(&self, l: &mut Locked, [op, np, src]: [&InodeRef; 3], dst: Option<&InodeRef>, oldname: &[u8], newname: &[u8], flags: u32) -> Result<()> {
+    /// `old` and `new`: the names and what they were found to hold under the parents' locks.
+    #[allow(clippy::too_many_arguments)]
+    fn rename_locked(&self, l: &mut Locked, mut tx: Tx, [op, np, src]: [&InodeRef; 3], dst: Option<&InodeRef>, (old_e, oldname): (dir::Entry, &[u8]), (new_e, newname): (Option<dir::Entry>, &[u8]), flags: u32) -> Result<()> {
         let (opi, npi) = (op.ino, np.ino);
         let mut sd = l.get(src.ino).clone();
         let mut dd = dst.map(|d| l.get(d.ino).clone());
@@ -739,15 +765,12 @@ impl FileSystem {
             return Err(Error::TooManyLinks);
         }
         let t = now();
-        let mut tx = Tx::new(&self.m)?;
-        tx.reserve(ino_ag(npi), dir::INSERT_RESERVE)?;
         let mut opd = l.get(opi).clone();
         let mut npd = if opi == npi { None } else { Some(l.get(npi).clone()) };
         let mut freed = false;
         {
             let goal = self.dir_goal(opi, &opd);
             let mut s = TxStore::new(&mut tx, opi, goal);
-            let old_e = dir::lookup(&self.m, opi, &opd, oldname)?.ok_or(Error::NotFound)?;
             if exchange {
                 let d = dd.as_ref().unwrap();
                 dir::retarget(&mut s, &mut opd, &old_e, oldname, dst.unwrap().ino, ftype_of(d.mode))?;
@@ -760,7 +783,8 @@ impl FileSystem {
             let target = npd.as_mut().unwrap_or(&mut opd);
             let goal = self.dir_goal(npi, target);
             let mut s = TxStore::new(&mut tx, npi, goal);
-            match dir::lookup(&self.m, npi, target, newname)? {
+            // Entries are keyed by their name's hash: removing the old name moved no other.
+            match new_e {
                 Some(e) => dir::retarget(&mut s, target, &e, newname, src.ino, ftype_of(sd.mode))?,
                 None => dir::insert(&mut s, npi, target, newname, src.ino, ftype_of(sd.mode))?,
             }

@@ -3,6 +3,7 @@
 //! item a later checkpoint logged again (that one will be written instead), so each item is
 //! written home once however often it was relogged; then the tail moves past what was written.
 
+use super::BusyExtent;
 use crate::dev::BlockDevice;
 use crate::format::log::{item_offsets, ItemKey, LogHeader, LOG_HEADER_BLOCKS};
 use crate::format::{Geometry, BLOCK_SIZE};
@@ -39,6 +40,12 @@ struct Inner {
     next_rec_seq: u64,
     epoch: u64,
     gen: u64,
+    /// A writeback is between choosing its items and having written them.
+    writing_back: bool,
+    /// Freed extents whose checkpoint became durable during that writeback: it may have
+    /// chosen an older image of one of their blocks before the free was logged, so they are
+    /// reused only once it has written (else a stale tree node could land on new file data).
+    held: Vec<BusyExtent>,
 }
 
 pub(super) struct Ail {
@@ -67,6 +74,8 @@ impl Ail {
             next_rec_seq: h.tail_seq,
             epoch: h.epoch,
             gen: h.gen,
+            writing_back: false,
+            held: Vec::new(),
         };
         Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, ()), home_seq: AtomicU64::new(0) }
     }
@@ -120,9 +129,29 @@ impl Ail {
         e.items = items;
     }
 
+    /// Freed extents of a checkpoint that has just become durable (its revokes are in
+    /// `latest`): those that may be reused now. While a writeback runs they wait for it
+    /// (`held`); one that starts later sees the revokes and writes none of their blocks.
+    pub fn reusable(&self, busy: Vec<BusyExtent>) -> Vec<BusyExtent> {
+        let mut g = self.inner.lock();
+        if g.writing_back {
+            g.held.extend(busy);
+            return Vec::new();
+        }
+        busy
+    }
+
+    /// Wait for the writeback in progress, if any: afterwards every extent it held back has
+    /// been handed to `reuse`.
+    pub fn wait_writeback(&self) {
+        drop(self.io.lock());
+    }
+
     /// Write back oldest-first until `need_free` ring blocks are free (or nothing durable is
-    /// left), then move the tail. Returns (items written home, ring blocks freed).
-    pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64) -> io::Result<(u64, u64)> {
+    /// left), then move the tail. Returns (items written home, ring blocks freed). The freed
+    /// extents held back during the writeback go to `reuse` once it has written, before the
+    /// next writeback can start; after an I/O error they stay held: the journal has failed.
+    pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64, reuse: &dyn Fn(Vec<BusyExtent>)) -> io::Result<(u64, u64)> {
         let _io = self.io.lock();
         let (batch, freed) = self.take_batch(need_free);
         if batch.is_empty() {
@@ -142,6 +171,14 @@ impl Ail {
         homed.sort_unstable_by_key(|(off, _)| *off);
         write_coalesced(dev, &homed)?;
         dev.flush()?;
+        let held = {
+            let mut g = self.inner.lock();
+            g.writing_back = false;
+            std::mem::take(&mut g.held)
+        };
+        if !held.is_empty() {
+            reuse(held);
+        }
         // Records are written home in sequence order, so everything up to here is home: a
         // cache may now drop what these records logged and read it back from home.
         self.home_seq.fetch_max(homed_seq, Release);
@@ -162,6 +199,9 @@ impl Ail {
             n += 1;
             freed += e.span;
         }
+        // Set with the batch taken, under the same lock: a revoke made durable after this
+        // point may be missed by `live_items`, and `reusable` then holds its extents back.
+        g.writing_back = n > 0;
         (g.entries.drain(..n).collect(), freed)
     }
 

@@ -375,6 +375,14 @@ impl Journal {
         self.checkpoint_locked()
     }
 
+    /// Make every freed extent reusable: force the log, then wait for a writeback that held
+    /// some back (before ENOSPC is reported for space a program has just freed).
+    pub fn release_busy(&self) -> Result<()> {
+        self.force(self.open_seq())?;
+        self.ail.wait_writeback();
+        Ok(())
+    }
+
     /// Checkpoint whatever the CIL holds now.
     pub fn checkpoint(&self) -> Result<()> {
         let _p = self.push.lock();
@@ -404,7 +412,7 @@ impl Journal {
             }
         }
         self.durable_seq.store(seq, Release);
-        (self.on_durable)(busy);
+        (self.on_durable)(self.ail.reusable(busy));
         Ok(())
     }
 
@@ -517,7 +525,7 @@ impl Journal {
     /// Returns the ring blocks freed.
     fn push_ail(&self, need_free: u64) -> Result<u64> {
         self.stats.ail_pushes.fetch_add(1, Relaxed);
-        let (written, freed) = self.ail.push(&*self.dev, &self.geo, need_free).or_else(|e| self.fail(e))?;
+        let (written, freed) = self.ail.push(&*self.dev, &self.geo, need_free, &*self.on_durable).or_else(|e| self.fail(e))?;
         self.stats.items_written_home.fetch_add(written, Relaxed);
         Ok(freed)
     }
