@@ -24,6 +24,7 @@ use crate::mount::{Mount, MountOptions};
 use crate::store::TxStore;
 use crate::trans::Tx;
 use crate::xattr;
+use smallvec::SmallVec;
 use std::cell::Cell;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -70,13 +71,15 @@ fn ftype_of(mode: u16) -> u8 {
 }
 
 /// Locks on several inodes, taken in ascending inode number (the lock order rule).
+/// Inline capacities cover every operation (rename: two parents, source, target): taking
+/// the locks allocates nothing.
 struct Locked<'a> {
-    guards: Vec<(u64, crate::lockstat::RwLockWriteGuard<'a, DiskInode>)>,
+    guards: SmallVec<[(u64, crate::lockstat::RwLockWriteGuard<'a, DiskInode>); 4]>,
 }
 
 impl<'a> Locked<'a> {
     fn new(inodes: &[&'a InodeRef]) -> Locked<'a> {
-        let mut v: Vec<&InodeRef> = inodes.to_vec();
+        let mut v: SmallVec<[&InodeRef; 4]> = SmallVec::from_slice(inodes);
         v.sort_by_key(|i| i.ino);
         v.dedup_by_key(|i| i.ino);
         Locked { guards: v.into_iter().map(|i| (i.ino, i.core.write())).collect() }
@@ -95,7 +98,7 @@ impl<'a> Locked<'a> {
     /// directory lock it needs anyway, rather than under a shared hold first: in a busy
     /// directory every extra acquisition is another wait behind its writers.
     fn add(&mut self, more: &[&'a InodeRef]) -> bool {
-        let mut v: Vec<&InodeRef> = more.to_vec();
+        let mut v: SmallVec<[&InodeRef; 4]> = SmallVec::from_slice(more);
         v.sort_by_key(|i| i.ino);
         for i in v {
             if self.guards.iter().any(|(ino, _)| *ino == i.ino) {
