@@ -94,18 +94,14 @@ impl<'m> Tx<'m> {
                 }
             }
             if attempt == 0 {
-                self.release_busy()?;
+                // Blocks freed by changes not yet durable are busy (held back from reuse
+                // until the checkpoint that frees them is on disk), so a program that just
+                // deleted files would see ENOSPC for space it has freed: make them reusable,
+                // as XFS flushes its busy extents. Nothing of this transaction is in the log.
+                self.m.journal.release_busy()?;
             }
         }
         Err(Error::NoSpace)
-    }
-
-    /// Before reporting ENOSPC: blocks freed by changes not yet durable are busy (held back
-    /// from reuse until the checkpoint that frees them is on disk), so a program that just
-    /// deleted files would see ENOSPC for space it has freed. Force the log so they come
-    /// back, as XFS flushes its busy extents. Nothing of this transaction is in the log.
-    fn release_busy(&self) -> Result<()> {
-        self.m.journal.release_busy()
     }
 
     /// Claim a new inode number, preferring AG `pref`, and reserve `blocks` in that AG in
@@ -125,7 +121,7 @@ impl<'m> Tx<'m> {
                 }
             }
             if attempt == 0 {
-                self.release_busy()?;
+                self.m.journal.release_busy()?;
             }
         }
         Err(Error::NoSpace)

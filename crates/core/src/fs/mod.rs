@@ -285,10 +285,10 @@ impl FileSystem {
         // the commit. A creation refused below gives its claims back when `tx` drops.
         let mut tx = Tx::new(&self.m)?;
         let pref = if is_dir { self.next_dir_ag() } else { ino_ag(parent) };
-        let claimed = tx.alloc_inode(pref, if is_dir { 0 } else { dir::INSERT_RESERVE });
-        let (ino, gen, log_version) = claimed.map_err(|e| self.early_claim_error(e, parent, name, false))?;
+        let claim_error = |e| self.early_claim_error(e, parent, name, false);
+        let (ino, gen, log_version) = tx.alloc_inode(pref, if is_dir { 0 } else { dir::INSERT_RESERVE }).map_err(claim_error)?;
         if is_dir {
-            tx.reserve(ino_ag(parent), dir::INSERT_RESERVE).map_err(|e| self.early_claim_error(e, parent, name, false))?;
+            tx.reserve(ino_ag(parent), dir::INSERT_RESERVE).map_err(claim_error)?;
         }
         let mut pg = p.core.write();
         if !pg.is_dir() {
