@@ -1387,10 +1387,12 @@ fn model_matches() {
 }
 
 /// Background checkpoints and AIL writeback run concurrently with the operations (a 16 KiB
-/// CIL push threshold and a 5 ms interval): results must not change.
+/// CIL push threshold and a 5 ms interval): results must not change. More cases than the
+/// other setups: a race shows on a few seeds only (the stale-writeback bug failed one case in
+/// 500 to 2,000), and each suite run draws new ones; 2,000 take about 20 s.
 #[test]
 fn model_matches_with_background_journal() {
-    check_sequences((cases() / 10).max(1), Setup::Background);
+    check_sequences((cases() * 2 / 5).max(1), Setup::Background);
 }
 
 /// The caches are far too small for the workload: results must not change when inodes and
