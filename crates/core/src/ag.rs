@@ -16,6 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 pub static AG_LOCK: LockClass = LockClass::ranked("ag", 25);
 
+/// The pooled blocks of an AG (`Ag::reserve`): 1/64 of it, at most 1,024 blocks (4 MiB),
+/// enough for the tree blocks of thousands of extent splits.
+const POOL_FRACTION: u64 = 64;
+const POOL_MAX: u64 = 1024;
+
 /// In-memory allocation state of one AG, protected by the AG lock.
 pub struct AgState {
     blocks: Bitmap,
@@ -38,7 +43,12 @@ pub struct Ag {
     block_bitmap: Vec<BufRef>,
     inode_bitmap: Vec<BufRef>,
     orphan_table: Vec<BufRef>,
-    /// Mirrors of the free counts for statfs, which must not take AG locks.
+    /// Blocks ordinary reservations leave free (`reserve`): the pool from which writes into
+    /// preallocated space and operations that free space get their B+tree blocks on a full
+    /// file system.
+    pool: u64,
+    /// Mirrors of the free counts for statfs, which must not take AG locks (blocks: without
+    /// the pool, which no program can fill).
     free_blocks: AtomicU64,
     free_inodes: AtomicU64,
     pub alloc_retries: AtomicU64,
@@ -167,8 +177,10 @@ impl Ag {
             blocks,
             inodes,
         };
+        let pool = (l.blocks / POOL_FRACTION).min(POOL_MAX);
         Ok(Ag {
-            free_blocks: AtomicU64::new(state.blocks.free()),
+            free_blocks: AtomicU64::new(state.blocks.free().saturating_sub(pool)),
+            pool,
             free_inodes: AtomicU64::new(state.inodes.free()),
             layout: l,
             state: Mutex::new_indexed(&AG_LOCK, agno as u64, state),
@@ -188,6 +200,11 @@ impl Ag {
         self.state.lock()
     }
 
+    /// Blocks kept back for pooled reservations (`reserve`); statfs does not count them free.
+    pub fn pool(&self) -> u64 {
+        self.pool
+    }
+
     pub fn free_blocks(&self) -> u64 {
         self.free_blocks.load(Relaxed)
     }
@@ -197,7 +214,7 @@ impl Ag {
     }
 
     fn sync_counts(&self, s: &AgState) {
-        self.free_blocks.store(s.blocks.free() - s.reserved_blocks.min(s.blocks.free()), Relaxed);
+        self.free_blocks.store(s.blocks.free().saturating_sub(s.reserved_blocks + self.pool), Relaxed);
         self.free_inodes.store(s.inodes.free(), Relaxed);
     }
 
@@ -206,7 +223,7 @@ impl Ag {
     /// the log version the new in-memory inode starts counting from).
     pub fn claim_inode(&self, blocks: u64) -> Option<(u32, u32, u64)> {
         let mut s = self.lock();
-        if s.blocks.free() < s.reserved_blocks + blocks {
+        if s.blocks.free() < s.reserved_blocks + blocks + self.pool {
             return None;
         }
         let from = s.inode_cursor;
@@ -220,10 +237,15 @@ impl Ag {
         Some((idx as u32, gen, s.inode_log_version_floor))
     }
 
-    /// Reserve `n` blocks without choosing them (B+tree splits, extent allocation).
-    pub fn reserve(&self, n: u64) -> bool {
+    /// Reserve `n` blocks without choosing them (B+tree splits, extent allocation). Only a
+    /// `pooled` reservation may take the AG's last `pool` blocks: one for the tree blocks of
+    /// a write into preallocated space (fallocate promised that write its space: XFS's
+    /// reserved block pool, ext4's reserved clusters) or of an operation that frees space
+    /// (a punch or truncate may split an extent; deleting must work on a full file system).
+    pub fn reserve(&self, n: u64, pooled: bool) -> bool {
         let mut s = self.lock();
-        if s.blocks.free() < s.reserved_blocks + n {
+        let keep = if pooled { 0 } else { self.pool };
+        if s.blocks.free() < s.reserved_blocks + n + keep {
             return false;
         }
         s.reserved_blocks += n;

@@ -84,11 +84,21 @@ impl<'m> Tx<'m> {
 
     /// Reserve `n` blocks, preferring AG `pref`; returns the AG that granted them.
     pub fn reserve(&mut self, pref: u32, n: u64) -> Result<u32> {
+        self.reserve_in(pref, n, false)
+    }
+
+    /// Reserve `n` blocks for B+tree changes that must not fail for lack of space: those may
+    /// take the AGs' pools (`Ag::reserve`).
+    pub fn reserve_pooled(&mut self, pref: u32, n: u64) -> Result<u32> {
+        self.reserve_in(pref, n, true)
+    }
+
+    fn reserve_in(&mut self, pref: u32, n: u64, pooled: bool) -> Result<u32> {
         let count = self.m.geo.ag_count;
         for attempt in 0..2 {
             for i in 0..count {
                 let agno = (pref + i) % count;
-                if self.m.ags[agno as usize].reserve(n) {
+                if self.m.ags[agno as usize].reserve(n, pooled) {
                     self.add_reserved(agno, n);
                     return Ok(agno);
                 }

@@ -25,6 +25,22 @@ fn blocks(fs: &FileSystem, ino: u64) -> u64 {
     fs.getattr(ino).unwrap().blocks / 8
 }
 
+/// Write `g` until the file system is full; returns the file's size.
+fn fill(fs: &FileSystem, g: u64) -> u64 {
+    let mut off = 0;
+    for chunk in [vec![7u8; 1 << 16], vec![7u8; 4096]] {
+        loop {
+            match fs.write(g, off, &chunk) {
+                Ok(_) => off += chunk.len() as u64,
+                Err(Error::NoSpace) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    assert!(matches!(fs.write(g, off, &[1; 4096]), Err(Error::NoSpace)));
+    off
+}
+
 #[test]
 fn fallocate_maps_unwritten_space() {
     let (dev, fs) = fresh(64 << 20);
@@ -140,17 +156,7 @@ fn preallocated_space_is_there_when_the_file_system_is_full() {
     fs.fallocate(f, 0, 4 << 20, FALLOC_FL_KEEP_SIZE).unwrap();
     // Fill everything else.
     let g = fs.create(ROOT, b"g", 0o644, C).unwrap().ino;
-    let mut off = 0;
-    for chunk in [vec![7u8; 1 << 16], vec![7u8; 4096]] {
-        loop {
-            match fs.write(g, off, &chunk) {
-                Ok(_) => off += chunk.len() as u64,
-                Err(Error::NoSpace) => break,
-                Err(e) => panic!("{e}"),
-            }
-        }
-    }
-    assert!(matches!(fs.write(g, off, &[1; 4096]), Err(Error::NoSpace)));
+    fill(&fs, g);
     // The preallocated file can still be written in full.
     let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 249) as u8).collect();
     for (n, piece) in data.chunks(100_000).enumerate() {
@@ -176,6 +182,54 @@ fn fallocate_of_gigabytes_takes_several_transactions() {
     assert_eq!(fs.read(f, 0, 8192).unwrap(), vec![0; 8192]);
     let fs = remount(&dev, fs);
     assert_eq!(fs.read(f, len - 2, 10).unwrap(), b"\0\0end\0\0\0\0\0");
+    fs.unmount().unwrap();
+    drop(fs);
+    fsck_clean(&dev);
+}
+
+/// Scattered writes into preallocated space split its unwritten extent into many, so the
+/// block map becomes a B+tree that grows with the writes: on a full file system those tree
+/// blocks come from the pool kept back for conversions, and no write fails.
+#[test]
+fn scattered_writes_into_preallocated_space_succeed_on_a_full_file_system() {
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, C).unwrap().ino;
+    let len: u64 = 8 << 20;
+    fs.fallocate(f, 0, len, 0).unwrap();
+    let g = fs.create(ROOT, b"g", 0o644, C).unwrap().ino;
+    fill(&fs, g);
+    // Every other block, from both ends inwards: each write splits an unwritten extent.
+    let mut want = vec![0u8; len as usize];
+    let n = len / 4096;
+    let order = (0..n / 2).flat_map(|i| [2 * i, n - 1 - 2 * i]).filter(|b| b % 2 == 0);
+    for b in order {
+        let piece = vec![(b % 251) as u8 + 1; 4096];
+        fs.write(f, b * 4096, &piece).unwrap_or_else(|e| panic!("write of block {b}: {e}"));
+        want[(b * 4096) as usize..][..4096].copy_from_slice(&piece);
+    }
+    same(fs.read(f, 0, len as usize).unwrap(), &want);
+    let fs = remount(&dev, fs);
+    same(fs.read(f, 0, len as usize).unwrap(), &want);
+    fs.unmount().unwrap();
+    drop(fs);
+    fsck_clean(&dev);
+}
+
+/// Freeing space must work when there is none: punches that split extents (the map grows
+/// into a B+tree whose blocks come from the pool), a shrinking truncate and an unlink, on a
+/// full file system.
+#[test]
+fn space_is_freed_on_a_full_file_system() {
+    let (dev, fs) = fresh(64 << 20);
+    let g = fs.create(ROOT, b"g", 0o644, C).unwrap().ino;
+    let off = fill(&fs, g);
+    let keep = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    // One block out of the middle of each 64 KiB: every punch splits an extent.
+    for n in 0..200u64 {
+        fs.fallocate(g, n * (1 << 16) + 4096, 4096, keep).unwrap_or_else(|e| panic!("punch {n} of g: {e}"));
+    }
+    fs.setattr(g, &SetAttr { size: Some(off / 2), ..SetAttr::default() }).unwrap();
+    fs.unlink(ROOT, b"g").unwrap();
     fs.unmount().unwrap();
     drop(fs);
     fsck_clean(&dev);

@@ -571,7 +571,8 @@ impl FileSystem {
         if !(nd.is_reg() || nd.is_symlink()) || matches!(nd.fork, Fork::Inline { .. }) {
             return Ok(true);
         }
-        tx.reserve(ino_ag(ino), MAP_RESERVE)?;
+        // A punch may split an extent: freeing space must work on a full file system.
+        tx.reserve_pooled(ino_ag(ino), MAP_RESERVE)?;
         let mut s = TxStore::new(tx, ino, 0);
         let (pieces, done) = file::unmap(&mut s, &self.m, ino, nd, from, to, UNMAP_BATCH)?;
         let tree_delta = s.blocks;
@@ -986,10 +987,10 @@ impl FileSystem {
         }
         // Converting unwritten blocks allocates no data blocks, only tree nodes: a conversion
         // in the middle of an unwritten extent removes it and inserts up to three pieces
-        // (net two more extents). A conversion that keeps the map inline needs none, so a
-        // write into the preallocated space of such a file cannot fail with ENOSPC. With a
-        // B+tree map the worst case is reserved: there is no pool kept back for conversions
-        // (ext4's reserved clusters), so on a full file system that write can fail.
+        // (net two more extents). A conversion that keeps the map inline needs none. With a
+        // B+tree map the worst case is reserved from the AGs' pools, which ordinary
+        // allocations leave alone, so a write into preallocated space gets its tree blocks
+        // on a full file system too (until the pools run dry: thousands of splits).
         let fresh: u64 = new_maps.iter().map(|e| e.len as u64).sum::<u64>();
         let inline = match nd.fork {
             Fork::Empty => Some(0),
@@ -997,10 +998,13 @@ impl FileSystem {
             _ => None,
         };
         let stays_inline = new_maps.is_empty() && inline.is_some_and(|n| n + 2 * to_convert.len() <= crate::format::inode::INLINE_EXTENTS);
-        let tree = if stays_inline { 0 } else { MAP_RESERVE * (new_maps.len() + 3 * to_convert.len()) as u64 };
+        let (tree_fresh, tree_convert) = if stays_inline { (0, 0) } else { (MAP_RESERVE * new_maps.len() as u64, MAP_RESERVE * 3 * to_convert.len() as u64) };
         let goal = mapped.last().map_or(self.m.geo.ag_layout(ino_ag(i.ino)).data_start, |e| e.pblk + e.len as u64);
-        if fresh + tree > 0 {
-            tx.reserve(ino_ag(i.ino), fresh + tree)?;
+        if fresh + tree_fresh > 0 {
+            tx.reserve(ino_ag(i.ino), fresh + tree_fresh)?;
+        }
+        if tree_convert > 0 {
+            tx.reserve_pooled(ino_ag(i.ino), tree_convert)?;
         }
         let mut goal = goal;
         for (lo, hi) in to_convert {
