@@ -207,6 +207,14 @@ fn bench_refuses_an_existing_image_path() {
     assert_eq!(std::fs::read(&img).unwrap(), b"precious");
 }
 
+/// Results are kept per thread count: a count given twice would be compared with itself.
+#[test]
+fn bench_refuses_a_thread_count_given_twice() {
+    for workload in ["scale", "commit", "orphan"] {
+        assert_clean_failure(&ferrofs(&["bench", workload, "--threads", "2,48,2", "--mem"]), "2 is listed twice");
+    }
+}
+
 /// Each journal workload runs at a tiny size, prints its figures and the lock table, writes
 /// its JSON and deletes its image. (A smoke test: no figure is checked against a target.)
 #[test]

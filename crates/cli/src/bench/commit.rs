@@ -31,7 +31,7 @@ pub struct CommitRow {
 }
 
 pub fn run(args: &BenchArgs) -> CliResult<()> {
-    let threads = args.threads_or(&[1, 2]);
+    let threads = args.threads_or(&[1, 2])?;
     let files = args.files_or(16);
     let max_threads = threads.iter().copied().max().unwrap_or(1);
     let session = Session::open(

@@ -144,7 +144,7 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
         ));
     }
     shell::catch_interrupts()?;
-    let threads = args.threads_or(DEFAULT_THREADS);
+    let threads = args.threads_or(DEFAULT_THREADS)?;
     let files = args.files.unwrap_or(DEFAULT_FILES);
     let slow_files = f.slow_files.unwrap_or((files / SLOW_DIVISOR).max(1));
     let env = Env::new(f.peers.clone(), f.mount_options.clone())?;

@@ -109,7 +109,7 @@ struct RunResult {
 
 pub fn run(args: &BenchArgs) -> CliResult<()> {
     let files = args.files_or(2000);
-    let creators = args.threads_or(&[1])[0];
+    let creators = args.threads_or(&[1])?[0];
     let session = Session::open(
         args,
         (files + creators * LOAD_BATCH) as u64 * 2,

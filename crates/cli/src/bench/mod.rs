@@ -27,7 +27,7 @@ mod targets;
 mod unlinked;
 mod unmount;
 
-use crate::failure::{CliResult, Context};
+use crate::failure::{CliResult, Context, Failure};
 use crate::progress;
 use clap::{Args, ValueEnum};
 use ferrofs::format::ROOT_INO;
@@ -149,12 +149,14 @@ pub enum Mode {
 
 impl BenchArgs {
     /// `--threads`, or the workload's default.
-    fn threads_or(&self, default: &[usize]) -> Vec<usize> {
-        if self.threads.is_empty() {
-            default.to_vec()
-        } else {
-            self.threads.iter().map(|&t| t as usize).collect()
+    /// `--threads`, or the workload's default. A count given twice is refused: results are
+    /// kept per thread count, and `--runs` is how a measurement is repeated (runs interleave
+    /// the thread counts against drift).
+    fn threads_or(&self, default: &[usize]) -> CliResult<Vec<usize>> {
+        if let Some((i, t)) = self.threads.iter().enumerate().find(|&(i, t)| self.threads[..i].contains(t)) {
+            return Err(Failure::new("--threads", format!("{t} is listed twice (entry {}); repeat a measurement with --runs", i + 1)));
         }
+        Ok(if self.threads.is_empty() { default.to_vec() } else { self.threads.iter().map(|&t| t as usize).collect() })
     }
 
     /// `--files`, or the workload's default.
@@ -224,7 +226,7 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
         args.big_dir as usize,
         args.runs as usize,
     );
-    let threads = args.threads_or(&[1, 2, 8, 48]);
+    let threads = args.threads_or(&[1, 2, 8, 48])?;
     let max_threads = threads.iter().copied().max().unwrap_or(1);
     let names = NameTable::new(files.max(big_dir));
     let session = Session::open(

@@ -37,7 +37,7 @@ pub struct OrphanRow {
 }
 
 pub fn run(args: &BenchArgs) -> CliResult<()> {
-    let threads = args.threads_or(&[1, 2, 4, 10, 20, 40]);
+    let threads = args.threads_or(&[1, 2, 4, 10, 20, 40])?;
     let max_threads = threads.iter().copied().max().unwrap_or(1);
     let session = Session::open(
         args,

@@ -117,7 +117,7 @@ const MDTEST_PHASES: [&str; 3] = ["create", "stat", "remove"];
 pub fn run(args: &BenchArgs) -> CliResult<()> {
     let files = args.files_or(100_000);
     let per_thread = args.mdtest_files as usize;
-    let threads = args.threads_or(&[1, 2, 4, 8, 16, 48]);
+    let threads = args.threads_or(&[1, 2, 4, 8, 16, 48])?;
     let max_threads = threads.iter().copied().max().unwrap_or(1);
     let live = files.max(per_thread * max_threads);
     let names = NameTable::new(files.max(per_thread));
