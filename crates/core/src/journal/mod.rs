@@ -86,7 +86,8 @@ struct CilShard {
     seq: u64,
     open: CilBatch,
     next: CilBatch,
-    /// Block-sized buffers of written checkpoints, for this shard's next copies: a commit
+    /// Block-sized buffers of written checkpoints, for this shard's next copies (as many as
+    /// its last batch used; none once the CIL is idle): a commit
     /// then copies into memory it already has instead of allocating 4 KiB that the
     /// checkpoint thread frees (that cross-thread malloc and free was 8% of the FUSE
     /// daemon's CPU in a 400,000-file `rm -rf`).
@@ -488,9 +489,19 @@ impl Journal {
                     g.open.items = recycled.maps.pop().unwrap_or_default();
                 }
                 self.cil_bytes.fetch_sub(batch.bytes, Relaxed);
-                let spare = &mut recycled.images;
-                let give = batch.block_images.saturating_sub(g.free.len()).min(spare.len());
-                g.free.extend(spare.drain(spare.len() - give..));
+                // Top the shard's buffers up to what this batch used, or trim them to it: a
+                // shard that went quiet keeps none. Surplus is freed after the lock.
+                let want = batch.block_images;
+                let surplus = if g.free.len() > want {
+                    g.free.split_off(want)
+                } else {
+                    let spare = &mut recycled.images;
+                    let give = (want - g.free.len()).min(spare.len());
+                    g.free.extend(spare.drain(spare.len() - give..));
+                    Vec::new()
+                };
+                drop(g);
+                drop(surplus);
                 batch
             })
             .collect();
@@ -612,8 +623,13 @@ impl Journal {
                     self.stats.background_checkpoints.fetch_add(1, Relaxed);
                 }
             } else if let Some(mut recycled) = self.push.try_lock() {
-                // Idle: no switch will come to hand the memory out.
+                // Idle: no switch will come to hand the memory out or trim the shards' buffers.
                 *recycled = Recycled::default();
+                for s in self.shards.iter() {
+                    // Taken under the lock, freed after it.
+                    let free = std::mem::take(&mut s.lock().free);
+                    drop(free);
+                }
             }
         }
     }
