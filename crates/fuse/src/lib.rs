@@ -83,8 +83,10 @@
 //! (each walk through them comes here as a LOOKUP by the walking process), and when a
 //! directory stops being searchable by everyone its names are invalidated
 //! (`FUSE_NOTIFY_INVAL_ENTRY`, one per entry) right after the chmod is answered — the kernel
-//! holds the directory's lock until then. A walk racing that chmod may still pass, as one
-//! that started before it would. Names in directories everyone may search keep the long
+//! holds the directory's lock until then; the names are listed before the answer, so the
+//! invalidations follow it at once. A walk racing that chmod may still pass, as one that
+//! started before it would; so, rarely, may one that starts just after the chmod returns,
+//! before the invalidation reaches the kernel. Names in directories everyone may search keep the long
 //! timeout, so the common case costs nothing.
 //!
 //! # Why the timeouts are long

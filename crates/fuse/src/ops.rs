@@ -182,21 +182,31 @@ impl FerroFuse {
         caller(req).may_xattr(&self.getattr(op, ino)?, name, mask)
     }
 
-    /// Make the kernel forget every name it may have cached in `dir` (with the long timeout
-    /// of a directory everyone could search), so the next walk through each is checked.
-    /// Call only after replying: the kernel holds the directory's lock until the reply, and
-    /// the invalidation waits for that lock.
-    fn forget_names_in(&self, dir: u64) {
-        let Some(notifier) = self.notifier.get() else { return };
+    /// The names the kernel may have cached in `dir` (with the long timeout of a directory
+    /// everyone could search), listed before the reply so that the invalidations after it
+    /// (`forget_names`) follow it as closely as they can.
+    fn names_in(&self, dir: u64) -> Vec<Vec<u8>> {
+        let mut names = Vec::new();
         let res = self.fill_dir(dir, 0, |e| {
             if e.name != b"." && e.name != b".." {
-                // ENOENT: the kernel had not cached that name.
-                let _ = notifier.inval_entry(INodeNo(dir), OsStr::from_bytes(&e.name));
+                names.push(e.name);
             }
             false
         });
         if let Err(e) = res {
             eprintln!("ferrofs: cannot list directory {dir} to drop its cached names: {e:?}");
+        }
+        names
+    }
+
+    /// Make the kernel forget `names` in `dir`, so the next walk through each is checked.
+    /// Call only after replying: the kernel holds the directory's lock until the reply, and
+    /// the invalidation waits for that lock.
+    fn forget_names(&self, dir: u64, names: Vec<Vec<u8>>) {
+        let Some(notifier) = self.notifier.get() else { return };
+        for name in names {
+            // ENOENT: the kernel had not cached that name.
+            let _ = notifier.inval_entry(INodeNo(dir), OsStr::from_bytes(&name));
         }
     }
 
@@ -483,11 +493,11 @@ impl fuser::Filesystem for FerroFuse {
         }
         match self.call("setattr", |fs| fs.setattr(ino.0, &sa)) {
             Ok(a) => {
-                reply.attr(&self.attr_ttl, &file_attr(&a));
                 // Names cached with the long timeout while everyone could search here.
-                if before.is_some_and(|b| b.kind == ferrofs::FileType::Directory && searchable_by_all(b.perm) && !searchable_by_all(a.perm)) {
-                    self.forget_names_in(ino.0);
-                }
+                let cached = before.is_some_and(|b| b.kind == ferrofs::FileType::Directory && searchable_by_all(b.perm) && !searchable_by_all(a.perm));
+                let names = if cached { self.names_in(ino.0) } else { Vec::new() };
+                reply.attr(&self.attr_ttl, &file_attr(&a));
+                self.forget_names(ino.0, names);
             }
             Err(e) => reply.error(e),
         }
