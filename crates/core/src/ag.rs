@@ -178,10 +178,10 @@ impl Ag {
             inodes,
         };
         let pool = (l.blocks / POOL_FRACTION).min(POOL_MAX);
-        Ok(Ag {
-            free_blocks: AtomicU64::new(state.blocks.free().saturating_sub(pool)),
+        let ag = Ag {
+            free_blocks: AtomicU64::new(0),
             pool,
-            free_inodes: AtomicU64::new(state.inodes.free()),
+            free_inodes: AtomicU64::new(0),
             layout: l,
             state: Mutex::new_indexed(&AG_LOCK, agno as u64, state),
             block_bitmap,
@@ -189,7 +189,9 @@ impl Ag {
             orphan_table,
             alloc_retries: AtomicU64::new(0),
             orphan_adds: AtomicU64::new(0),
-        })
+        };
+        ag.sync_counts(&ag.lock());
+        Ok(ag)
     }
 
     pub fn agno(&self) -> u32 {

@@ -148,7 +148,6 @@ pub enum Mode {
 }
 
 impl BenchArgs {
-    /// `--threads`, or the workload's default.
     /// `--threads`, or the workload's default. A count given twice is refused: results are
     /// kept per thread count, and `--runs` is how a measurement is repeated (runs interleave
     /// the thread counts against drift).

@@ -87,10 +87,10 @@ struct CilShard {
     open: CilBatch,
     next: CilBatch,
     /// Block-sized buffers of written checkpoints, for this shard's next copies (as many as
-    /// its last batch used; none once the CIL is idle): a commit
-    /// then copies into memory it already has instead of allocating 4 KiB that the
-    /// checkpoint thread frees (that cross-thread malloc and free was 8% of the FUSE
-    /// daemon's CPU in a 400,000-file `rm -rf`).
+    /// its last batch used; none once the CIL is idle): a commit then copies into memory it
+    /// already has instead of allocating 4 KiB that the checkpoint thread frees (that
+    /// cross-thread malloc and free was 8% of the FUSE daemon's CPU in a 400,000-file
+    /// `rm -rf`).
     free: Vec<Box<[u8]>>,
 }
 
