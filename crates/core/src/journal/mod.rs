@@ -7,9 +7,11 @@
 //! its previous copy, so it is logged once. No global lock is taken and nothing is written.
 //!
 //! Checkpoint: close the open sequence, then take each shard's items of it under that shard's
-//! lock alone, merge the shards, write one record, one flush. fsync forces the log only up to
-//! the CIL sequence that holds the inode's last change; it never waits for home-location
-//! writeback or a superblock write (seed 002).
+//! lock alone, merge the shards and claim log space (under the push lock), then write one
+//! record and one flush with no lock held: several checkpoints may be in flight, and they
+//! become durable in sequence order. fsync forces the log only up to the CIL sequence that
+//! holds the inode's last change; it never waits for home-location writeback or a superblock
+//! write (seed 002).
 
 mod ail;
 mod recover;
@@ -20,7 +22,7 @@ use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::log::{encode_record, item_bytes, ItemKey, LogHeader, LOG_HEADER_BLOCKS, RECORD_HDR};
 use crate::format::{seal_block, DiskInode, Geometry, BLOCK_SIZE};
-use crate::lockstat::{Condvar, LockClass, Mutex};
+use crate::lockstat::{Condvar, LockClass, Mutex, MutexGuard};
 use ail::Ail;
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
@@ -34,6 +36,8 @@ use std::time::Duration;
 
 static CIL_SHARD: LockClass = LockClass::ranked("cil-shard", 30);
 static LOG_PUSH: LockClass = LockClass::ranked("log-push", 10);
+static CIL_SPARE: LockClass = LockClass::ranked("cil-spare", 15);
+static LOG_DONE: LockClass = LockClass::ranked("log-done", 22);
 static LOG_WORKER: LockClass = LockClass::ranked("log-worker", 40);
 
 /// A freed extent that may not be reused until the checkpoint that freed it is durable:
@@ -62,21 +66,14 @@ struct CilBatch {
     block_images: usize,
 }
 
-/// Most block images a checkpoint keeps for the shards (32 MiB): what reuse may hold back
+/// Most block images written records keep for the shards (32 MiB): what reuse may hold back
 /// from the allocator.
 const SPARE_IMAGES_MAX: usize = 8192;
 
-/// Memory a checkpoint has finished with, for the shards' next batches (guarded by the push
-/// lock; handed out at the next switch, under the shard locks it takes anyway, and freed
-/// when the journal goes idle).
-#[derive(Default)]
-struct Recycled {
-    /// The written record's block images (see `CilShard::free`).
-    images: Vec<Box<[u8]>>,
-    /// The merged batches' item maps, emptied with their capacity kept: a shard's new batch
-    /// starts at the size its last one grew to instead of rehashing its way up again.
-    maps: Vec<FxHashMap<ItemKey, CilItem>>,
-}
+/// The merged batches' item maps, emptied with their capacity kept (guarded by the push
+/// lock): a shard's new batch starts at the size its last one grew to instead of rehashing
+/// its way up again. Freed when the journal goes idle.
+type SpareMaps = Vec<FxHashMap<ItemKey, CilItem>>;
 
 /// A shard holds at most two sequences: a switch closes the open sequence first and then
 /// visits the shards one at a time, so a commit can meet a shard the switch has not reached
@@ -86,7 +83,7 @@ struct CilShard {
     seq: u64,
     open: CilBatch,
     next: CilBatch,
-    /// Block-sized buffers of written checkpoints, for this shard's next copies (as many as
+    /// Block-sized buffers of written records, for this shard's next copies (as many as
     /// its last batch used; none once the CIL is idle): a commit then copies into memory it
     /// already has instead of allocating 4 KiB that the checkpoint thread frees (that
     /// cross-thread malloc and free was 8% of the FUSE daemon's CPU in a 400,000-file
@@ -172,9 +169,8 @@ pub struct JournalStats {
     pub items_written_home: AtomicU64,
     /// fsyncs whose change was already durable: no log write (at most a data flush).
     pub fsyncs_durable: AtomicU64,
-    /// Forces that found their sequence durable once they held the push lock: another
-    /// thread's checkpoint covered them (group commit). The others wrote a checkpoint
-    /// (`forced_checkpoints`).
+    /// Forces whose sequence another thread's checkpoint had already closed: they waited
+    /// for that record (group commit). The others wrote a checkpoint (`forced_checkpoints`).
     pub forces_joined: AtomicU64,
 }
 
@@ -220,15 +216,22 @@ pub struct Journal {
     /// commits ordered by a lock the sequences never go down: a checkpoint that holds a change
     /// holds everything it depends on.
     open_seq: AtomicU64,
-    /// Every CIL sequence up to this one is durable in the log.
+    /// Every CIL sequence up to this one is durable in the log. Advanced in sequence order
+    /// under `done`.
     durable_seq: AtomicU64,
     cil_bytes: AtomicU64,
     /// A background checkpoint was requested and has not started yet.
     push_pending: AtomicBool,
-    /// Serialises checkpoints (one record written at a time, in sequence order). It guards
-    /// the block images of the last record written, which the next switch hands back to the
-    /// shards (`CilShard::free`).
-    push: Mutex<Recycled>,
+    /// Serialises switches and log space claims, so records are numbered and placed in CIL
+    /// sequence order; not held while a record is built or written.
+    push: Mutex<SpareMaps>,
+    /// Block images of written records, which the next switch hands back to the shards
+    /// (`CilShard::free`).
+    spare: Mutex<Vec<Box<[u8]>>>,
+    /// Taken to complete a checkpoint (in sequence order) and to wait for one; `done_cv` is
+    /// signalled when `durable_seq` moves or the journal fails.
+    done: Mutex<()>,
+    done_cv: Condvar,
     /// Data blocks were written since the last flush: ordered mode flushes them before a
     /// record that may point at them.
     data_dirty: AtomicBool,
@@ -288,7 +291,10 @@ impl Journal {
             durable_seq: AtomicU64::new(0),
             cil_bytes: AtomicU64::new(0),
             push_pending: AtomicBool::new(false),
-            push: Mutex::new(&LOG_PUSH, Recycled::default()),
+            push: Mutex::new(&LOG_PUSH, Vec::new()),
+            spare: Mutex::new(&CIL_SPARE, Vec::new()),
+            done: Mutex::new(&LOG_DONE, ()),
+            done_cv: Condvar::new(),
             data_dirty: AtomicBool::new(false),
             on_durable,
             failed: AtomicBool::new(false),
@@ -325,8 +331,16 @@ impl Journal {
     }
 
     fn fail<T>(&self, e: std::io::Error) -> Result<T> {
-        self.failed.store(true, Relaxed);
+        self.set_failed();
         Err(Error::Io(e))
+    }
+
+    /// Stop the journal, and wake whoever waits for a checkpoint that will now never
+    /// complete.
+    fn set_failed(&self) {
+        let _done = self.done.lock();
+        self.failed.store(true, Relaxed);
+        self.done_cv.notify_all();
     }
 
     /// Note that file data was written in place; the next checkpoint flushes it first.
@@ -409,18 +423,21 @@ impl Journal {
     }
 
     /// Make every change of CIL sequence `seq` (and before) durable. Concurrent callers share
-    /// one record (group commit): whoever holds the push lock writes for all waiters.
+    /// one record (group commit): a force whose sequence a checkpoint in flight has already
+    /// closed waits for that record instead of writing one.
     pub fn force(&self, seq: u64) -> Result<()> {
         if self.durable_seq() >= seq {
             return Ok(());
         }
-        let mut recycled = self.push.lock();
-        if self.durable_seq() >= seq {
-            self.stats.forces_joined.fetch_add(1, Relaxed);
-            return Ok(());
+        if self.open_seq() <= seq {
+            let push = self.push.lock();
+            if self.open_seq() <= seq {
+                self.stats.forced_checkpoints.fetch_add(1, Relaxed);
+                return self.checkpoint_locked(push);
+            }
         }
-        self.stats.forced_checkpoints.fetch_add(1, Relaxed);
-        self.checkpoint_locked(&mut recycled)
+        self.stats.forces_joined.fetch_add(1, Relaxed);
+        self.wait_durable(seq)
     }
 
     /// Make every freed extent reusable: force the log, then wait for a writeback that held
@@ -431,9 +448,9 @@ impl Journal {
         Ok(())
     }
 
-    /// Checkpoint whatever the CIL holds now.
+    /// Checkpoint whatever the CIL holds now; returns once it is durable.
     pub fn checkpoint(&self) -> Result<()> {
-        self.checkpoint_locked(&mut self.push.lock())
+        self.checkpoint_locked(self.push.lock())
     }
 
     /// Flush data written in place (fsync of a file whose metadata is already durable).
@@ -443,23 +460,71 @@ impl Journal {
         self.dev.flush().or_else(|e| self.fail(e))
     }
 
-    fn checkpoint_locked(&self, recycled: &mut Recycled) -> Result<()> {
+    /// Wait until every CIL sequence up to `seq` is durable.
+    fn wait_durable(&self, seq: u64) -> Result<()> {
+        if self.durable_seq() >= seq {
+            return Ok(());
+        }
+        let mut done = self.done.lock();
+        while self.durable_seq() < seq {
+            if self.is_failed() {
+                return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+            }
+            self.done_cv.wait(&mut done);
+        }
+        Ok(())
+    }
+
+    /// Switch the CIL and claim the record's log space under the push lock, then let the lock
+    /// go: the next checkpoint may switch and write while this one builds and writes its
+    /// record. Records complete in sequence order (`complete`), so a later record is never
+    /// acknowledged, or written home, before an earlier one is durable; recovery replays a
+    /// record only if every earlier one is intact, so a later record that reaches the disk
+    /// first is never replayed without them.
+    fn checkpoint_locked(&self, mut push: MutexGuard<'_, SpareMaps>) -> Result<()> {
         if self.is_failed() {
             return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
         }
-        let (seq, items, busy) = self.switch(recycled);
+        let (seq, items, busy) = self.switch(&mut push);
         self.throttle_cv.notify_all();
-        if !items.is_empty() {
-            if let Err(e) = self.write_checkpoint(seq, items, &mut recycled.images) {
-                // The items have left the CIL and are lost: nothing committed later may reach
-                // the log either (it may depend on them), so the journal stops here and the
-                // image stays at its last durable checkpoint.
-                self.failed.store(true, Relaxed);
-                return Err(e);
-            }
+        let written = if items.is_empty() {
+            drop(push);
+            Ok(None)
+        } else {
+            self.write_checkpoint(seq, items, push).map(Some)
+        };
+        if let Err(e) = written.and_then(|record| self.complete(seq, record, busy)) {
+            // The items have left the CIL and are lost: nothing committed later may reach
+            // the log either (it may depend on them), so the journal stops here and the
+            // image stays at its last durable checkpoint.
+            self.set_failed();
+            return Err(e);
         }
-        self.durable_seq.store(seq, Release);
+        if self.ail.used_percent() >= self.cfg.ail_push_percent {
+            self.request_ail();
+        }
+        Ok(())
+    }
+
+    /// Make sequence `seq` durable once every earlier one is: its record (`rec_seq`, bytes)
+    /// joins the AIL as durable, its freed extents become reusable, and fsyncs waiting for it
+    /// are woken. Whoever sees `durable_seq` past a checkpoint (a force, an ENOSPC retry)
+    /// therefore finds its freed space back in the allocator.
+    fn complete(&self, seq: u64, record: Option<(u64, Vec<u8>)>, busy: Vec<BusyExtent>) -> Result<()> {
+        let mut done = self.done.lock();
+        while self.durable_seq() + 1 < seq {
+            if self.is_failed() {
+                return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+            }
+            self.done_cv.wait(&mut done);
+        }
+        debug_assert_eq!(self.durable_seq() + 1, seq, "CIL sequences complete in order");
+        if let Some((rec_seq, record)) = record {
+            self.ail.mark_durable(rec_seq, seq, record);
+        }
         (self.on_durable)(self.ail.reusable(busy));
+        self.durable_seq.store(seq, Release);
+        self.done_cv.notify_all();
         Ok(())
     }
 
@@ -473,7 +538,8 @@ impl Journal {
     /// Each shard gets back as many recycled images as it copied blocks in the batch taken
     /// (what is left over is freed) and an emptied map for its new batch; this switch's maps
     /// are recycled in turn. Returns the closed sequence and its merged items, sorted by home.
-    fn switch(&self, recycled: &mut Recycled) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>, Vec<BusyExtent>) {
+    fn switch(&self, maps: &mut SpareMaps) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>, Vec<BusyExtent>) {
+        let mut spare = std::mem::take(&mut *self.spare.lock());
         let seq = self.open_seq.fetch_add(1, AcqRel);
         let taken: Vec<CilBatch> = self
             .shards
@@ -486,7 +552,7 @@ impl Journal {
                 let batch = std::mem::replace(&mut g.open, next);
                 // A shard in use (its new batch usually empty yet) starts from a recycled map.
                 if !batch.items.is_empty() && g.open.items.capacity() == 0 {
-                    g.open.items = recycled.maps.pop().unwrap_or_default();
+                    g.open.items = maps.pop().unwrap_or_default();
                 }
                 self.cil_bytes.fetch_sub(batch.bytes, Relaxed);
                 // Top the shard's buffers up to what this batch used, or trim them to it: a
@@ -495,7 +561,6 @@ impl Journal {
                 let surplus = if g.free.len() > want {
                     g.free.split_off(want)
                 } else {
-                    let spare = &mut recycled.images;
                     let give = (want - g.free.len()).min(spare.len());
                     g.free.extend(spare.drain(spare.len() - give..));
                     Vec::new()
@@ -505,7 +570,7 @@ impl Journal {
                 batch
             })
             .collect();
-        recycled.images.clear();
+        drop(spare);
         let total = taken.iter().map(|b| b.items.len()).sum();
         let mut merged: FxHashMap<ItemKey, CilItem> = FxHashMap::with_capacity_and_hasher(total, Default::default());
         let mut busy = Vec::new();
@@ -520,7 +585,7 @@ impl Journal {
                 }
             }
             if shard.items.capacity() > 0 {
-                recycled.maps.push(shard.items);
+                maps.push(shard.items);
             }
         }
         let mut items: Vec<_> = merged.into_iter().map(|(k, it)| (k, it.image)).collect();
@@ -528,11 +593,14 @@ impl Journal {
         (seq, items, busy)
     }
 
-    /// The record's block images go to `spare` once written (see `CilShard::free`).
-    fn write_checkpoint(&self, seq: u64, items: Vec<(ItemKey, Option<Box<[u8]>>)>, spare: &mut Vec<Box<[u8]>>) -> Result<()> {
+    /// Claim log space for the record of CIL sequence `seq` under the push lock, then build
+    /// and write it without the lock. The record's block images go to `spare` once written
+    /// (see `CilShard::free`). Returns the record's number and bytes, for the AIL.
+    fn write_checkpoint(&self, seq: u64, items: Vec<(ItemKey, Option<Box<[u8]>>)>, push: MutexGuard<'_, SpareMaps>) -> Result<(u64, Vec<u8>)> {
         let bytes: usize = items.iter().map(|(k, img)| if img.is_some() { item_bytes(*k) } else { item_bytes(ItemKey::Revoke(0)) }).sum();
         let blocks = (RECORD_HDR + bytes).div_ceil(BLOCK_SIZE) as u64;
-        let (rec_seq, off, epoch) = self.reserve_log(blocks)?;
+        let (rec_seq, off, epoch) = self.reserve_log(seq, blocks)?;
+        drop(push);
         let sealed: Vec<(ItemKey, Box<[u8]>)> = items
             .into_iter()
             .map(|(k, img)| match (k, img) {
@@ -549,6 +617,8 @@ impl Journal {
             .collect();
         let record = encode_record(rec_seq, epoch, sealed.iter().map(|(k, i)| (*k, &i[..])));
         debug_assert_eq!(record.len() as u64, blocks * BLOCK_SIZE as u64);
+        // Data noted before the switch is flushed before this record, or before an earlier
+        // one (whichever took the note), without which this record is never replayed.
         if self.data_dirty.swap(false, Relaxed) {
             self.dev.flush().or_else(|e| self.fail(e))?;
         }
@@ -558,18 +628,18 @@ impl Journal {
         self.stats.checkpoints.fetch_add(1, Relaxed);
         self.stats.items_logged.fetch_add(sealed.len() as u64, Relaxed);
         self.stats.log_bytes.fetch_add(record.len() as u64, Relaxed);
+        let mut spare = self.spare.lock();
+        let room = SPARE_IMAGES_MAX.saturating_sub(spare.len());
         let blocks = sealed.into_iter().filter(|(k, _)| matches!(k, ItemKey::Block(_)));
-        spare.extend(blocks.map(|(_, img)| img).take(SPARE_IMAGES_MAX));
-        self.ail.mark_durable(rec_seq, seq, record);
-        if self.ail.used_percent() >= self.cfg.ail_push_percent {
-            self.request_ail();
-        }
-        Ok(())
+        spare.extend(blocks.map(|(_, img)| img).take(room));
+        drop(spare);
+        Ok((rec_seq, record))
     }
 
-    /// Space for a record of `blocks`; when the log is full, write back the oldest
-    /// checkpoints right here (the tail must move before the head can).
-    fn reserve_log(&self, blocks: u64) -> Result<(u64, u64, u64)> {
+    /// Space for the record of CIL sequence `seq`, of `blocks`; when the log is full, write
+    /// back the oldest checkpoints right here (the tail must move before the head can).
+    /// Called under the push lock.
+    fn reserve_log(&self, seq: u64, blocks: u64) -> Result<(u64, u64, u64)> {
         if blocks > self.ail.ring_blocks() / 2 {
             return Err(Error::Invalid("checkpoint larger than half the log"));
         }
@@ -578,10 +648,13 @@ impl Journal {
             Err(need_free) => need_free,
         };
         self.stats.log_space_waits.fetch_add(1, Relaxed);
+        // Records still in flight hold ring space that writeback cannot free before they are
+        // durable: wait for them first.
+        self.wait_durable(seq - 1)?;
         self.push_ail(need_free)?;
-        // Checkpoints are serialised by the push lock, so every record in the AIL is durable
-        // and the head has not moved: the writeback freed `need_free` blocks, or emptied the
-        // AIL, and a record of at most half the ring fits in an empty one wherever the head is.
+        // No record is claimed while the push lock is held, and every earlier one is durable:
+        // the writeback freed `need_free` blocks, or emptied the AIL, and a record of at most
+        // half the ring fits in an empty one wherever the head is.
         let r = self.ail.reserve(blocks);
         debug_assert!(r.is_ok(), "a record of {blocks} blocks does not fit after writeback to {need_free} free blocks");
         r.map_err(|_| Error::Busy("log full after writeback".into()))
@@ -622,9 +695,11 @@ impl Journal {
                 if self.checkpoint().is_ok() {
                     self.stats.background_checkpoints.fetch_add(1, Relaxed);
                 }
-            } else if let Some(mut recycled) = self.push.try_lock() {
+            } else if let Some(mut maps) = self.push.try_lock() {
                 // Idle: no switch will come to hand the memory out or trim the shards' buffers.
-                *recycled = Recycled::default();
+                *maps = SpareMaps::default();
+                let spare = std::mem::take(&mut *self.spare.lock());
+                drop(spare);
                 for s in self.shards.iter() {
                     // Taken under the lock, freed after it.
                     let free = std::mem::take(&mut s.lock().free);
@@ -708,7 +783,7 @@ impl Journal {
 impl Journal {
     /// Close the open sequence as a checkpoint would; returns it and its merged items.
     pub fn switch_for_model(&self) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>) {
-        let (seq, items, _) = self.switch(&mut Recycled::default());
+        let (seq, items, _) = self.switch(&mut SpareMaps::default());
         (seq, items)
     }
 
