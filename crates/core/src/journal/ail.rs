@@ -55,6 +55,9 @@ pub(super) struct Ail {
     io: Mutex<()>,
     /// Every change of this CIL sequence and before is at its home location.
     home_seq: AtomicU64,
+    /// `Inner::used`, for readers that only want the fill level (every checkpoint asks)
+    /// without taking the AIL lock; written under it.
+    used_blocks: AtomicU64,
 }
 
 fn home(k: ItemKey) -> ItemKey {
@@ -77,7 +80,7 @@ impl Ail {
             writing_back: false,
             held: Vec::new(),
         };
-        Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, ()), home_seq: AtomicU64::new(0) }
+        Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, ()), home_seq: AtomicU64::new(0), used_blocks: AtomicU64::new(0) }
     }
 
     pub fn ring_start(&self) -> u64 {
@@ -89,7 +92,7 @@ impl Ail {
     }
 
     pub fn used_percent(&self) -> u64 {
-        self.inner.lock().used * 100 / self.ring_blocks
+        self.used_blocks.load(Relaxed) * 100 / self.ring_blocks
     }
 
     /// Claim ring space for the next record: `(rec_seq, ring offset, epoch)`, or, when the
@@ -106,6 +109,7 @@ impl Ail {
         let rec_seq = g.next_rec_seq;
         g.next_rec_seq += 1;
         g.used += waste + blocks;
+        self.used_blocks.store(g.used, Relaxed);
         g.head = (off + blocks) % self.ring_blocks;
         g.entries.push_back(Entry { rec_seq, cil_seq: 0, off, span: waste + blocks, durable: false, record: Vec::new(), items: Vec::new() });
         Ok((rec_seq, off, g.epoch))
@@ -241,6 +245,7 @@ impl Ail {
     fn advance_tail(&self, freed: u64) -> (LogHeader, u64) {
         let mut g = self.inner.lock();
         g.used -= freed;
+        self.used_blocks.store(g.used, Relaxed);
         let (tail_off, tail_seq) = g.entries.front().map_or((g.head, g.next_rec_seq), |e| (e.off, e.rec_seq));
         g.gen += 1;
         let h = LogHeader { gen: g.gen, epoch: g.epoch, tail_off, tail_seq };

@@ -628,11 +628,21 @@ impl Journal {
         self.stats.checkpoints.fetch_add(1, Relaxed);
         self.stats.items_logged.fetch_add(sealed.len() as u64, Relaxed);
         self.stats.log_bytes.fetch_add(record.len() as u64, Relaxed);
-        let mut spare = self.spare.lock();
-        let room = SPARE_IMAGES_MAX.saturating_sub(spare.len());
-        let blocks = sealed.into_iter().filter(|(k, _)| matches!(k, ItemKey::Block(_)));
-        spare.extend(blocks.map(|(_, img)| img).take(room));
-        drop(spare);
+        // Sorted out and freed outside the lock, which the next switch waits for.
+        let mut images: Vec<Box<[u8]>> = sealed.into_iter().filter_map(|(k, img)| matches!(k, ItemKey::Block(_)).then_some(img)).collect();
+        let surplus = {
+            let mut spare = self.spare.lock();
+            let room = SPARE_IMAGES_MAX.saturating_sub(spare.len());
+            let surplus = images.split_off(images.len().min(room));
+            if spare.is_empty() {
+                // The usual case (the switch took the list): hand over this buffer whole.
+                std::mem::swap(&mut *spare, &mut images);
+            } else {
+                spare.append(&mut images);
+            }
+            surplus
+        };
+        drop(surplus);
         Ok((rec_seq, record))
     }
 
