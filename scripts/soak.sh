@@ -18,10 +18,15 @@ mnt=$(mktemp -d)
 unmount() {
     cd /
     if mountpoint -q "$mnt"; then umount "$mnt"; fi
-    # umount returns before the daemon has checkpointed and released the image.
-    while pgrep -f "ferrofs mount $image" >/dev/null; do sleep 0.2; done
+    # umount returns before the daemon has checkpointed and released the image (bounded: 60 s).
+    for _ in $(seq 300); do
+        pgrep -f "ferrofs mount $image" >/dev/null || return 0
+        sleep 0.2
+    done
+    echo "the daemon did not exit within 60 s of the unmount"
+    return 1
 }
-trap 'unmount; rm -f "$image"; rmdir "$mnt"' EXIT
+trap 'unmount || true; rm -f "$image"; rmdir "$mnt"' EXIT
 "$ferrofs" mkfs "$image" --size 2G >/dev/null
 "$ferrofs" mount "$image" "$mnt" --daemon
 daemon=$(pgrep -f "ferrofs mount $image")

@@ -56,13 +56,15 @@ fn journal() -> Arc<Journal> {
     journal_on(Arc::new(MemDevice::new(DEV_BYTES)), Box::new(|_| {}))
 }
 
-/// A journal without background threads on `dev`; `reuse` gets the freed extents as they
-/// become reusable.
+/// A journal without background threads on `dev`, whose log header it writes first (so a copy
+/// of the device can be recovered); `reuse` gets the freed extents as they become reusable.
 fn journal_on(dev: Arc<MemDevice>, reuse: Box<dyn Fn(Vec<BusyExtent>) + Send + Sync>) -> Arc<Journal> {
     let opts = MkfsOptions { ag_count: Some(1), ..MkfsOptions::default() };
     let geo = mkfs::plan(DEV_BYTES, &opts).expect("geometry");
     let cfg = JournalConfig { cil_push_bytes: u64::MAX, cil_max_bytes: u64::MAX, background: false, ..JournalConfig::for_log(geo.log_blocks) };
     let header = LogHeader { gen: 0, epoch: 1, tail_off: 0, tail_seq: 1 };
+    let log = geo.ag_layout(0).log;
+    dev.write_at(&header.encode(log)[..], log * BLOCK_SIZE as u64).expect("log header");
     Journal::start(dev, geo, header, cfg, reuse)
 }
 
@@ -358,9 +360,6 @@ fn a_forced_change_survives_a_crash_while_other_checkpoints_are_in_flight() {
         let dev = Arc::new(MemDevice::new(DEV_BYTES));
         let j = journal_on(Arc::clone(&dev), Box::new(|_| {}));
         let geo = *j.geometry();
-        let header = LogHeader { gen: 0, epoch: 1, tail_off: 0, tail_seq: 1 };
-        let log = geo.ag_layout(0).log;
-        dev.write_at(&header.encode(log)[..], log * BLOCK_SIZE as u64).expect("log header");
         let threads: Vec<_> = (0..THREADS)
             .map(|t| {
                 let (j, dev) = (Arc::clone(&j), Arc::clone(&dev));

@@ -330,6 +330,14 @@ impl Journal {
         self.failed.load(Relaxed)
     }
 
+    /// EIO once the journal has failed.
+    fn alive(&self) -> Result<()> {
+        if self.is_failed() {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        Ok(())
+    }
+
     fn fail<T>(&self, e: std::io::Error) -> Result<T> {
         self.set_failed();
         Err(Error::Io(e))
@@ -465,12 +473,14 @@ impl Journal {
         if self.durable_seq() >= seq {
             return Ok(());
         }
-        let mut done = self.done.lock();
+        self.wait_durable_locked(&mut self.done.lock(), seq)
+    }
+
+    /// `wait_durable` with `done` held.
+    fn wait_durable_locked(&self, done: &mut MutexGuard<'_, ()>, seq: u64) -> Result<()> {
         while self.durable_seq() < seq {
-            if self.is_failed() {
-                return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
-            }
-            self.done_cv.wait(&mut done);
+            self.alive()?;
+            self.done_cv.wait(done);
         }
         Ok(())
     }
@@ -482,9 +492,7 @@ impl Journal {
     /// record only if every earlier one is intact, so a later record that reaches the disk
     /// first is never replayed without them.
     fn checkpoint_locked(&self, mut push: MutexGuard<'_, SpareMaps>) -> Result<()> {
-        if self.is_failed() {
-            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
-        }
+        self.alive()?;
         let (seq, items, busy) = self.switch(&mut push);
         self.throttle_cv.notify_all();
         let written = if items.is_empty() {
@@ -512,12 +520,7 @@ impl Journal {
     /// therefore finds its freed space back in the allocator.
     fn complete(&self, seq: u64, record: Option<(u64, Vec<u8>)>, busy: Vec<BusyExtent>) -> Result<()> {
         let mut done = self.done.lock();
-        while self.durable_seq() + 1 < seq {
-            if self.is_failed() {
-                return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
-            }
-            self.done_cv.wait(&mut done);
-        }
+        self.wait_durable_locked(&mut done, seq - 1)?;
         debug_assert_eq!(self.durable_seq() + 1, seq, "CIL sequences complete in order");
         if let Some((rec_seq, record)) = record {
             self.ail.mark_durable(rec_seq, seq, record);
@@ -755,9 +758,7 @@ impl Journal {
         for h in self.threads.lock().drain(..) {
             let _ = h.join();
         }
-        if self.is_failed() {
-            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
-        }
+        self.alive()?;
         self.quiesce()
     }
 
