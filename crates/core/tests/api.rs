@@ -102,7 +102,7 @@ fn truncate_sparse_and_unlinked_open() {
     let f = fs.create(ROOT, b"sparse", 0o644, C).unwrap();
     fs.write(f.ino, 5 << 30, b"far").unwrap();
     for i in 0..20u64 {
-        fs.write(f.ino, i * 1 << 20, b"x").unwrap();
+        fs.write(f.ino, i << 20, b"x").unwrap();
     }
     assert_eq!(fs.getattr(f.ino).unwrap().size, (5 << 30) + 3);
     assert_eq!(fs.read(f.ino, 5 << 30, 10).unwrap(), b"far");

@@ -592,7 +592,7 @@ fn symlinks() {
     symlink("missing", fx.path("dangling")).unwrap();
     symlink("loop2", fx.path("loop1")).unwrap();
     symlink("loop1", fx.path("loop2")).unwrap();
-    let target = "/".repeat(1) + &"abc/".repeat(200);
+    let target = "/".to_string() + &"abc/".repeat(200);
     symlink(&target, fx.path("abs")).unwrap();
 
     assert_eq!(fs::read(fx.path("ld/file")).unwrap(), b"through");

@@ -11,6 +11,7 @@
 //! - timestamps and inode numbers: the two file systems run at different instants and number
 //!   their inodes differently; time semantics are checked in conformance.rs.
 //! - the ext4 root's lost+found: each sequence runs in its own subdirectory on both sides.
+//!
 //! Directory link counts *are* compared: both follow the classic 2 + subdirectories rule.
 //!
 //! Needs root, /dev/fuse, losetup and mkfs.ext4; skips with a message otherwise. The ext4
@@ -34,7 +35,7 @@ use std::time::Instant;
 const NAME: &str = "differential";
 /// Operations per seed; FERROFS_DIFF_OPS changes it.
 const OPS: usize = 1500;
-const SEEDS: [u64; 4] = [1, 2, 3, 0xfe77_0f5];
+const SEEDS: [u64; 4] = [1, 2, 3, 0x0fe7_70f5];
 const SLOTS: usize = 4;
 
 /// Whether `tool` is found on PATH (or the sbin directories, which root's PATH may lack).

@@ -78,7 +78,7 @@ fn statvfs(path: &std::path::Path) -> libc::statvfs {
 fn directory_with_many_entries() {
     let n: usize = std::env::var("FERROFS_BIG_DIR").ok().and_then(|s| s.parse().ok()).unwrap_or(100_000);
     // Inodes: mkfs gives one per 16 KiB by default; leave room.
-    let size = ((n as u64 * 24 << 10) + (256 << 20)).max(512 << 20);
+    let size = (((n as u64 * 24) << 10) + (256 << 20)).max(512 << 20);
     let Some(mut fx) = Fixture::with_size("bigdir", size, |_| {}) else { return };
     let dir = fx.path("d");
     fs::create_dir(&dir).unwrap();

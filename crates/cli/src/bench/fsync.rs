@@ -350,6 +350,16 @@ fn one_run<T: Target>(
                 Ok(())
             })
         });
+        // The timed fsyncs start once the load runs: a thread spawned on a busy machine may
+        // not have created a file yet when a short run of fast fsyncs is over. A load thread
+        // that stopped early (an error) ends the wait; its join reports it.
+        let load_started = || creates.load(Relaxed) > 0 && checkpoints.load(Relaxed) > 0;
+        while creators > 0
+            && !load_started()
+            && !loaders.iter().chain(&checkpointer).any(|h| h.is_finished())
+        {
+            std::thread::sleep(CHECKPOINT_PAUSE);
+        }
         let before = fs.counts();
         let samples = fsync_loop(fs, &dirs[0], names, files);
         let after = fs.counts();

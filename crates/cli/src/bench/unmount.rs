@@ -85,7 +85,7 @@ pub(super) fn measure(
         .journal
         .quiesce()
         .context(|| "write A's log home".to_string())?;
-    let a_cached_inodes = session.fs.mount().icache.len() as u64;
+    let a_cached_inodes = session.fs.mount().icache.len();
     let with: Vec<f64> = (0..runs)
         .map(|_| b.cycle(&names, &mut b_cached))
         .collect::<CliResult<_>>()?;
