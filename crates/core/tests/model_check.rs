@@ -15,7 +15,7 @@ use ferrofs::dev::MemDevice;
 use ferrofs::format::log::{ItemKey, LogHeader};
 use ferrofs::format::INODE_SIZE;
 use ferrofs::dev::BlockDevice;
-use ferrofs::format::BLOCK_SIZE;
+use ferrofs::format::{BLOCK_SIZE, HDR_SIZE};
 use ferrofs::journal::{recover, BusyExtent, Journal, JournalConfig};
 use ferrofs::lockstat::{self, LockClass, Mutex, RwLock, POOL_SHARDS};
 use ferrofs::mkfs::{self, MkfsOptions};
@@ -350,7 +350,7 @@ fn a_freed_block_is_reused_only_after_the_writeback_that_may_hold_it() {
         for b in NODE + 1..=NODE + OTHERS {
             dev.read_at(&mut home, b * BLOCK_SIZE as u64).unwrap();
             // Past the header, which sealing fills in (crc, lsn).
-            assert!(home[32..].iter().all(|&x| x == 0x0b), "block {b}, logged with the free, never written home");
+            assert!(home[HDR_SIZE..].iter().all(|&x| x == 0x0b), "block {b}, logged with the free, never written home");
         }
     });
 }

@@ -36,7 +36,6 @@ struct Inner {
     /// For each home location, the newest record in the AIL that mentions it.
     latest: FxHashMap<ItemKey, u64>,
     head: u64,
-    used: u64,
     next_rec_seq: u64,
     epoch: u64,
     gen: u64,
@@ -55,8 +54,8 @@ pub(super) struct Ail {
     io: Mutex<()>,
     /// Every change of this CIL sequence and before is at its home location.
     home_seq: AtomicU64,
-    /// `Inner::used`, for readers that only want the fill level (every checkpoint asks)
-    /// without taking the AIL lock; written under it.
+    /// Ring blocks between the tail and the head. Changed only under the AIL lock; an atomic
+    /// so that readers of the fill level (every checkpoint asks) need not take the lock.
     used_blocks: AtomicU64,
 }
 
@@ -73,7 +72,6 @@ impl Ail {
             entries: VecDeque::new(),
             latest: FxHashMap::default(),
             head: h.tail_off,
-            used: 0,
             next_rec_seq: h.tail_seq,
             epoch: h.epoch,
             gen: h.gen,
@@ -102,14 +100,14 @@ impl Ail {
     pub fn reserve(&self, blocks: u64) -> Result<(u64, u64, u64), u64> {
         let mut g = self.inner.lock();
         let waste = if g.head + blocks > self.ring_blocks { self.ring_blocks - g.head } else { 0 };
-        if g.used + waste + blocks > self.ring_blocks {
+        let used = self.used_blocks.load(Relaxed);
+        if used + waste + blocks > self.ring_blocks {
             return Err(waste + blocks);
         }
         let off = if waste > 0 { 0 } else { g.head };
         let rec_seq = g.next_rec_seq;
         g.next_rec_seq += 1;
-        g.used += waste + blocks;
-        self.used_blocks.store(g.used, Relaxed);
+        self.used_blocks.store(used + waste + blocks, Relaxed);
         g.head = (off + blocks) % self.ring_blocks;
         g.entries.push_back(Entry { rec_seq, cil_seq: 0, off, span: waste + blocks, durable: false, record: Vec::new(), items: Vec::new() });
         Ok((rec_seq, off, g.epoch))
@@ -208,7 +206,7 @@ impl Ail {
 
     fn take_batch(&self, need_free: u64) -> (Vec<Entry>, u64) {
         let mut g = self.inner.lock();
-        let free = self.ring_blocks - g.used;
+        let free = self.ring_blocks - self.used_blocks.load(Relaxed);
         let (mut n, mut freed) = (0, 0);
         for e in &g.entries {
             if !e.durable || free + freed >= need_free {
@@ -254,8 +252,8 @@ impl Ail {
 
     fn advance_tail(&self, freed: u64) -> (LogHeader, u64) {
         let mut g = self.inner.lock();
-        g.used -= freed;
-        self.used_blocks.store(g.used, Relaxed);
+        let used = self.used_blocks.fetch_sub(freed, Relaxed);
+        debug_assert!(freed <= used, "writeback freed {freed} ring blocks of {used} in use");
         let (tail_off, tail_seq) = g.entries.front().map_or((g.head, g.next_rec_seq), |e| (e.off, e.rec_seq));
         g.gen += 1;
         let h = LogHeader { gen: g.gen, epoch: g.epoch, tail_off, tail_seq };
