@@ -310,8 +310,9 @@ fn lock_counters_add_up() {
 /// A tree node logged in one checkpoint is freed in the next while a writeback of the first
 /// runs. The freed block may be reused (here: file data written in place, as a write to a new
 /// extent does) only once that writeback can no longer write the node's stale image over it.
-/// The free's checkpoint logs more blocks than the AIL takes in one lock hold, so the writeback
-/// may run between the record's items entering the AIL and its revoke doing so.
+/// The free's checkpoint logs 70 other blocks with it, and each must reach home: the
+/// writeback may take the record in before or after its revoke becomes durable, and skips as
+/// superseded only what a record it took in logged again.
 #[test]
 fn a_freed_block_is_reused_only_after_the_writeback_that_may_hold_it() {
     const NODE: u64 = 600;

@@ -12,6 +12,7 @@ use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Arc;
 
 static AIL: LockClass = LockClass::ranked("ail", 50);
 static AIL_IO: LockClass = LockClass::ranked("ail-io", 20);
@@ -23,18 +24,22 @@ struct Entry {
     off: u64,
     /// Ring blocks this record accounts for, including any wasted run before a wrap.
     span: u64,
-    durable: bool,
-    /// The record as written to the log: writeback copies the images home from it, so the
-    /// AIL holds one large buffer per checkpoint, not one small one per item.
+    /// The record once it is durable; `None` while it is being written.
+    durable: Option<Arc<Written>>,
+}
+
+/// A durable record as written to the log: writeback copies the images home from it, so the
+/// AIL holds one large buffer per checkpoint, not one small one per item.
+struct Written {
     record: Vec<u8>,
     /// Each item and the offset of its image in `record`.
     items: Vec<(ItemKey, usize)>,
 }
 
+/// The list and the ring, under the AIL lock, which an fsync's reservation and completion
+/// take: nothing here costs more than O(1) per record.
 struct Inner {
     entries: VecDeque<Entry>,
-    /// For each home location, the newest record in the AIL that mentions it.
-    latest: FxHashMap<ItemKey, u64>,
     head: u64,
     next_rec_seq: u64,
     epoch: u64,
@@ -47,11 +52,32 @@ struct Inner {
     held: Vec<BusyExtent>,
 }
 
+/// What a writeback takes from the list (`Ail::take_batch`).
+struct Taken {
+    /// The oldest durable records, to write home.
+    batch: Vec<Entry>,
+    /// Ring blocks they free.
+    freed: u64,
+    /// The records durable since the last writeback, numbered, for its map.
+    new: Vec<(u64, Arc<Written>)>,
+}
+
+/// Writeback's own state, under the `ail-io` lock that one writeback at a time holds; the
+/// fsync path never takes it.
+#[derive(Default)]
+struct Writeback {
+    /// For each home location, the newest durable record writeback has taken in that
+    /// mentions it: what decides that an older image is superseded.
+    latest: FxHashMap<ItemKey, u64>,
+    /// Records numbered below this one are in `latest`.
+    indexed_below: u64,
+}
+
 pub(super) struct Ail {
     log_start: u64,
     ring_blocks: u64,
     inner: Mutex<Inner>,
-    io: Mutex<()>,
+    io: Mutex<Writeback>,
     /// Every change of this CIL sequence and before is at its home location.
     home_seq: AtomicU64,
     /// Ring blocks between the tail and the head. Changed only under the AIL lock; an atomic
@@ -70,7 +96,6 @@ impl Ail {
     pub fn new(log_start: u64, ring_blocks: u64, h: LogHeader) -> Ail {
         let inner = Inner {
             entries: VecDeque::new(),
-            latest: FxHashMap::default(),
             head: h.tail_off,
             next_rec_seq: h.tail_seq,
             epoch: h.epoch,
@@ -78,7 +103,8 @@ impl Ail {
             writing_back: false,
             held: Vec::new(),
         };
-        Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, ()), home_seq: AtomicU64::new(0), used_blocks: AtomicU64::new(0) }
+        let writeback = Writeback { latest: FxHashMap::default(), indexed_below: h.tail_seq };
+        Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, writeback), home_seq: AtomicU64::new(0), used_blocks: AtomicU64::new(0) }
     }
 
     pub fn ring_start(&self) -> u64 {
@@ -109,7 +135,7 @@ impl Ail {
         g.next_rec_seq += 1;
         self.used_blocks.store(used + waste + blocks, Relaxed);
         g.head = (off + blocks) % self.ring_blocks;
-        g.entries.push_back(Entry { rec_seq, cil_seq: 0, off, span: waste + blocks, durable: false, record: Vec::new(), items: Vec::new() });
+        g.entries.push_back(Entry { rec_seq, cil_seq: 0, off, span: waste + blocks, durable: None });
         Ok((rec_seq, off, g.epoch))
     }
 
@@ -117,33 +143,24 @@ impl Ail {
         self.home_seq.load(Acquire)
     }
 
-    /// The record joins writeback. Its items enter `latest` a chunk per lock hold (a
-    /// background checkpoint has thousands, and an fsync's reservation waits for this lock);
-    /// only then is the record marked durable, so no writeback takes it with some of its items
-    /// still missing from `latest` (they would be skipped as superseded and never written
-    /// home). A writeback of an older record meanwhile may see a key before or after this
-    /// record claims it: before, it writes the older image home, which this record's replay
-    /// or writeback overwrites later; a revoke among them is covered by `reusable`.
+    /// The record joins writeback: one short hold of the AIL lock, whatever its size. Its
+    /// items enter writeback's map of the newest image of each home location only when a
+    /// writeback takes it in (`take_batch`), so a completing checkpoint (an fsync) never waits
+    /// behind per-item work.
     pub fn mark_durable(&self, rec_seq: u64, cil_seq: u64, record: Vec<u8>) {
         let items = item_offsets(&record).expect("a record this journal encoded parses");
-        for chunk in items.chunks(ITEMS_PER_HOLD) {
-            let mut g = self.inner.lock();
-            for (k, _) in chunk {
-                g.latest.insert(home(*k), rec_seq);
-            }
-        }
+        let written = Arc::new(Written { record, items });
         let mut g = self.inner.lock();
         let e = g.entries.iter_mut().rev().find(|e| e.rec_seq == rec_seq).expect("reserved record is in the AIL");
-        debug_assert!(!e.durable);
-        e.durable = true;
+        debug_assert!(e.durable.is_none());
         e.cil_seq = cil_seq;
-        e.record = record;
-        e.items = items;
+        e.durable = Some(written);
     }
 
-    /// Freed extents of a checkpoint that has just become durable (its revokes are in
-    /// `latest`): those that may be reused now. While a writeback runs they wait for it
-    /// (`held`); one that starts later sees the revokes and writes none of their blocks.
+    /// Freed extents of a checkpoint that has just become durable: those that may be reused
+    /// now. While a writeback runs they wait for it (`held`): it chose its images before this
+    /// record's revokes reached its map; one that starts later takes the revokes in with its
+    /// batch and writes none of their blocks.
     pub fn reusable(&self, busy: Vec<BusyExtent>) -> Vec<BusyExtent> {
         // Most checkpoints free nothing (every fsync writes one): leave the AIL lock alone.
         if busy.is_empty() {
@@ -168,21 +185,30 @@ impl Ail {
     /// extents held back during the writeback go to `reuse` once it has written, before the
     /// next writeback can start; after an I/O error they stay held: the journal has failed.
     pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64, reuse: &dyn Fn(Vec<BusyExtent>)) -> io::Result<(u64, u64)> {
-        let _io = self.io.lock();
-        let (batch, freed) = self.take_batch(need_free);
+        let mut wb = self.io.lock();
+        let Taken { batch, freed, new } = self.take_batch(need_free, wb.indexed_below);
+        if let Some((last, _)) = new.last() {
+            wb.indexed_below = last + 1;
+        }
+        for (rec_seq, w) in &new {
+            for (k, _) in &w.items {
+                wb.latest.insert(home(*k), *rec_seq);
+            }
+        }
+        drop(new);
         if batch.is_empty() {
             return Ok((0, 0));
         }
         let homed_seq = batch.iter().map(|e| e.cil_seq).max().unwrap_or(0);
-        let writes = self.live_items(&batch);
+        let writes = live_items(&mut wb.latest, &batch);
         let mut homed: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len());
-        for &(k, entry, at) in &writes {
+        for &(k, w, at) in &writes {
             let off = match k {
                 ItemKey::Block(b) => b * BLOCK_SIZE as u64,
                 ItemKey::Inode(ino) => geo.inode_offset(ino).map_err(io::Error::other)?,
                 ItemKey::Revoke(_) => unreachable!("revokes are never written home"),
             };
-            homed.push((off, &batch[entry].record[at..at + k.image_len()]));
+            homed.push((off, &w.record[at..at + k.image_len()]));
         }
         homed.sort_unstable_by_key(|(off, _)| *off);
         write_coalesced(dev, &homed)?;
@@ -204,50 +230,33 @@ impl Ail {
         Ok((writes.len() as u64, freed))
     }
 
-    fn take_batch(&self, need_free: u64) -> (Vec<Entry>, u64) {
+    /// Under one hold of the AIL lock: the durable records numbered from `indexed_below` on
+    /// (for writeback's map, which so takes in every record durable before this hold), then
+    /// the oldest durable records until `need_free` ring blocks would be free (the batch, and
+    /// the ring blocks it frees). Marked as writing back in the same hold: a revoke made
+    /// durable after it is not in the map, and `reusable` then holds its extents back.
+    fn take_batch(&self, need_free: u64, indexed_below: u64) -> Taken {
         let mut g = self.inner.lock();
+        // The list is numbered consecutively, and records leave it only once taken in.
+        let taken_in = indexed_below.saturating_sub(g.entries.front().map_or(indexed_below, |e| e.rec_seq)) as usize;
+        debug_assert!(g.entries.iter().take(taken_in).all(|e| e.durable.is_some()), "a record taken in is not durable");
+        let new: Vec<(u64, Arc<Written>)> = g
+            .entries
+            .iter()
+            .skip(taken_in)
+            .map_while(|e| Some((e.rec_seq, Arc::clone(e.durable.as_ref()?))))
+            .collect();
         let free = self.ring_blocks - self.used_blocks.load(Relaxed);
         let (mut n, mut freed) = (0, 0);
         for e in &g.entries {
-            if !e.durable || free + freed >= need_free {
+            if e.durable.is_none() || free + freed >= need_free {
                 break;
             }
             n += 1;
             freed += e.span;
         }
-        // Set with the batch taken, under the same lock: a revoke made durable after this
-        // point may be missed by `live_items`, and `reusable` then holds its extents back.
         g.writing_back = n > 0;
-        (g.entries.drain(..n).collect(), freed)
-    }
-
-    /// The items of `batch` that no later record supersedes (revokes write nothing), as
-    /// (item, index of its entry in `batch`, offset of its image in that entry's record).
-    fn live_items(&self, batch: &[Entry]) -> Vec<(ItemKey, usize, usize)> {
-        let mut out = Vec::new();
-        // A chunk at a time: a checkpoint completing meanwhile (an fsync) waits for this lock,
-        // and a batch may hold hundreds of thousands of items. A record marked durable between
-        // chunks only supersedes items, which are then skipped: its own copy goes home later.
-        for (i, e) in batch.iter().enumerate() {
-            for chunk in e.items.chunks(ITEMS_PER_HOLD) {
-                let mut g = self.inner.lock();
-                for &(k, at) in chunk {
-                    if g.latest.get(&home(k)) == Some(&e.rec_seq) {
-                        g.latest.remove(&home(k));
-                        if !matches!(k, ItemKey::Revoke(_)) {
-                            out.push((k, i, at));
-                        }
-                    }
-                }
-            }
-        }
-        let mut g = self.inner.lock();
-        // A burst of checkpoints grows the map; give the memory back once writeback drained
-        // it (rarely: only when it is four times larger than it needs to be).
-        if g.latest.capacity() > 4 * g.latest.len().max(1024) {
-            g.latest.shrink_to_fit();
-        }
-        out
+        Taken { batch: g.entries.drain(..n).collect(), freed, new }
     }
 
     fn advance_tail(&self, freed: u64) -> (LogHeader, u64) {
@@ -261,11 +270,31 @@ impl Ail {
     }
 }
 
-/// Items looked up or entered in `latest` per hold of the AIL lock, which an fsync's log
-/// reservation and completion take: a few microseconds of hash-map work per hold. (In `bench
-/// fsync`, going from 1,024 looked up and a whole record entered per hold to this cut the AIL
-/// lock's total wait by about 30% and its longest wait from 3.9-11.4 ms to 3.8-4.4 ms.)
-const ITEMS_PER_HOLD: usize = 64;
+/// The items of `batch` that no later record supersedes (revokes write nothing), as (item,
+/// its record, offset of its image there); they leave `latest`. A record that became durable
+/// after the batch was taken is not in `latest` yet: the batch may then write an older image
+/// of one of its items home, which that record's own writeback overwrites later (and a revoke
+/// among them is covered by `reusable`).
+fn live_items<'b>(latest: &mut FxHashMap<ItemKey, u64>, batch: &'b [Entry]) -> Vec<(ItemKey, &'b Written, usize)> {
+    let mut out = Vec::new();
+    for e in batch {
+        let w = e.durable.as_deref().expect("only durable records are taken");
+        for &(k, at) in &w.items {
+            if latest.get(&home(k)) == Some(&e.rec_seq) {
+                latest.remove(&home(k));
+                if !matches!(k, ItemKey::Revoke(_)) {
+                    out.push((k, w, at));
+                }
+            }
+        }
+    }
+    // A burst of checkpoints grows the map; give the memory back once writeback drained it
+    // (rarely: only when it is four times larger than it needs to be).
+    if latest.capacity() > 4 * latest.len().max(1024) {
+        latest.shrink_to_fit();
+    }
+    out
+}
 
 /// Largest single write writeback issues.
 const COALESCE_MAX: usize = 1 << 20;
