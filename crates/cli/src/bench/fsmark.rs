@@ -31,8 +31,8 @@ const SLOW_DIVISOR: u64 = 10;
 #[derive(Args, Debug)]
 pub struct FsmarkArgs {
     /// fsmark: file systems to measure, comma-separated (default: all of them; one that
-    /// cannot be set up here is skipped with the reason). fsync: mounted file systems to run
-    /// the same workload on after the engine (default: none).
+    /// cannot be set up here is skipped with the reason). fsync and scale: mounted file
+    /// systems to run the same workload on after the engine (default: none).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub targets: Vec<Kind>,
     /// fsmark: targets that get --slow-files files per run instead of --files.

@@ -13,7 +13,7 @@ use super::process;
 use super::report::{Figures, Spread};
 use super::session::Session;
 use super::shell;
-use super::targets::{Env, Kind, Size};
+use super::targets::{on_each, Env, Kind, Size};
 use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
 use crate::units::grouped;
@@ -169,20 +169,13 @@ fn mounted(
         threads: creators + 1,
         data_bytes: (files * BLOCK_SIZE) as u64,
     };
-    let mut out = Vec::new();
-    for &target in &f.targets {
-        if let Some(reason) = target.unavailable(&env) {
-            eprintln!("skipping {}: {reason}", target.name());
-            continue;
-        }
-        eprintln!("fsync on {}", target.name());
-        let m = target.mount(&env, &size)?;
-        let figures = Mounted::open(m.root())
-            .and_then(|fs| compare(&fs, names, files, creators, args.runs));
-        m.unmount()?;
-        out.push(MountedFigures { target, figures: figures? });
-    }
-    Ok(out)
+    let measured = on_each(&f.targets, &env, &size, "fsync", |root| {
+        Mounted::open(root).and_then(|fs| compare(&fs, names, files, creators, args.runs))
+    })?;
+    Ok(measured
+        .into_iter()
+        .map(|(target, figures)| MountedFigures { target, figures })
+        .collect())
 }
 
 /// What the workload needs of a file system.

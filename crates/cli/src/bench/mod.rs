@@ -9,6 +9,7 @@
 //! their own and share the image, timing, median and report code here.
 
 mod commit;
+mod dirops;
 mod fsmark;
 mod fsync;
 mod names;

@@ -20,14 +20,15 @@
 use super::names::{self, NameTable};
 use super::phase::{repeat, timed, Deadline, Phase, Share, Timing, STOP_CHECK};
 use super::report::{rate_cell, Figures, PhaseStats, Spread};
+use super::dirops::{DirOps, Syscalls};
 use super::session::Session;
-use super::{scratch, BenchArgs, Layout, CRED, DIR_MODE, FILE_MODE};
-use crate::failure::{CliResult, Context, Failure};
+use super::shell;
+use super::targets::{on_each, Env, Kind, Size};
+use super::{scratch, BenchArgs, Layout};
+use crate::failure::{CliResult, Failure};
 use crate::progress;
 use crate::units::grouped;
-use ferrofs::format::ROOT_INO;
 use ferrofs::lockstat;
-use ferrofs::FileSystem;
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -53,6 +54,17 @@ pub struct ScaleFigures {
     pub threads: Vec<usize>,
     pub rows: Vec<ScaleRow>,
     pub mdtest: Vec<ScaleRow>,
+    pub targets: Vec<Target>,
+    /// The same phases through system calls on mounted file systems (`--targets`).
+    pub mounted: Vec<MountedScale>,
+}
+
+#[derive(Serialize)]
+pub struct MountedScale {
+    pub target: Kind,
+    pub rows: Vec<ScaleRow>,
+    pub mdtest: Vec<ScaleRow>,
+    /// The oversubscription check only: lock waits and retries are the engine's.
     pub targets: Vec<Target>,
 }
 
@@ -126,35 +138,17 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         (live + 4 * max_threads) as u64,
         scratch::mkfs_options(max_threads),
     )?;
-    let bar = progress::counter(true, 0, "");
-    let bench = Scale {
-        fs: &session.fs,
-        names: &names,
-        bar: &bar,
+    let plan = Plan {
+        files,
+        per_thread,
+        threads: &threads,
+        runs: args.runs,
         min: Duration::from_millis(args.min_phase_ms),
+        names: &names,
     };
-    let mut rows = Vec::new();
-    for layout in [Layout::Private, Layout::Shared] {
-        let runs = interleaved(&threads, args.runs, |t, r| {
-            bench.main_run(layout, t, files, &run_label(layout.name(), t, r, args.runs))
-        })?;
-        let group = threads.iter().zip(&runs);
-        rows.extend(with_scaling(
-            group.flat_map(|(&t, runs)| rows_of(layout, t, &PHASES, runs)).collect(),
-        ));
-    }
-    let runs = interleaved(&threads, args.runs, |t, r| {
-        bench.mdtest_run(t, per_thread, &run_label("mdtest", t, r, args.runs))
-    })?;
-    let mdtest = with_scaling(
-        threads
-            .iter()
-            .zip(&runs)
-            .flat_map(|(&t, runs)| rows_of(Layout::Private, t, &MDTEST_PHASES, runs))
-            .collect(),
-    );
-    bar.finish_and_clear();
-    let targets = check_targets(&rows, &mdtest, max_threads);
+    let (rows, mdtest) = plan.measure(&session.fs)?;
+    let targets = check_targets(&rows, &mdtest, max_threads, true);
+    let mounted = mounted(args, &plan, live)?;
     session.finish(
         "scale",
         args,
@@ -166,8 +160,87 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
             rows,
             mdtest,
             targets,
+            mounted,
         },
     )
+}
+
+/// What every file system measured in one invocation runs.
+struct Plan<'a> {
+    files: usize,
+    per_thread: usize,
+    threads: &'a [usize],
+    runs: u64,
+    /// Minimum wall time of a read-only phase.
+    min: Duration,
+    names: &'a NameTable,
+}
+
+impl Plan<'_> {
+    /// The main phases in both layouts, then the mdtest pattern, on `ops`: (main rows, mdtest rows).
+    fn measure<O: DirOps + ?Sized>(&self, ops: &O) -> CliResult<(Vec<ScaleRow>, Vec<ScaleRow>)> {
+        let bar = progress::counter(true, 0, "");
+        let bench = Scale {
+            ops,
+            names: self.names,
+            bar: &bar,
+            min: self.min,
+        };
+        let threads = self.threads;
+        let mut rows = Vec::new();
+        for layout in [Layout::Private, Layout::Shared] {
+            let runs = interleaved(threads, self.runs, |t, r| {
+                bench.main_run(layout, t, self.files, &run_label(layout.name(), t, r, self.runs))
+            })?;
+            let group = threads.iter().zip(&runs);
+            rows.extend(with_scaling(
+                group.flat_map(|(&t, runs)| rows_of(layout, t, &PHASES, runs)).collect(),
+            ));
+        }
+        let runs = interleaved(threads, self.runs, |t, r| {
+            bench.mdtest_run(t, self.per_thread, &run_label("mdtest", t, r, self.runs))
+        })?;
+        let mdtest = with_scaling(
+            threads
+                .iter()
+                .zip(&runs)
+                .flat_map(|(&t, runs)| rows_of(Layout::Private, t, &MDTEST_PHASES, runs))
+                .collect(),
+        );
+        bar.finish_and_clear();
+        Ok((rows, mdtest))
+    }
+}
+
+/// The same phases through system calls on each `--targets` file system, mounted afresh
+/// (none by default).
+fn mounted(args: &BenchArgs, plan: &Plan, live: usize) -> CliResult<Vec<MountedScale>> {
+    let f = &args.fsmark;
+    if f.targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    shell::catch_interrupts()?;
+    let env = Env::new(f.peers.clone(), f.mount_options.clone())?;
+    let max_threads = plan.threads.iter().copied().max().unwrap_or(1);
+    let size = Size {
+        files: live as u64,
+        dirs: 2 * max_threads as u64 + 2,
+        threads: max_threads,
+        data_bytes: 0,
+    };
+    // The directories and the root are closed (the file system dropped) before unmounting.
+    let measured = on_each(&f.targets, &env, &size, "scale", |root| {
+        Syscalls::open(root).and_then(|fs| plan.measure(&fs))
+    })?;
+    Ok(measured
+        .into_iter()
+        .map(|(target, (rows, mdtest))| MountedScale {
+            targets: check_targets(&rows, &mdtest, max_threads, false),
+            target,
+            rows,
+            mdtest,
+        })
+        .collect())
 }
 
 /// `runs` runs of `run` at every thread count, one pass over the thread counts per run,
@@ -197,15 +270,15 @@ fn run_label(what: &str, t: usize, run: u64, runs: u64) -> String {
     format!("{what} {t}t run {}/{runs}", run + 1)
 }
 
-struct Scale<'a> {
-    fs: &'a FileSystem,
+struct Scale<'a, O: ?Sized> {
+    ops: &'a O,
     names: &'a NameTable,
     bar: &'a ProgressBar,
     /// Minimum wall time of a read-only phase.
     min: Duration,
 }
 
-impl Scale<'_> {
+impl<O: DirOps + ?Sized> Scale<'_, O> {
     /// One run of every main phase; returns one sample per phase, in `PHASES` order.
     fn main_run(
         &self,
@@ -214,7 +287,7 @@ impl Scale<'_> {
         files: usize,
         label: &str,
     ) -> CliResult<Vec<Sample>> {
-        let fs = self.fs;
+        let fs = self.ops;
         // Two directories per thread (private) or two in all (shared): `a` for every phase,
         // `b` as the target of the cross-directory rename.
         let count = if layout == Layout::Private {
@@ -237,23 +310,17 @@ impl Scale<'_> {
         let once = |t: Timing| (t, files as u64);
         let mut samples = Vec::with_capacity(PHASES.len());
         samples.push(measured(fs, || {
-            self.phase(label, "create", files, |d, n| {
-                fs.create(d, n, FILE_MODE, CRED).map(drop)
-            })
-            .run(&shares, sync)
+            self.phase(label, "create", files, |d, n| fs.create(d, n))
+                .run(&shares, sync)
             .map(once)
         })?);
         samples.push(measured(fs, || {
-            self.phase(label, "stat", files, |d, n| stat(fs, d, n))
+            self.phase(label, "stat", files, |d, n| fs.stat(d, n))
                 .run_for(&shares, self.min)
         })?);
         samples.push(measured(fs, || {
-            self.phase(label, "open/close", files, |d, n| {
-                let ino = fs.lookup(d, n)?.ino;
-                fs.open(ino)?;
-                fs.release(ino)
-            })
-            .run_for(&shares, self.min)
+            self.phase(label, "open/close", files, |d, n| fs.open_close(d, n))
+                .run_for(&shares, self.min)
         })?);
         // Every thread lists its whole directory: in the shared layout, all of it.
         let per_listing = if layout == Layout::Private {
@@ -264,7 +331,7 @@ impl Scale<'_> {
         samples.push(measured(fs, || self.readdir(label, &shares, per_listing))?);
         samples.push(measured(fs, || {
             self.phase(label, "rename in dir", files, |d, n| {
-                fs.rename(d, n, d, renamed(n).as_slice(), 0)
+                fs.rename(d, n, d, renamed(n).as_slice())
             })
             .run(&shares, sync)
             .map(once)
@@ -272,7 +339,7 @@ impl Scale<'_> {
         samples.push(measured(fs, || {
             self.phase(label, "rename across", files, |d, n| {
                 let r = renamed(n);
-                fs.rename(d, r.as_slice(), other(d), r.as_slice(), 0)
+                fs.rename(d, r.as_slice(), other(d), r.as_slice())
             })
             .run(&shares, sync)
             .map(once)
@@ -284,15 +351,15 @@ impl Scale<'_> {
             .run(&shares, sync)
             .map(once)
         })?);
-        self.remove_dirs(&format!("{label} a"), count)?;
-        self.remove_dirs(&format!("{label} b"), count)?;
+        self.remove_dirs(&format!("{label} a"), &a)?;
+        self.remove_dirs(&format!("{label} b"), &b)?;
         Ok(samples)
     }
 
     /// Seed 001's mdtest pattern: each thread creates `per_thread` files in a directory of
     /// its own (a new one each run), stats them, removes them.
     fn mdtest_run(&self, threads: usize, per_thread: usize, label: &str) -> CliResult<Vec<Sample>> {
-        let fs = self.fs;
+        let fs = self.ops;
         let dirs = self.make_dirs(label, threads)?;
         let shares: Vec<Share> = dirs
             .iter()
@@ -305,14 +372,12 @@ impl Scale<'_> {
         let once = |t: Timing| (t, total as u64);
         let samples = vec![
             measured(fs, || {
-                self.phase(label, "create", total, |d, n| {
-                    fs.create(d, n, FILE_MODE, CRED).map(drop)
-                })
-                .run(&shares, || fs.sync())
+                self.phase(label, "create", total, |d, n| fs.create(d, n))
+                    .run(&shares, || fs.sync())
                 .map(once)
             })?,
             measured(fs, || {
-                self.phase(label, "stat", total, |d, n| stat(fs, d, n))
+                self.phase(label, "stat", total, |d, n| fs.stat(d, n))
                     .run_for(&shares, self.min)
             })?,
             measured(fs, || {
@@ -321,7 +386,7 @@ impl Scale<'_> {
                     .map(once)
             })?,
         ];
-        self.remove_dirs(label, threads)?;
+        self.remove_dirs(label, &dirs)?;
         Ok(samples)
     }
 
@@ -366,13 +431,13 @@ impl Scale<'_> {
     /// One listing of `dir`, cut short at `until` if given: (entries, whether it was whole).
     fn list(&self, dir: u64, until: Option<Instant>) -> CliResult<(u64, bool)> {
         let (mut n, mut whole) = (0u64, true);
-        self.fs
-            .readdir(dir, 0, &mut |e| {
+        self.ops
+            .list(dir, &mut |name| {
                 if n % STOP_CHECK as u64 == 0 && until.is_some_and(|u| Instant::now() >= u) {
                     whole = false;
                     return false;
                 }
-                n += u64::from(e.name != b"." && e.name != b"..");
+                n += u64::from(name != b"." && name != b"..");
                 true
             })
             .map_err(|e| Failure::new(format!("readdir of directory inode {dir}"), e))?;
@@ -402,32 +467,18 @@ impl Scale<'_> {
 
     fn make_dirs(&self, label: &str, count: usize) -> CliResult<Vec<u64>> {
         (0..count)
-            .map(|t| {
-                let name = super::dir_name(label, t);
-                self.fs
-                    .mkdir(ROOT_INO, name.as_bytes(), DIR_MODE, CRED)
-                    .map(|a| a.ino)
-                    .context(|| format!("mkdir {name}"))
-            })
+            .map(|t| self.ops.mkdir(&super::dir_name(label, t)))
             .collect()
     }
 
-    fn remove_dirs(&self, label: &str, count: usize) -> CliResult<()> {
-        for t in 0..count {
-            let name = super::dir_name(label, t);
-            self.fs
-                .rmdir(ROOT_INO, name.as_bytes())
-                .context(|| format!("rmdir {name}"))?;
+    fn remove_dirs(&self, label: &str, dirs: &[u64]) -> CliResult<()> {
+        for (t, &dir) in dirs.iter().enumerate() {
+            self.ops.rmdir(&super::dir_name(label, t), dir)?;
         }
         Ok(())
     }
 }
 
-/// stat(2) of a name: lookup, then getattr of what it found.
-fn stat(fs: &FileSystem, dir: u64, name: &[u8]) -> ferrofs::Result<()> {
-    let ino = fs.lookup(dir, name)?.ino;
-    fs.getattr(ino).map(drop)
-}
 
 /// A file's name after its rename: `f0000123` becomes `r0000123` (no allocation).
 struct Renamed {
@@ -455,15 +506,12 @@ fn renamed(name: &[u8]) -> Renamed {
 /// the lock and allocation counters. The log is written home first, untimed: otherwise the
 /// journal's threads would write the previous phase's changes home during this one, at a
 /// point that varies from run to run.
-fn measured(
-    fs: &FileSystem,
+fn measured<O: DirOps + ?Sized>(
+    fs: &O,
     phase: impl FnOnce() -> CliResult<(Timing, u64)>,
 ) -> CliResult<Sample> {
-    fs.mount()
-        .journal
-        .quiesce()
-        .context(|| "write the log home".to_string())?;
-    let (locks, retries) = (lock_waits(), alloc_retries(fs));
+    fs.settle()?;
+    let (locks, retries) = (lock_waits(), fs.alloc_retries());
     let (timing, ops) = phase()?;
     let mut after = lock_waits();
     for (class, before) in locks {
@@ -476,7 +524,7 @@ fn measured(
     Ok(Sample {
         timing,
         ops,
-        retries: alloc_retries(fs) - retries,
+        retries: fs.alloc_retries() - retries,
         locks: after,
     })
 }
@@ -491,14 +539,6 @@ fn lock_waits() -> HashMap<&'static str, [u64; 3]> {
         e[2] += s.wait_total_ns;
     }
     m
-}
-
-fn alloc_retries(fs: &FileSystem) -> u64 {
-    fs.mount()
-        .ags
-        .iter()
-        .map(|ag| ag.alloc_retries.load(Relaxed))
-        .sum()
 }
 
 /// Rows of one layout and thread count: `runs[r][p]` is phase `p` of run `r`.
@@ -528,6 +568,7 @@ fn rows_of(
             }
             let mut locks: Vec<LockWait> = sums
                 .into_iter()
+                .filter(|(_, [acquisitions, ..])| *acquisitions > 0)
                 .map(|(class, [acquisitions, contentions, wait])| LockWait {
                     class,
                     acquisitions,
@@ -585,30 +626,46 @@ fn group_name(layout: Layout, mdtest: bool) -> &'static str {
     }
 }
 
-fn check_targets(rows: &[ScaleRow], mdtest: &[ScaleRow], max_threads: usize) -> Vec<Target> {
+/// A phase at the largest thread count against its best: (share, the largest count's row,
+/// the best row), if both were measured.
+fn oversubscribed<'a>(
+    group: &'a [ScaleRow],
+    phase: &str,
+    layout: Layout,
+    max_threads: usize,
+) -> Option<(f64, &'a ScaleRow, &'a ScaleRow)> {
+    let of = || {
+        group
+            .iter()
+            .filter(move |r| r.stats.phase == phase && r.layout == layout)
+    };
+    let best = of().max_by(|a, b| a.stats.median.total_cmp(&b.stats.median))?;
+    let last = of().find(|r| r.threads == max_threads)?;
+    Some((last.stats.median / best.stats.median.max(1e-9), last, best))
+}
+
+/// Every (phase, layout) of `group`, in the order they first appear.
+fn phases_of(group: &[ScaleRow]) -> Vec<(&'static str, Layout)> {
+    let mut phases = Vec::new();
+    for r in group {
+        if !phases.contains(&(r.stats.phase, r.layout)) {
+            phases.push((r.stats.phase, r.layout));
+        }
+    }
+    phases
+}
+
+/// The PASS/MISS checks. `engine`: all three; for a mounted file system only the first, since
+/// the lock waits and allocation retries are the engine's own counters.
+fn check_targets(rows: &[ScaleRow], mdtest: &[ScaleRow], max_threads: usize, engine: bool) -> Vec<Target> {
     let mut targets = Vec::new();
     // 1. No collapse under oversubscription: every phase at the largest thread count keeps
     //    90% of its best throughput.
     for (group, is_mdtest) in [(rows, false), (mdtest, true)] {
-        let mut phases: Vec<(&str, Layout)> = Vec::new();
-        for r in group {
-            if !phases.contains(&(r.stats.phase, r.layout)) {
-                phases.push((r.stats.phase, r.layout));
-            }
-        }
-        for (phase, layout) in phases {
-            let of: Vec<&ScaleRow> = group
-                .iter()
-                .filter(|r| r.stats.phase == phase && r.layout == layout)
-                .collect();
-            let best = of
-                .iter()
-                .max_by(|a, b| a.stats.median.total_cmp(&b.stats.median));
-            let last = of.iter().find(|r| r.threads == max_threads);
-            let (Some(best), Some(last)) = (best, last) else {
+        for (phase, layout) in phases_of(group) {
+            let Some((share, last, best)) = oversubscribed(group, phase, layout, max_threads) else {
                 continue;
             };
-            let share = last.stats.median / best.stats.median.max(1e-9);
             targets.push(Target {
                 name: format!(
                     "{} {phase}: {max_threads} threads >= 90% of best",
@@ -624,6 +681,9 @@ fn check_targets(rows: &[ScaleRow], mdtest: &[ScaleRow], max_threads: usize) -> 
                 ),
             });
         }
+    }
+    if !engine {
+        return targets;
     }
     // 2. Private directories meet on no lock: no class waits more than 5% of a phase's
     //    thread time.
@@ -717,7 +777,55 @@ impl ScaleFigures {
         println!();
     }
 
-    fn print_mdtest(&self) {
+    fn print_tables(&self, rows: &[ScaleRow], mdtest: &[ScaleRow]) {
+        self.print_rows(
+            "private directories (two per thread: renames across go between them)",
+            &by_phase(rows, Layout::Private, &PHASES),
+            true,
+        );
+        self.print_rows(
+            "one shared directory (and a second one as the target of renames across; every thread lists the whole directory)",
+            &by_phase(rows, Layout::Shared, &PHASES),
+            false,
+        );
+        self.print_mdtest(mdtest);
+        self.print_rows(
+            "mdtest pattern, per phase",
+            &by_phase(mdtest, Layout::Private, &MDTEST_PHASES),
+            true,
+        );
+    }
+
+    /// Per phase, each file system's rate at the largest thread count and its share of that
+    /// file system's best rate.
+    fn print_comparison(&self) {
+        let max_threads = self.threads.iter().copied().max().unwrap_or(1);
+        let mut systems: Vec<(&str, &[ScaleRow], &[ScaleRow])> = vec![("ferrofs", &self.rows, &self.mdtest)];
+        systems.extend(self.mounted.iter().map(|m| (m.target.name(), &m.rows[..], &m.mdtest[..])));
+        println!(
+            "\nside by side: ops/s at {max_threads} threads (share of the file system's best thread count; the target is >= 90%)"
+        );
+        print!("{:<22}", "phase");
+        for (name, ..) in &systems {
+            print!(" {name:>20}");
+        }
+        println!();
+        for (group, is_mdtest) in [(&self.rows, false), (&self.mdtest, true)] {
+            for (phase, layout) in phases_of(group) {
+                print!("{:<22}", format!("{} {phase}", group_name(layout, is_mdtest)));
+                for (_, rows, mdtest) in &systems {
+                    let of = if is_mdtest { mdtest } else { rows };
+                    let cell = oversubscribed(of, phase, layout, max_threads).map_or("-".to_string(), |(share, last, _)| {
+                        format!("{} ({:.0}%)", grouped(last.stats.median as u64), share * 100.0)
+                    });
+                    print!(" {cell:>20}");
+                }
+                println!();
+            }
+        }
+    }
+
+    fn print_mdtest(&self, mdtest: &[ScaleRow]) {
         println!(
             "mdtest pattern (seed 001: -F -C -T -r -u -n {}): each thread creates, stats and removes {} files in a directory of its own",
             self.mdtest_files_per_thread,
@@ -728,7 +836,7 @@ impl ScaleFigures {
             "threads", "files", "create ops/s", "stat ops/s", "remove ops/s"
         );
         for t in &self.threads {
-            let of: Vec<&ScaleRow> = self.mdtest.iter().filter(|r| r.threads == *t).collect();
+            let of: Vec<&ScaleRow> = mdtest.iter().filter(|r| r.threads == *t).collect();
             let cell = |phase| {
                 of.iter()
                     .find(|r| r.stats.phase == phase)
@@ -754,31 +862,31 @@ impl Figures for ScaleFigures {
             grouped(self.files as u64),
             self.min_phase_ms
         );
-        self.print_rows(
-            "private directories (two per thread: renames across go between them)",
-            &by_phase(&self.rows, Layout::Private, &PHASES),
-            true,
-        );
-        self.print_rows(
-            "one shared directory (and a second one as the target of renames across; every thread lists the whole directory)",
-            &by_phase(&self.rows, Layout::Shared, &PHASES),
-            false,
-        );
-        self.print_mdtest();
-        self.print_rows(
-            "mdtest pattern, per phase",
-            &by_phase(&self.mdtest, Layout::Private, &MDTEST_PHASES),
-            true,
-        );
-        println!("targets:");
-        for t in &self.targets {
+        self.print_tables(&self.rows, &self.mdtest);
+        print_targets(&self.targets);
+        for m in &self.mounted {
             println!(
-                "  {} {}: {}",
-                if t.met { "PASS" } else { "MISS" },
-                t.name,
-                t.detail
+                "\n{} through system calls (the *at calls on an open directory; sync = syncfs(2)); lock waits are not visible there",
+                m.target.name()
             );
+            self.print_tables(&m.rows, &m.mdtest);
+            print_targets(&m.targets);
         }
+        if !self.mounted.is_empty() {
+            self.print_comparison();
+        }
+    }
+}
+
+fn print_targets(targets: &[Target]) {
+    println!("targets:");
+    for t in targets {
+        println!(
+            "  {} {}: {}",
+            if t.met { "PASS" } else { "MISS" },
+            t.name,
+            t.detail
+        );
     }
 }
 

@@ -224,6 +224,31 @@ impl Kind {
     }
 }
 
+/// `work` on each of `targets` in turn, mounted afresh at `size` and unmounted after it (also
+/// when it failed: the failure is returned once the target is unmounted); a target that
+/// cannot be set up here is skipped with the reason. `what` names the workload in progress.
+pub fn on_each<R>(
+    targets: &[Kind],
+    env: &Env,
+    size: &Size,
+    what: &str,
+    mut work: impl FnMut(&Path) -> CliResult<R>,
+) -> CliResult<Vec<(Kind, R)>> {
+    let mut out = Vec::new();
+    for &target in targets {
+        if let Some(reason) = target.unavailable(env) {
+            eprintln!("skipping {}: {reason}", target.name());
+            continue;
+        }
+        eprintln!("{what} on {}", target.name());
+        let m = target.mount(env, size)?;
+        let result = work(m.root());
+        m.unmount()?;
+        out.push((target, result?));
+    }
+    Ok(out)
+}
+
 /// What the workload will hold at most, to size images.
 #[derive(Clone, Copy, Debug)]
 pub struct Size {
