@@ -15,12 +15,16 @@
 //! thread time (wait total / (threads x wall time)). The lock figures of a phase are the
 //! difference of two lockstat snapshots around it, so they cover exactly that phase (the
 //! journal's own threads included) and the session's lock table still covers the whole run.
-//! Two targets are checked and printed as PASS/MISS lines.
+//! Three targets are checked and printed as PASS/MISS lines.
+//!
+//! With `--targets`, the same phases then run through system calls on mounted file systems
+//! (`dirops.rs`), each checked for collapse at the largest thread count, and a last
+//! table puts every file system's rate there side by side.
 
+use super::dirops::{DirOps, Syscalls};
 use super::names::{self, NameTable};
 use super::phase::{repeat, timed, Deadline, Phase, Share, Timing, STOP_CHECK};
 use super::report::{rate_cell, Figures, PhaseStats, Spread};
-use super::dirops::{DirOps, Syscalls};
 use super::session::Session;
 use super::shell;
 use super::targets::{on_each, Env, Kind, Size};
@@ -190,11 +194,18 @@ impl Plan<'_> {
         let mut rows = Vec::new();
         for layout in [Layout::Private, Layout::Shared] {
             let runs = interleaved(threads, self.runs, |t, r| {
-                bench.main_run(layout, t, self.files, &run_label(layout.name(), t, r, self.runs))
+                bench.main_run(
+                    layout,
+                    t,
+                    self.files,
+                    &run_label(layout.name(), t, r, self.runs),
+                )
             })?;
             let group = threads.iter().zip(&runs);
             rows.extend(with_scaling(
-                group.flat_map(|(&t, runs)| rows_of(layout, t, &PHASES, runs)).collect(),
+                group
+                    .flat_map(|(&t, runs)| rows_of(layout, t, &PHASES, runs))
+                    .collect(),
             ));
         }
         let runs = interleaved(threads, self.runs, |t, r| {
@@ -312,7 +323,7 @@ impl<O: DirOps + ?Sized> Scale<'_, O> {
         samples.push(measured(fs, || {
             self.phase(label, "create", files, |d, n| fs.create(d, n))
                 .run(&shares, sync)
-            .map(once)
+                .map(once)
         })?);
         samples.push(measured(fs, || {
             self.phase(label, "stat", files, |d, n| fs.stat(d, n))
@@ -374,7 +385,7 @@ impl<O: DirOps + ?Sized> Scale<'_, O> {
             measured(fs, || {
                 self.phase(label, "create", total, |d, n| fs.create(d, n))
                     .run(&shares, || fs.sync())
-                .map(once)
+                    .map(once)
             })?,
             measured(fs, || {
                 self.phase(label, "stat", total, |d, n| fs.stat(d, n))
@@ -415,7 +426,10 @@ impl<O: DirOps + ?Sized> Scale<'_, O> {
                     if whole && n != expect {
                         return Err(Failure::new(
                             "readdir",
-                            format!("directory inode {} listed {n} entries, expected {expect}", share.dir),
+                            format!(
+                                "directory inode {} listed {n} entries, expected {expect}",
+                                share.dir
+                            ),
                         ));
                     }
                     Ok(n)
@@ -478,7 +492,6 @@ impl<O: DirOps + ?Sized> Scale<'_, O> {
         Ok(())
     }
 }
-
 
 /// A file's name after its rename: `f0000123` becomes `r0000123` (no allocation).
 struct Renamed {
@@ -585,10 +598,16 @@ fn rows_of(
                 layout,
                 threads,
                 ops: samples.iter().map(|s| s.ops).collect(),
-                wall_seconds: samples.iter().map(|s| s.timing.wall.as_secs_f64()).collect(),
+                wall_seconds: samples
+                    .iter()
+                    .map(|s| s.timing.wall.as_secs_f64())
+                    .collect(),
                 stats: PhaseStats::counted(
                     phase,
-                    &samples.iter().map(|s| (s.ops, s.timing)).collect::<Vec<_>>(),
+                    &samples
+                        .iter()
+                        .map(|s| (s.ops, s.timing))
+                        .collect::<Vec<_>>(),
                 ),
                 scaling: 1.0,
                 scaling_base_threads: threads,
@@ -657,13 +676,19 @@ fn phases_of(group: &[ScaleRow]) -> Vec<(&'static str, Layout)> {
 
 /// The PASS/MISS checks. `engine`: all three; for a mounted file system only the first, since
 /// the lock waits and allocation retries are the engine's own counters.
-fn check_targets(rows: &[ScaleRow], mdtest: &[ScaleRow], max_threads: usize, engine: bool) -> Vec<Target> {
+fn check_targets(
+    rows: &[ScaleRow],
+    mdtest: &[ScaleRow],
+    max_threads: usize,
+    engine: bool,
+) -> Vec<Target> {
     let mut targets = Vec::new();
     // 1. No collapse under oversubscription: every phase at the largest thread count keeps
     //    90% of its best throughput.
     for (group, is_mdtest) in [(rows, false), (mdtest, true)] {
         for (phase, layout) in phases_of(group) {
-            let Some((share, last, best)) = oversubscribed(group, phase, layout, max_threads) else {
+            let Some((share, last, best)) = oversubscribed(group, phase, layout, max_threads)
+            else {
                 continue;
             };
             targets.push(Target {
@@ -800,8 +825,13 @@ impl ScaleFigures {
     /// file system's best rate.
     fn print_comparison(&self) {
         let max_threads = self.threads.iter().copied().max().unwrap_or(1);
-        let mut systems: Vec<(&str, &[ScaleRow], &[ScaleRow])> = vec![("ferrofs", &self.rows, &self.mdtest)];
-        systems.extend(self.mounted.iter().map(|m| (m.target.name(), &m.rows[..], &m.mdtest[..])));
+        let mut systems: Vec<(&str, &[ScaleRow], &[ScaleRow])> =
+            vec![("ferrofs", &self.rows, &self.mdtest)];
+        systems.extend(
+            self.mounted
+                .iter()
+                .map(|m| (m.target.name(), &m.rows[..], &m.mdtest[..])),
+        );
         println!(
             "\nside by side: ops/s at {max_threads} threads (share of the file system's best thread count; the target is >= 90%)"
         );
@@ -812,12 +842,22 @@ impl ScaleFigures {
         println!();
         for (group, is_mdtest) in [(&self.rows, false), (&self.mdtest, true)] {
             for (phase, layout) in phases_of(group) {
-                print!("{:<22}", format!("{} {phase}", group_name(layout, is_mdtest)));
+                print!(
+                    "{:<22}",
+                    format!("{} {phase}", group_name(layout, is_mdtest))
+                );
                 for (_, rows, mdtest) in &systems {
                     let of = if is_mdtest { mdtest } else { rows };
-                    let cell = oversubscribed(of, phase, layout, max_threads).map_or("-".to_string(), |(share, last, _)| {
-                        format!("{} ({:.0}%)", grouped(last.stats.median as u64), share * 100.0)
-                    });
+                    let cell = oversubscribed(of, phase, layout, max_threads).map_or(
+                        "-".to_string(),
+                        |(share, last, _)| {
+                            format!(
+                                "{} ({:.0}%)",
+                                grouped(last.stats.median as u64),
+                                share * 100.0
+                            )
+                        },
+                    );
                     print!(" {cell:>20}");
                 }
                 println!();
