@@ -206,6 +206,10 @@ impl<V: Reclaimable> AgCache<V> {
 pub trait CacheOwner: Send + Sync {
     /// Bytes its caches hold (estimated from object counts).
     fn cache_bytes(&self) -> u64;
+    /// Bytes its journal holds besides: changes committed but not logged yet, and logged
+    /// records not yet written home. Only writeback frees them (`push_dirty`), but they are
+    /// memory of the process as much as the caches are, so the budget counts them.
+    fn log_bytes(&self) -> u64;
     fn ag_count(&self) -> u32;
     /// Reclaim a batch from AG `ag`: bytes freed, `None` if another reclaimer is there.
     fn reclaim_ag(&self, ag: u32) -> Option<u64>;
@@ -261,14 +265,15 @@ impl CacheBudget {
     }
 
     /// Bytes held by every member's caches.
+    /// Bytes the budget covers: every member's caches and journal.
     pub fn used(&self) -> u64 {
-        self.live_members().iter().map(|m| m.cache_bytes()).sum()
+        self.live_members().iter().map(|m| m.cache_bytes() + m.log_bytes()).sum()
     }
 
     /// Called by an insert at a check point: reclaim if the members are over the limit.
     pub fn check(&self) {
         let members = self.live_members();
-        let mut used: u64 = members.iter().map(|m| m.cache_bytes()).sum();
+        let mut used: u64 = members.iter().map(|m| m.cache_bytes() + m.log_bytes()).sum();
         if used <= self.limit {
             return;
         }

@@ -201,6 +201,10 @@ impl CacheOwner for Mount {
         self.icache.len() * INODE_COST + self.bufs.len() * BUF_COST
     }
 
+    fn log_bytes(&self) -> u64 {
+        self.journal.memory_bytes()
+    }
+
     fn ag_count(&self) -> u32 {
         self.geo.ag_count
     }

@@ -120,6 +120,47 @@ fn truncate_sparse_and_unlinked_open() {
     assert!(fs.getattr(f.ino).is_err(), "orphan freed at mount");
 }
 
+/// The budget covers a journal's memory as well as the caches: a member whose log alone is
+/// over the limit, with nothing in its caches to reclaim, is asked to write it home; one
+/// under the limit is left alone.
+#[test]
+fn the_budget_counts_the_log() {
+    use ferrofs::cache::{CacheBudget, CacheOwner};
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    struct LogOnly {
+        log: u64,
+        pushes: AtomicU64,
+    }
+    impl CacheOwner for LogOnly {
+        fn cache_bytes(&self) -> u64 {
+            0
+        }
+        fn log_bytes(&self) -> u64 {
+            self.log
+        }
+        fn ag_count(&self) -> u32 {
+            1
+        }
+        fn reclaim_ag(&self, _ag: u32) -> Option<u64> {
+            Some(0)
+        }
+        fn push_dirty(&self) {
+            self.pushes.fetch_add(1, Relaxed);
+        }
+    }
+    const LIMIT: u64 = 1 << 20;
+    let over = Arc::new(LogOnly { log: 2 * LIMIT, pushes: AtomicU64::new(0) });
+    let under = Arc::new(LogOnly { log: LIMIT / 2, pushes: AtomicU64::new(0) });
+    for owner in [&over, &under] {
+        let b = CacheBudget::new(LIMIT);
+        b.join(Arc::downgrade(owner) as std::sync::Weak<dyn CacheOwner>);
+        assert_eq!(b.used(), owner.log);
+        b.check();
+    }
+    assert_eq!(over.pushes.load(Relaxed), 1, "a log over the budget is written home");
+    assert_eq!(under.pushes.load(Relaxed), 0, "a log under the budget is left alone");
+}
+
 /// A file system whose caches are far smaller than its tree keeps them within the budget
 /// once the log is home, and reads back exactly what it dropped. Two file systems sharing a
 /// budget are reclaimed together.

@@ -83,6 +83,8 @@ pub(super) struct Ail {
     /// Ring blocks between the tail and the head. Changed only under the AIL lock; an atomic
     /// so that readers of the fill level (every checkpoint asks) need not take the lock.
     used_blocks: AtomicU64,
+    /// Bytes of the durable records in memory (not yet written home), for the cache budget.
+    held_bytes: AtomicU64,
 }
 
 fn home(k: ItemKey) -> ItemKey {
@@ -104,7 +106,7 @@ impl Ail {
             held: Vec::new(),
         };
         let writeback = Writeback { latest: FxHashMap::default(), indexed_below: h.tail_seq };
-        Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, writeback), home_seq: AtomicU64::new(0), used_blocks: AtomicU64::new(0) }
+        Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, writeback), home_seq: AtomicU64::new(0), used_blocks: AtomicU64::new(0), held_bytes: AtomicU64::new(0) }
     }
 
     pub fn ring_start(&self) -> u64 {
@@ -143,12 +145,17 @@ impl Ail {
         self.home_seq.load(Acquire)
     }
 
+    pub fn held_bytes(&self) -> u64 {
+        self.held_bytes.load(Relaxed)
+    }
+
     /// The record joins writeback: one short hold of the AIL lock, whatever its size. Its
     /// items enter writeback's map of the newest image of each home location only when a
     /// writeback takes it in (`take_batch`), so a completing checkpoint (an fsync) never waits
     /// behind per-item work.
     pub fn mark_durable(&self, rec_seq: u64, cil_seq: u64, record: Vec<u8>) {
         let items = item_offsets(&record).expect("a record this journal encoded parses");
+        self.held_bytes.fetch_add(record.len() as u64, Relaxed);
         let written = Arc::new(Written { record, items });
         let mut g = self.inner.lock();
         let e = g.entries.iter_mut().rev().find(|e| e.rec_seq == rec_seq).expect("reserved record is in the AIL");
@@ -227,6 +234,8 @@ impl Ail {
         let (hdr, blkno) = self.advance_tail(freed);
         dev.write_at(&hdr.encode(blkno)[..], blkno * BLOCK_SIZE as u64)?;
         dev.flush()?;
+        let released: usize = batch.iter().filter_map(|e| e.durable.as_ref()).map(|w| w.record.len()).sum();
+        self.held_bytes.fetch_sub(released as u64, Relaxed);
         Ok((writes.len() as u64, freed))
     }
 

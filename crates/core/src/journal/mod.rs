@@ -783,6 +783,12 @@ impl Journal {
         self.push_ail(self.ail.ring_blocks()).map(|_| ())
     }
 
+    /// Bytes the journal holds in memory: the CIL's items and the durable records not yet
+    /// written home (a record being written is counted in neither, briefly).
+    pub fn memory_bytes(&self) -> u64 {
+        self.cil_bytes.load(Relaxed) + self.ail.held_bytes()
+    }
+
     pub fn log_used_percent(&self) -> u64 {
         self.ail.used_percent()
     }
