@@ -64,7 +64,6 @@ struct Taken {
 
 /// Writeback's own state, under the `ail-io` lock that one writeback at a time holds; the
 /// fsync path never takes it.
-#[derive(Default)]
 struct Writeback {
     /// For each home location, the newest durable record writeback has taken in that
     /// mentions it: what decides that an older image is superseded.
