@@ -220,6 +220,10 @@ pub struct Journal {
     /// under `done`.
     durable_seq: AtomicU64,
     cil_bytes: AtomicU64,
+    /// Bytes of recycled block images: the shards' `free` buffers as the last switch left
+    /// them, and `spare` since. An estimate for the cache budget (a commit taking a buffer
+    /// leaves it counted here as well as in `cil_bytes` until the next switch).
+    recycled_bytes: AtomicU64,
     /// A background checkpoint was requested and has not started yet.
     push_pending: AtomicBool,
     /// Serialises switches and log space claims, so records are numbered and placed in CIL
@@ -290,6 +294,7 @@ impl Journal {
             open_seq: AtomicU64::new(1),
             durable_seq: AtomicU64::new(0),
             cil_bytes: AtomicU64::new(0),
+            recycled_bytes: AtomicU64::new(0),
             push_pending: AtomicBool::new(false),
             push: Mutex::new(&LOG_PUSH, Vec::new()),
             spare: Mutex::new(&CIL_SPARE, Vec::new()),
@@ -544,6 +549,7 @@ impl Journal {
     fn switch(&self, maps: &mut SpareMaps) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>, Vec<BusyExtent>) {
         let mut spare = std::mem::take(&mut *self.spare.lock());
         let seq = self.open_seq.fetch_add(1, AcqRel);
+        let mut kept = 0;
         let taken: Vec<CilBatch> = self
             .shards
             .iter()
@@ -568,12 +574,16 @@ impl Journal {
                     g.free.extend(spare.drain(spare.len() - give..));
                     Vec::new()
                 };
+                kept += g.free.len();
                 drop(g);
                 drop(surplus);
                 batch
             })
             .collect();
         drop(spare);
+        let parked = self.spare.lock();
+        self.recycled_bytes.store(((kept + parked.len()) * BLOCK_SIZE) as u64, Relaxed);
+        drop(parked);
         let total = taken.iter().map(|b| b.items.len()).sum();
         let mut merged: FxHashMap<ItemKey, CilItem> = FxHashMap::with_capacity_and_hasher(total, Default::default());
         let mut busy = Vec::new();
@@ -637,6 +647,7 @@ impl Journal {
             let mut spare = self.spare.lock();
             let room = SPARE_IMAGES_MAX.saturating_sub(spare.len());
             let surplus = images.split_off(images.len().min(room));
+            self.recycled_bytes.fetch_add((images.len() * BLOCK_SIZE) as u64, Relaxed);
             if spare.is_empty() {
                 // The usual case (the switch took the list): hand over this buffer whole.
                 std::mem::swap(&mut *spare, &mut images);
@@ -718,6 +729,7 @@ impl Journal {
                     let free = std::mem::take(&mut s.lock().free);
                     drop(free);
                 }
+                self.recycled_bytes.store(0, Relaxed);
             }
         }
     }
@@ -783,10 +795,11 @@ impl Journal {
         self.push_ail(self.ail.ring_blocks()).map(|_| ())
     }
 
-    /// Bytes the journal holds in memory: the CIL's items and the durable records not yet
-    /// written home (a record being written is counted in neither, briefly).
+    /// Bytes the journal holds in memory: the CIL's items, the recycled block images and the
+    /// durable records not yet written home (a record being written is counted in none,
+    /// briefly).
     pub fn memory_bytes(&self) -> u64 {
-        self.cil_bytes.load(Relaxed) + self.ail.held_bytes()
+        self.cil_bytes.load(Relaxed) + self.recycled_bytes.load(Relaxed) + self.ail.held_bytes()
     }
 
     pub fn log_used_percent(&self) -> u64 {
