@@ -264,16 +264,15 @@ impl CacheBudget {
         self.members.lock().iter().filter_map(Weak::upgrade).collect()
     }
 
-    /// Bytes held by every member's caches.
     /// Bytes the budget covers: every member's caches and journal.
     pub fn used(&self) -> u64 {
-        self.live_members().iter().map(|m| m.cache_bytes() + m.log_bytes()).sum()
+        covered(&self.live_members())
     }
 
     /// Called by an insert at a check point: reclaim if the members are over the limit.
     pub fn check(&self) {
         let members = self.live_members();
-        let mut used: u64 = members.iter().map(|m| m.cache_bytes() + m.log_bytes()).sum();
+        let mut used = covered(&members);
         if used <= self.limit {
             return;
         }
@@ -297,6 +296,11 @@ impl CacheBudget {
             members.iter().for_each(|m| m.push_dirty());
         }
     }
+}
+
+/// Bytes of `members` that a budget covers: their caches and their journals.
+fn covered(members: &[Arc<dyn CacheOwner>]) -> u64 {
+    members.iter().map(|m| m.cache_bytes() + m.log_bytes()).sum()
 }
 
 static BUF_CACHE: LockClass = LockClass::ranked("buf-cache", 60);

@@ -142,6 +142,15 @@ fn checked(r: libc::c_int) -> ferrofs::Result<libc::c_int> {
     }
 }
 
+/// syncfs(2): everything on the file system that holds `file` reaches its device.
+pub fn syncfs(file: &File) -> io::Result<()> {
+    // SAFETY: `file` owns an open descriptor for the whole call; syncfs takes no pointers.
+    if unsafe { libc::syncfs(file.as_raw_fd()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The descriptor that names `dir`: set by `mkdir`, open until `rmdir`.
 fn fd(dir: u64) -> RawFd {
     dir as RawFd
@@ -225,8 +234,7 @@ impl DirOps for Syscalls {
     }
 
     fn sync(&self) -> ferrofs::Result<()> {
-        // SAFETY: `root_dir` owns an open descriptor for the whole call; syncfs takes no pointers.
-        checked(unsafe { libc::syncfs(self.root_dir.as_raw_fd()) }).map(drop)
+        Ok(syncfs(&self.root_dir)?)
     }
 
     fn settle(&self) -> CliResult<()> {

@@ -8,6 +8,7 @@
 //! XFS, btrfs, tmpfs, ferrofs through FUSE ...), their checkpoints being syncfs(2), so the
 //! engine's figures stand next to the kernel's on the same machine.
 
+use super::dirops::syncfs;
 use super::names::NameTable;
 use super::process;
 use super::report::{Figures, Spread};
@@ -22,7 +23,6 @@ use ferrofs::FileSystem;
 use serde::Serialize;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -300,11 +300,7 @@ impl Target for Mounted<'_> {
     }
 
     fn checkpoint(&self) -> CliResult<()> {
-        // SAFETY: `handle` owns an open descriptor for the whole call; syncfs takes no pointers.
-        if unsafe { libc::syncfs(self.handle.as_raw_fd()) } != 0 {
-            return Err(Failure::new("syncfs", std::io::Error::last_os_error()));
-        }
-        Ok(())
+        syncfs(&self.handle).map_err(|e| Failure::new("syncfs", e))
     }
 
     fn counts(&self) -> [u64; 3] {
