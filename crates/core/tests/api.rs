@@ -161,6 +161,24 @@ fn the_budget_counts_the_log() {
     assert_eq!(under.pushes.load(Relaxed), 0, "a log under the budget is left alone");
 }
 
+/// A small budget shrinks the journal to leave the caches room (the CIL pushes at a
+/// sixteenth of it and holds commits at an eighth, recycled images keep an eighth at most,
+/// writeback starts at a quarter), and the default budget keeps a 128 MiB log's own
+/// thresholds.
+#[test]
+fn the_journal_fits_its_budget() {
+    use ferrofs::journal::JournalConfig;
+    let ring = (128 << 20) / 4096 - 2;
+    let own = JournalConfig::for_log(ring);
+    let small = own.clone().within_budget(ring, 64 << 20);
+    let thresholds = |c: &JournalConfig| (c.cil_push_bytes, c.cil_max_bytes, c.ail_push_percent, c.spare_max_bytes);
+    assert_eq!(thresholds(&small), (4 << 20, 8 << 20, 12, 8 << 20));
+    let default = own.clone().within_budget(ring, ferrofs::cache::DEFAULT_CACHE_BYTES);
+    assert_eq!(thresholds(&default), thresholds(&own));
+    let tiny = own.within_budget(ring, 1 << 20);
+    assert_eq!(thresholds(&tiny), (1 << 20, 2 << 20, 4, 128 << 10), "floors");
+}
+
 /// A file system whose caches are far smaller than its tree keeps them within the budget
 /// once the log is home, and reads back exactly what it dropped. Two file systems sharing a
 /// budget are reclaimed together.

@@ -66,14 +66,19 @@ struct CilBatch {
     block_images: usize,
 }
 
-/// Most block images written records keep for the shards (32 MiB): what reuse may hold back
-/// from the allocator.
-const SPARE_IMAGES_MAX: usize = 8192;
-
 /// The merged batches' item maps, emptied with their capacity kept (guarded by the push
 /// lock): a shard's new batch starts at the size its last one grew to instead of rehashing
 /// its way up again. Freed when the journal goes idle.
 type SpareMaps = Vec<FxHashMap<ItemKey, CilItem>>;
+
+/// What a switch took out of the CIL: one sequence's merged items, sorted by home (`None`:
+/// the block was freed, logged as a revoke), its freed extents and its CIL bytes.
+struct Switched {
+    seq: u64,
+    items: Vec<(ItemKey, Option<Box<[u8]>>)>,
+    busy: Vec<BusyExtent>,
+    bytes: u64,
+}
 
 /// A shard holds at most two sequences: a switch closes the open sequence first and then
 /// visits the shards one at a time, so a commit can meet a shard the switch has not reached
@@ -188,6 +193,9 @@ pub struct JournalConfig {
     pub push_interval: Duration,
     /// Start background writeback when the log is this full (fraction in percent).
     pub ail_push_percent: u64,
+    /// Most bytes of block images written records keep for the shards' next copies: what
+    /// reuse may hold back from the allocator.
+    pub spare_max_bytes: u64,
     /// Run background threads (tests that drive checkpoints by hand turn them off).
     pub background: bool,
 }
@@ -200,10 +208,32 @@ impl JournalConfig {
             cil_max_bytes: (ring_bytes / 4).min(128 << 20),
             push_interval: Duration::from_secs(1),
             ail_push_percent: 50,
+            spare_max_bytes: 32 << 20,
             background: true,
         }
     }
+
+    /// Fit the journal's memory into the cache budget that counts it (`limit` bytes): the
+    /// CIL pushes at a sixteenth of the budget and holds commits at an eighth, recycled
+    /// images take at most an eighth, and writeback starts once the durable records kept in
+    /// memory for it (as many bytes as the log in use) pass a quarter. The default budget
+    /// keeps a 128 MiB log's own thresholds; with them a 64 MiB budget was overrun by the
+    /// journal alone, and reclaim emptied the caches around it. Floors keep a small budget
+    /// from turning every few commits into a checkpoint.
+    pub fn within_budget(mut self, ring_blocks: u64, limit: u64) -> JournalConfig {
+        let ring_bytes = ring_blocks * BLOCK_SIZE as u64;
+        self.cil_push_bytes = self.cil_push_bytes.min((limit / 16).max(JOURNAL_MIN_BYTES));
+        self.cil_max_bytes = self.cil_max_bytes.min((limit / 8).max(2 * JOURNAL_MIN_BYTES));
+        self.ail_push_percent = self.ail_push_percent.min((limit / 4 * 100 / ring_bytes.max(1)).max(AIL_PUSH_PERCENT_MIN));
+        self.spare_max_bytes = self.spare_max_bytes.min(limit / 8);
+        self
+    }
 }
+
+/// The least CIL push threshold a budget brings (the hard limit is twice that).
+const JOURNAL_MIN_BYTES: u64 = 1 << 20;
+/// The least log fill that starts writeback under a small budget.
+const AIL_PUSH_PERCENT_MIN: u64 = 4;
 
 type DurableHook = Box<dyn Fn(Vec<BusyExtent>) + Send + Sync>;
 
@@ -224,6 +254,9 @@ pub struct Journal {
     /// them, and `spare` since. An estimate for the cache budget (a commit taking a buffer
     /// leaves it counted here as well as in `cil_bytes` until the next switch).
     recycled_bytes: AtomicU64,
+    /// Twice the CIL bytes of the checkpoints between their switch and their completion: their
+    /// items, and then the record built from them, which the AIL counts once it is durable.
+    in_flight_bytes: AtomicU64,
     /// A background checkpoint was requested and has not started yet.
     push_pending: AtomicBool,
     /// Serialises switches and log space claims, so records are numbered and placed in CIL
@@ -295,6 +328,7 @@ impl Journal {
             durable_seq: AtomicU64::new(0),
             cil_bytes: AtomicU64::new(0),
             recycled_bytes: AtomicU64::new(0),
+            in_flight_bytes: AtomicU64::new(0),
             push_pending: AtomicBool::new(false),
             push: Mutex::new(&LOG_PUSH, Vec::new()),
             spare: Mutex::new(&CIL_SPARE, Vec::new()),
@@ -498,7 +532,7 @@ impl Journal {
     /// first is never replayed without them.
     fn checkpoint_locked(&self, mut push: MutexGuard<'_, SpareMaps>) -> Result<()> {
         self.alive()?;
-        let (seq, items, busy) = self.switch(&mut push);
+        let Switched { seq, items, busy, bytes } = self.switch(&mut push);
         self.throttle_cv.notify_all();
         let written = if items.is_empty() {
             drop(push);
@@ -506,7 +540,9 @@ impl Journal {
         } else {
             self.write_checkpoint(seq, items, push).map(Some)
         };
-        if let Err(e) = written.and_then(|record| self.complete(seq, record, busy)) {
+        let completed = written.and_then(|record| self.complete(seq, record, busy));
+        self.in_flight_bytes.fetch_sub(2 * bytes, Relaxed);
+        if let Err(e) = completed {
             // The items have left the CIL and are lost: nothing committed later may reach
             // the log either (it may depend on them), so the journal stops here and the
             // image stays at its last durable checkpoint.
@@ -545,11 +581,12 @@ impl Journal {
     /// read the next sequence. Called under the push lock, so switches never overlap.
     /// Each shard gets back as many recycled images as it copied blocks in the batch taken
     /// (what is left over is freed) and an emptied map for its new batch; this switch's maps
-    /// are recycled in turn. Returns the closed sequence and its merged items, sorted by home.
-    fn switch(&self, maps: &mut SpareMaps) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>, Vec<BusyExtent>) {
+    /// are recycled in turn.
+    fn switch(&self, maps: &mut SpareMaps) -> Switched {
         let mut spare = std::mem::take(&mut *self.spare.lock());
         let seq = self.open_seq.fetch_add(1, AcqRel);
         let mut kept = 0;
+        let mut bytes = 0;
         let taken: Vec<CilBatch> = self
             .shards
             .iter()
@@ -563,7 +600,10 @@ impl Journal {
                 if !batch.items.is_empty() && g.open.items.capacity() == 0 {
                     g.open.items = maps.pop().unwrap_or_default();
                 }
+                // Moved, not dropped: the budget counts them until the record is in the AIL.
+                self.in_flight_bytes.fetch_add(2 * batch.bytes, Relaxed);
                 self.cil_bytes.fetch_sub(batch.bytes, Relaxed);
+                bytes += batch.bytes;
                 // Top the shard's buffers up to what this batch used, or trim them to it: a
                 // shard that went quiet keeps none. Surplus is freed after the lock.
                 let want = batch.block_images;
@@ -603,7 +643,7 @@ impl Journal {
         }
         let mut items: Vec<_> = merged.into_iter().map(|(k, it)| (k, it.image)).collect();
         items.sort_unstable_by_key(|(k, _)| *k);
-        (seq, items, busy)
+        Switched { seq, items, busy, bytes }
     }
 
     /// Claim log space for the record of CIL sequence `seq` under the push lock, then build
@@ -645,7 +685,7 @@ impl Journal {
         let mut images: Vec<Box<[u8]>> = sealed.into_iter().filter_map(|(k, img)| matches!(k, ItemKey::Block(_)).then_some(img)).collect();
         let surplus = {
             let mut spare = self.spare.lock();
-            let room = SPARE_IMAGES_MAX.saturating_sub(spare.len());
+            let room = (self.cfg.spare_max_bytes as usize / BLOCK_SIZE).saturating_sub(spare.len());
             let surplus = images.split_off(images.len().min(room));
             self.recycled_bytes.fetch_add((images.len() * BLOCK_SIZE) as u64, Relaxed);
             if spare.is_empty() {
@@ -795,11 +835,10 @@ impl Journal {
         self.push_ail(self.ail.ring_blocks()).map(|_| ())
     }
 
-    /// Bytes the journal holds in memory: the CIL's items, the recycled block images and the
-    /// durable records not yet written home (a record being written is counted in none,
-    /// briefly).
+    /// Bytes the journal holds in memory: the CIL's items, the checkpoints in flight, the
+    /// recycled block images and the durable records not yet written home.
     pub fn memory_bytes(&self) -> u64 {
-        self.cil_bytes.load(Relaxed) + self.recycled_bytes.load(Relaxed) + self.ail.held_bytes()
+        self.cil_bytes.load(Relaxed) + self.in_flight_bytes.load(Relaxed) + self.recycled_bytes.load(Relaxed) + self.ail.held_bytes()
     }
 
     pub fn log_used_percent(&self) -> u64 {
@@ -813,7 +852,8 @@ impl Journal {
 impl Journal {
     /// Close the open sequence as a checkpoint would; returns it and its merged items.
     pub fn switch_for_model(&self) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>) {
-        let (seq, items, _) = self.switch(&mut SpareMaps::default());
+        let Switched { seq, items, bytes, .. } = self.switch(&mut SpareMaps::default());
+        self.in_flight_bytes.fetch_sub(2 * bytes, Relaxed);
         (seq, items)
     }
 
