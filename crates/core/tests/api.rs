@@ -162,7 +162,7 @@ fn the_budget_counts_the_log() {
 }
 
 /// A small budget shrinks the journal to leave the caches room (the CIL pushes at a
-/// sixteenth of it and holds commits at an eighth, recycled images keep an eighth at most,
+/// sixteenth of it and holds commits at a quarter, recycled images keep an eighth at most,
 /// writeback starts at a quarter), and the default budget keeps a 128 MiB log's own
 /// thresholds.
 #[test]
@@ -172,7 +172,7 @@ fn the_journal_fits_its_budget() {
     let own = JournalConfig::for_log(ring);
     let small = own.clone().within_budget(ring, 64 << 20);
     let thresholds = |c: &JournalConfig| (c.cil_push_bytes, c.cil_max_bytes, c.ail_push_percent, c.spare_max_bytes);
-    assert_eq!(thresholds(&small), (4 << 20, 8 << 20, 12, 8 << 20));
+    assert_eq!(thresholds(&small), (4 << 20, 16 << 20, 12, 8 << 20));
     let default = own.clone().within_budget(ring, ferrofs::cache::DEFAULT_CACHE_BYTES);
     assert_eq!(thresholds(&default), thresholds(&own));
     let tiny = own.within_budget(ring, 1 << 20);

@@ -214,16 +214,18 @@ impl JournalConfig {
     }
 
     /// Fit the journal's memory into the cache budget that counts it (`limit` bytes): the
-    /// CIL pushes at a sixteenth of the budget and holds commits at an eighth, recycled
+    /// CIL pushes at a sixteenth of the budget and holds commits at a quarter, recycled
     /// images take at most an eighth, and writeback starts once the durable records kept in
     /// memory for it (as many bytes as the log in use) pass a quarter. The default budget
     /// keeps a 128 MiB log's own thresholds; with them a 64 MiB budget was overrun by the
-    /// journal alone, and reclaim emptied the caches around it. Floors keep a small budget
-    /// from turning every few commits into a checkpoint.
+    /// journal alone, and reclaim emptied the caches around it. (Holding commits at an
+    /// eighth halved a 256 MiB log's limit under the default budget and multiplied commit
+    /// throttles and checkpoints in `bench scale` for no memory saved.) Floors keep a small
+    /// budget from turning every few commits into a checkpoint.
     pub fn within_budget(mut self, ring_blocks: u64, limit: u64) -> JournalConfig {
         let ring_bytes = ring_blocks * BLOCK_SIZE as u64;
         self.cil_push_bytes = self.cil_push_bytes.min((limit / 16).max(JOURNAL_MIN_BYTES));
-        self.cil_max_bytes = self.cil_max_bytes.min((limit / 8).max(2 * JOURNAL_MIN_BYTES));
+        self.cil_max_bytes = self.cil_max_bytes.min((limit / 4).max(2 * JOURNAL_MIN_BYTES));
         self.ail_push_percent = self.ail_push_percent.min((limit / 4 * 100 / ring_bytes.max(1)).max(AIL_PUSH_PERCENT_MIN));
         self.spare_max_bytes = self.spare_max_bytes.min(limit / 8);
         self
