@@ -5,7 +5,6 @@ use crate::ag::Ag;
 use crate::cache::{BufCache, CacheBudget, CacheOwner, BUF_COST, DEFAULT_CACHE_BYTES};
 use crate::dev::{BlockDevice, OverlayDevice};
 use crate::error::{Error, Result};
-use crate::format::log::LOG_HEADER_BLOCKS;
 use crate::format::sb::MAGIC_SB;
 use crate::format::{ino_ag, ino_index, Geometry, Superblock, BLOCK_SIZE};
 use crate::inode::{InodeCache, InodeRef, INODE_COST};
@@ -97,7 +96,7 @@ impl Mount {
         let budget = opts.cache.clone().unwrap_or_else(|| CacheBudget::new(DEFAULT_CACHE_BYTES));
         let bufs = BufCache::new(dev.clone(), geo.ag_count, geo.ag_blocks, budget.clone());
         let ags: Arc<[Ag]> = (0..geo.ag_count).map(|a| Ag::load(&bufs, &geo, a)).collect::<Result<Vec<_>>>()?.into();
-        let ring_blocks = geo.log_blocks - LOG_HEADER_BLOCKS;
+        let ring_blocks = geo.log_ring_blocks();
         let mut cfg = opts.journal.clone().unwrap_or_else(|| JournalConfig::for_log(ring_blocks).within_budget(ring_blocks, budget.limit()));
         cfg.background &= !opts.read_only;
         let busy_ags = ags.clone();

@@ -53,6 +53,11 @@ pub struct AgLayout {
 }
 
 impl Geometry {
+    /// Blocks of the log's ring of records: the log less its header blocks.
+    pub fn log_ring_blocks(&self) -> u64 {
+        self.log_blocks - super::log::LOG_HEADER_BLOCKS
+    }
+
     pub fn ag_layout(&self, agno: u32) -> AgLayout {
         debug_assert!(agno < self.ag_count);
         let start = agno as u64 * self.ag_blocks;

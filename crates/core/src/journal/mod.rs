@@ -20,7 +20,7 @@ pub use recover::{recover, RecoveryReport};
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::log::{encode_record, item_bytes, ItemKey, LogHeader, LOG_HEADER_BLOCKS, RECORD_HDR};
+use crate::format::log::{encode_record, item_bytes, ItemKey, LogHeader, RECORD_HDR};
 use crate::format::{seal_block, DiskInode, Geometry, BLOCK_SIZE};
 use crate::lockstat::{Condvar, LockClass, Mutex, MutexGuard};
 use ail::Ail;
@@ -72,12 +72,13 @@ struct CilBatch {
 type SpareMaps = Vec<FxHashMap<ItemKey, CilItem>>;
 
 /// What a switch took out of the CIL: one sequence's merged items, sorted by home (`None`:
-/// the block was freed, logged as a revoke), its freed extents and its CIL bytes.
+/// the block was freed, logged as a revoke), its freed extents, and what it added to
+/// `Journal::in_flight_bytes` (given back once the checkpoint completes).
 struct Switched {
     seq: u64,
     items: Vec<(ItemKey, Option<Box<[u8]>>)>,
     busy: Vec<BusyExtent>,
-    bytes: u64,
+    in_flight: u64,
 }
 
 /// A shard holds at most two sequences: a switch closes the open sequence first and then
@@ -312,7 +313,7 @@ impl Journal {
     /// Start the journal on an image whose log has been recovered (it is empty: `header`
     /// points its tail at its head).
     pub fn start(dev: Arc<dyn BlockDevice>, geo: Geometry, header: LogHeader, mut cfg: JournalConfig, on_durable: DurableHook) -> Arc<Journal> {
-        let ring_blocks = geo.log_blocks - LOG_HEADER_BLOCKS;
+        let ring_blocks = geo.log_ring_blocks();
         cfg.cil_max_bytes = cfg.cil_max_bytes.min(ring_blocks * BLOCK_SIZE as u64 / 4);
         // More shards than CPUs: threads are mapped to shards by their index, and with many
         // more threads than CPUs (an oversubscribed server) fewer shards would be shared.
@@ -534,7 +535,7 @@ impl Journal {
     /// first is never replayed without them.
     fn checkpoint_locked(&self, mut push: MutexGuard<'_, SpareMaps>) -> Result<()> {
         self.alive()?;
-        let Switched { seq, items, busy, bytes } = self.switch(&mut push);
+        let Switched { seq, items, busy, in_flight } = self.switch(&mut push);
         self.throttle_cv.notify_all();
         let written = if items.is_empty() {
             drop(push);
@@ -543,7 +544,7 @@ impl Journal {
             self.write_checkpoint(seq, items, push).map(Some)
         };
         let completed = written.and_then(|record| self.complete(seq, record, busy));
-        self.in_flight_bytes.fetch_sub(2 * bytes, Relaxed);
+        self.in_flight_bytes.fetch_sub(in_flight, Relaxed);
         if let Err(e) = completed {
             // The items have left the CIL and are lost: nothing committed later may reach
             // the log either (it may depend on them), so the journal stops here and the
@@ -588,7 +589,7 @@ impl Journal {
         let mut spare = std::mem::take(&mut *self.spare.lock());
         let seq = self.open_seq.fetch_add(1, AcqRel);
         let mut kept = 0;
-        let mut bytes = 0;
+        let mut in_flight = 0;
         let taken: Vec<CilBatch> = self
             .shards
             .iter()
@@ -602,10 +603,12 @@ impl Journal {
                 if !batch.items.is_empty() && g.open.items.capacity() == 0 {
                     g.open.items = maps.pop().unwrap_or_default();
                 }
-                // Moved, not dropped: the budget counts them until the record is in the AIL.
-                self.in_flight_bytes.fetch_add(2 * batch.bytes, Relaxed);
+                // Moved, not dropped: the budget counts the items and then their record
+                // until the record is in the AIL.
+                let counted = 2 * batch.bytes;
+                self.in_flight_bytes.fetch_add(counted, Relaxed);
                 self.cil_bytes.fetch_sub(batch.bytes, Relaxed);
-                bytes += batch.bytes;
+                in_flight += counted;
                 // Top the shard's buffers up to what this batch used, or trim them to it: a
                 // shard that went quiet keeps none. Surplus is freed after the lock.
                 let want = batch.block_images;
@@ -645,7 +648,7 @@ impl Journal {
         }
         let mut items: Vec<_> = merged.into_iter().map(|(k, it)| (k, it.image)).collect();
         items.sort_unstable_by_key(|(k, _)| *k);
-        Switched { seq, items, busy, bytes }
+        Switched { seq, items, busy, in_flight }
     }
 
     /// Claim log space for the record of CIL sequence `seq` under the push lock, then build
@@ -854,8 +857,8 @@ impl Journal {
 impl Journal {
     /// Close the open sequence as a checkpoint would; returns it and its merged items.
     pub fn switch_for_model(&self) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>) {
-        let Switched { seq, items, bytes, .. } = self.switch(&mut SpareMaps::default());
-        self.in_flight_bytes.fetch_sub(2 * bytes, Relaxed);
+        let Switched { seq, items, in_flight, .. } = self.switch(&mut SpareMaps::default());
+        self.in_flight_bytes.fetch_sub(in_flight, Relaxed);
         (seq, items)
     }
 

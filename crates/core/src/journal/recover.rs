@@ -24,7 +24,7 @@ struct Record {
 
 pub fn read_log_header(dev: &dyn BlockDevice, geo: &Geometry) -> Result<LogHeader> {
     let log = geo.ag_layout(0).log;
-    let ring = geo.log_blocks - LOG_HEADER_BLOCKS;
+    let ring = geo.log_ring_blocks();
     let mut best: Option<LogHeader> = None;
     let mut last_err = None;
     for i in 0..LOG_HEADER_BLOCKS {
@@ -44,7 +44,7 @@ pub fn read_log_header(dev: &dyn BlockDevice, geo: &Geometry) -> Result<LogHeade
 pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<RecoveryReport> {
     let h = read_log_header(dev, geo)?;
     let ring_start = geo.ag_layout(0).log + LOG_HEADER_BLOCKS;
-    let ring = geo.log_blocks - LOG_HEADER_BLOCKS;
+    let ring = geo.log_ring_blocks();
     let (records, end) = scan(dev, ring_start, ring, &h)?;
     let mut revoke: FxHashMap<u64, u64> = FxHashMap::default();
     for r in &records {
