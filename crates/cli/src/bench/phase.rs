@@ -1,5 +1,5 @@
 //! One timed phase: every thread applies an operation to each name of its share, in its
-//! directory. Threads are spawned first and released together by a barrier; the clock runs
+//! directory. Threads are spawned first and released together by a start gate; the clock runs
 //! from the first thread's release until the last thread is done and `finish` (e.g. sync)
 //! returned. The process's CPU time over the same span is taken too (it includes the
 //! journal's threads).
@@ -14,8 +14,8 @@ use super::process;
 use crate::failure::{CliResult, Failure};
 use indicatif::ProgressBar;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Barrier, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 /// Names a worker handles between progress updates.
@@ -147,7 +147,36 @@ pub fn repeat(
     Ok(ops)
 }
 
-/// Run `work(t)` on `threads` threads, released together by a barrier; the clock runs from
+/// Holds a phase's threads until all are waiting, then lets them through at once.
+///
+/// Not `std::sync::Barrier`: it wakes its waiters together, but each must then retake the
+/// barrier's mutex, one after another, and a woken thread waits for a CPU before it takes and
+/// hands on the mutex. With 48 threads on 2 CPUs the last left the barrier 66-124 ms after
+/// the first in phases of 85-130 ms, so for most of a phase fewer threads ran than it was
+/// said to measure. Readers of a lock held for writing are all let in by one wake (the
+/// scheduler then still runs them a slice at a time: the last starts 45-72 ms in).
+struct StartGate {
+    closed: RwLock<()>,
+    waiting: AtomicUsize,
+}
+
+impl StartGate {
+    fn new() -> StartGate {
+        StartGate {
+            closed: RwLock::new(()),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    /// A worker's wait; returns when the gate opens.
+    fn pass(&self) {
+        self.waiting.fetch_add(1, Relaxed);
+        // A poisoned gate still opens: nothing is kept under it.
+        drop(self.closed.read());
+    }
+}
+
+/// Run `work(t)` on `threads` threads, released together by a start gate; the clock runs from
 /// the first thread's release until every thread returned and `finish` returned. `what`
 /// names the work in a failure. Every benchmark's timed section goes through here.
 pub fn timed<W, F>(what: &str, threads: usize, work: W, finish: F) -> CliResult<Timing>
@@ -155,22 +184,28 @@ where
     W: Fn(usize) -> CliResult<()> + Sync,
     F: FnOnce() -> CliResult<()>,
 {
-    let start_line = Barrier::new(threads + 1);
+    let gate = StartGate::new();
+    let closed = gate.closed.write().unwrap_or_else(|e| e.into_inner());
     std::thread::scope(|s| {
-        let (start_line, work) = (&start_line, &work);
+        let (gate, work) = (&gate, &work);
         let workers: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || {
-                    start_line.wait();
+                    gate.pass();
                     (Instant::now(), work(t))
                 })
             })
             .collect();
+        // Untimed: wait until every worker is at the gate (one may count itself a moment
+        // before it blocks; it then passes at once).
+        while gate.waiting.load(Relaxed) < threads {
+            std::thread::yield_now();
+        }
         let cpu_before = process::cpu_time();
-        start_line.wait();
-        // The clock starts when the first worker passes the barrier: this thread may be
-        // descheduled right after it (threads outnumber cores), and workers must not run
-        // unclocked meanwhile.
+        drop(closed);
+        // The clock starts when the first worker passes the gate: this thread may be
+        // descheduled right after it opens (threads outnumber cores), and workers must not
+        // run unclocked meanwhile.
         let mut started: Option<Instant> = None;
         for w in workers {
             let (t0, done) = w

@@ -898,7 +898,7 @@ impl ScaleFigures {
 impl Figures for ScaleFigures {
     fn print(&self) {
         println!(
-            "scale: {} files per run split over the threads, threads released together by a barrier; create, renames and unlink do each file once and end with sync(); stat, open/close and readdir repeat passes over the files for at least {} ms (each thread one full pass at least), every operation counted; readdir counts entries listed; runs interleave the thread counts (ascending, then descending); wall ms = median time of the phase; scale = median / median at the fewest threads\n",
+            "scale: {} files per run split over the threads, threads released together by a start gate (all let through by one wake); create, renames and unlink do each file once and end with sync(); stat, open/close and readdir repeat passes over the files for at least {} ms (each thread one full pass at least), every operation counted; readdir counts entries listed; runs interleave the thread counts (ascending, then descending); wall ms = median time of the phase; scale = median / median at the fewest threads\n",
             grouped(self.files as u64),
             self.min_phase_ms
         );
