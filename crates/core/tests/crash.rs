@@ -824,6 +824,16 @@ fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) 
     rx.recv_timeout(std::time::Duration::from_secs(secs)).ok()
 }
 
+/// A new file system on a memory device, mounted with the stock journal config of its log
+/// as `tune` changes it.
+fn fresh_fs(tune: impl FnOnce(&mut JournalConfig)) -> FileSystem {
+    let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
+    FileSystem::mkfs(&*dev, &mkfs_options()).unwrap();
+    let mut cfg = JournalConfig::for_log(LOG_BLOCKS - 2);
+    tune(&mut cfg);
+    FileSystem::mount_device(dev, &MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }).unwrap()
+}
+
 /// With `JournalConfig::background == false` (what tests use for determinism), the first
 /// transaction that found the CIL over `cil_max_bytes` used to wait in `Journal::throttle`
 /// for a background push that never came: the call never returned. 16 creates in 16
@@ -831,11 +841,7 @@ fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) 
 #[test]
 fn regression_throttle_without_background_threads() {
     let finished = within(10, || {
-        let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
-        FileSystem::mkfs(&*dev, &mkfs_options()).unwrap();
-        let mut cfg = JournalConfig::for_log(LOG_BLOCKS - 2);
-        cfg.background = false;
-        let fs = FileSystem::mount_device(dev, &MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }).unwrap();
+        let fs = fresh_fs(|cfg| cfg.background = false);
         let dirs: Vec<u64> = (0..16).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
         fs.sync().unwrap();
         for d in dirs {
@@ -844,6 +850,44 @@ fn regression_throttle_without_background_threads() {
         fs.sync().unwrap();
     });
     assert!(finished.is_some(), "creates with background threads off did not return within 10 s");
+}
+
+/// A full CIL is emptied by a throttled committer, not by the background worker: when
+/// threads outnumber CPUs the worker waits long for a CPU, and the committers that waited
+/// for it queued on its lock. Here the worker is never asked (no push threshold, an hour's
+/// timer), so 8 threads creating past the CIL's bound finish only if they checkpoint
+/// themselves; and the CIL stays within its bound plus what the threads had begun.
+#[test]
+fn throttled_commits_checkpoint_the_full_cil_themselves() {
+    let finished = within(60, || {
+        let fs = fresh_fs(|cfg| {
+            cfg.cil_push_bytes = u64::MAX;
+            cfg.push_interval = std::time::Duration::from_secs(3600);
+        });
+        let bound = JournalConfig::for_log(LOG_BLOCKS - 2).cil_max_bytes;
+        let dirs: Vec<u64> = (0..8).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
+        let most = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for &d in &dirs {
+                let (fs, most) = (&fs, &most);
+                s.spawn(move || {
+                    for i in 0..200 {
+                        fs.create(d, format!("f{i}").as_bytes(), 0o644, CRED).unwrap();
+                        most.fetch_max(fs.mount().journal.cil_bytes() as usize, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        let stats = &fs.mount().journal.stats;
+        let got = (stats.commit_throttles.load(Ordering::Relaxed), stats.checkpoints.load(Ordering::Relaxed), stats.background_checkpoints.load(Ordering::Relaxed));
+        fs.unmount().unwrap();
+        (got, most.into_inner() as u64, bound)
+    });
+    let ((throttles, checkpoints, background), most, bound) = finished.expect("throttled creates did not return within 60 s");
+    assert!(throttles > 0 && checkpoints > 0, "{throttles} throttles, {checkpoints} checkpoints: the bound was never reached");
+    assert_eq!(background, 0, "the worker checkpointed, though never asked");
+    // Each of the 8 threads may have begun a transaction just below the bound.
+    assert!(most < bound + 8 * 16 * 1024, "the CIL held {most} bytes against a bound of {bound}");
 }
 
 /// A crash leaves an unlinked-but-open file with a large extent map (an orphan); the next

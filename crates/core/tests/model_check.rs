@@ -116,7 +116,7 @@ fn cil_commit_and_switch_lose_nothing() {
         let mut switched = vec![switcher.join().unwrap(), j.switch_for_model()];
         switched.sort_by_key(|(seq, _)| *seq);
         assert!(switched[0].0 < switched[1].0, "two switches closed sequence {}", switched[0].0);
-        assert_eq!(j.cil_bytes_for_model(), 0, "CIL bytes left after the final switch");
+        assert_eq!(j.cil_bytes(), 0, "CIL bytes left after the final switch");
         let by_seq: Switched = switched.into_iter().map(|(seq, items)| (seq, items.into_iter().collect())).collect();
         for (ino, owner) in owners.iter().enumerate() {
             let ino = ino as u64;

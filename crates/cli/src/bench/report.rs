@@ -95,6 +95,8 @@ pub struct JournalReport {
     pub log_bytes: u64,
     pub log_space_waits: u64,
     pub commit_throttles: u64,
+    /// Time throttled commits waited for the CIL to empty, in all (not a lock wait).
+    pub throttle_wait_seconds: f64,
     pub ail_pushes: u64,
     pub items_written_home: u64,
     pub fsyncs_durable: u64,
@@ -250,6 +252,7 @@ impl From<&JournalStats> for JournalReport {
             log_bytes: s.log_bytes.load(Relaxed),
             log_space_waits: s.log_space_waits.load(Relaxed),
             commit_throttles: s.commit_throttles.load(Relaxed),
+            throttle_wait_seconds: s.throttle_wait_ns.load(Relaxed) as f64 / 1e9,
             ail_pushes: s.ail_pushes.load(Relaxed),
             items_written_home: s.items_written_home.load(Relaxed),
             fsyncs_durable: s.fsyncs_durable.load(Relaxed),
@@ -351,11 +354,12 @@ impl JournalReport {
             grouped(self.forced_checkpoints)
         );
         println!(
-            "  {} logged in {} items; {} log-space waits, {} commit throttles",
+            "  {} logged in {} items; {} log-space waits, {} commit throttles (waited {:.2} s in all)",
             human_bytes(self.log_bytes),
             grouped(self.items_logged),
             grouped(self.log_space_waits),
-            grouped(self.commit_throttles)
+            grouped(self.commit_throttles),
+            self.throttle_wait_seconds
         );
         println!(
             "  {} AIL pushes wrote {} items home; unmount took {:.2} s",
