@@ -143,7 +143,6 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
             "fs_mark not found (Debian package fsmark; scripts/install-bench-deps.sh)",
         ));
     }
-    shell::catch_interrupts()?;
     let threads = args.threads_or(DEFAULT_THREADS)?;
     let files = args.files.unwrap_or(DEFAULT_FILES);
     let slow_files = f.slow_files.unwrap_or((files / SLOW_DIVISOR).max(1));

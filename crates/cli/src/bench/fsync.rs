@@ -13,7 +13,6 @@ use super::names::NameTable;
 use super::process;
 use super::report::{Figures, Spread};
 use super::session::Session;
-use super::shell;
 use super::targets::{on_each, Env, Kind, Size};
 use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
@@ -161,7 +160,6 @@ fn mounted(
     if f.targets.is_empty() {
         return Ok(Vec::new());
     }
-    shell::catch_interrupts()?;
     let env = Env::new(f.peers.clone(), f.mount_options.clone())?;
     let size = Size {
         files: (files + creators * LOAD_BATCH) as u64,

@@ -200,6 +200,8 @@ struct Bench<'a> {
 }
 
 pub fn run(args: &BenchArgs) -> CliResult<()> {
+    // Every workload: an embedded one's scratch image in /dev/shm is memory until deleted.
+    shell::catch_interrupts()?;
     lockstat::set_timing(args.lock_timing);
     lockstat::set_counting(args.lock_counting == Switch::On);
     match args.mode {

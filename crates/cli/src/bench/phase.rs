@@ -11,6 +11,7 @@
 
 use super::names::NameTable;
 use super::process;
+use super::shell::{self, check_interrupt};
 use crate::failure::{CliResult, Failure};
 use indicatif::ProgressBar;
 use std::ops::Range;
@@ -89,7 +90,9 @@ where
         let mut done = 0;
         for i in share.names.clone() {
             if done % STOP_CHECK == 0
-                && (failed.load(Relaxed) || until.is_some_and(|u| Instant::now() >= u))
+                && (failed.load(Relaxed)
+                    || shell::interrupted()
+                    || until.is_some_and(|u| Instant::now() >= u))
             {
                 break;
             }
@@ -184,6 +187,7 @@ where
     W: Fn(usize) -> CliResult<()> + Sync,
     F: FnOnce() -> CliResult<()>,
 {
+    check_interrupt()?;
     let gate = StartGate::new();
     let closed = gate.closed.write().unwrap_or_else(|e| e.into_inner());
     std::thread::scope(|s| {
@@ -215,6 +219,8 @@ where
             started = Some(started.map_or(t0, |s| s.min(t0)));
         }
         finish()?;
+        // A phase cut short by a signal measured nothing.
+        check_interrupt()?;
         Ok(Timing {
             wall: started.map_or(Duration::ZERO, |s| s.elapsed()),
             cpu: process::cpu_time().saturating_sub(cpu_before),

@@ -26,7 +26,6 @@ use super::names::{self, NameTable};
 use super::phase::{repeat, timed, Deadline, Phase, Share, Timing, STOP_CHECK};
 use super::report::{rate_cell, Figures, PhaseStats, Spread};
 use super::session::Session;
-use super::shell;
 use super::targets::{on_each, Env, Kind, Size};
 use super::{scratch, BenchArgs, Layout};
 use crate::failure::{CliResult, Failure};
@@ -230,7 +229,6 @@ fn mounted(args: &BenchArgs, plan: &Plan, live: usize) -> CliResult<Vec<MountedS
     if f.targets.is_empty() {
         return Ok(Vec::new());
     }
-    shell::catch_interrupts()?;
     let env = Env::new(f.peers.clone(), f.mount_options.clone())?;
     let max_threads = plan.threads.iter().copied().max().unwrap_or(1);
     let size = Size {

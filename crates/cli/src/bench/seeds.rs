@@ -280,7 +280,6 @@ struct Ctx<'a> {
 }
 
 pub fn run(args: &BenchArgs) -> CliResult<()> {
-    shell::catch_interrupts()?;
     let started = Instant::now();
     let sizes = Sizes::pick(&args.seeds);
     let loadavg_start = loadavg();

@@ -16,11 +16,14 @@ const POLL: Duration = Duration::from_millis(20);
 static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 
 /// From now on SIGINT and SIGTERM set a flag instead of killing this process; long waits
-/// check it and fail with "interrupted", and the guards on the way out clean up.
+/// and every timed phase check it and fail with "interrupted", and the guards on the way
+/// out clean up. A second signal ends the process at once (exit status 130), cleaned up or
+/// not.
 pub fn catch_interrupts() -> CliResult<()> {
     let flag = INTERRUPTED.get_or_init(|| Arc::new(AtomicBool::new(false)));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, flag.clone())
+        signal_hook::flag::register_conditional_shutdown(sig, 130, flag.clone())
+            .and_then(|_| signal_hook::flag::register(sig, flag.clone()))
             .map_err(|e| Failure::new("install the SIGINT/SIGTERM handler", e))?;
     }
     Ok(())
