@@ -37,8 +37,26 @@ pub trait DirOps: Sync {
     /// Before a phase, untimed: the engine writes its log home (otherwise its threads would
     /// write the previous phase's changes home during this one); a mount syncs.
     fn settle(&self) -> CliResult<()>;
-    /// The engine's AG allocation retries so far (0 for a mount: not visible).
-    fn alloc_retries(&self) -> u64;
+    /// The engine's counters so far (zero for a mount: not visible).
+    fn counters(&self) -> EngineCounters;
+}
+
+/// What the engine counts that a phase reports besides lock waits.
+#[derive(Clone, Copy, Default)]
+pub struct EngineCounters {
+    pub alloc_retries: u64,
+    /// Time commits waited for a full CIL to empty (a wait for log progress, not a lock).
+    pub throttle_wait_ns: u64,
+}
+
+impl std::ops::Sub for EngineCounters {
+    type Output = EngineCounters;
+    fn sub(self, before: EngineCounters) -> EngineCounters {
+        EngineCounters {
+            alloc_retries: self.alloc_retries - before.alloc_retries,
+            throttle_wait_ns: self.throttle_wait_ns - before.throttle_wait_ns,
+        }
+    }
 }
 
 impl DirOps for FileSystem {
@@ -90,12 +108,12 @@ impl DirOps for FileSystem {
             .context(|| "write the log home".to_string())
     }
 
-    fn alloc_retries(&self) -> u64 {
-        self.mount()
-            .ags
-            .iter()
-            .map(|ag| ag.alloc_retries.load(Relaxed))
-            .sum()
+    fn counters(&self) -> EngineCounters {
+        let m = self.mount();
+        EngineCounters {
+            alloc_retries: m.ags.iter().map(|ag| ag.alloc_retries.load(Relaxed)).sum(),
+            throttle_wait_ns: m.journal.stats.throttle_wait_ns.load(Relaxed),
+        }
     }
 }
 
@@ -241,7 +259,7 @@ impl DirOps for Syscalls {
         DirOps::sync(self).map_err(|e| Failure::new(format!("syncfs {}", self.root.display()), e))
     }
 
-    fn alloc_retries(&self) -> u64 {
-        0
+    fn counters(&self) -> EngineCounters {
+        EngineCounters::default()
     }
 }

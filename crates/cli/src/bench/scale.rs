@@ -21,7 +21,7 @@
 //! (`dirops.rs`), each checked for collapse at the largest thread count, and a last
 //! table puts every file system's rate there side by side.
 
-use super::dirops::{DirOps, Syscalls};
+use super::dirops::{DirOps, EngineCounters, Syscalls};
 use super::names::{self, NameTable};
 use super::phase::{repeat, timed, Deadline, Phase, Share, Timing, STOP_CHECK};
 use super::report::{rate_cell, Figures, PhaseStats, Spread};
@@ -87,6 +87,9 @@ pub struct ScaleRow {
     pub scaling_base_threads: usize,
     /// AG allocation retries over all runs of the phase.
     pub ag_alloc_retries: u64,
+    /// Commits' waits for a full CIL to empty, as a share of threads x wall time (not a
+    /// lock wait: shown beside the locks, not checked against their limit).
+    pub throttle_wait_share: f64,
     /// The classes with the most wait time, over all runs of the phase.
     pub locks: Vec<LockWait>,
 }
@@ -112,7 +115,7 @@ pub struct Target {
 struct Sample {
     timing: Timing,
     ops: u64,
-    retries: u64,
+    counters: EngineCounters,
     /// Per class: (acquisitions, contentions, wait ns) during the phase.
     locks: HashMap<&'static str, [u64; 3]>,
 }
@@ -522,7 +525,7 @@ fn measured<O: DirOps + ?Sized>(
     phase: impl FnOnce() -> CliResult<(Timing, u64)>,
 ) -> CliResult<Sample> {
     fs.settle()?;
-    let (locks, retries) = (lock_waits(), fs.alloc_retries());
+    let (locks, counters) = (lock_waits(), fs.counters());
     let (timing, ops) = phase()?;
     let mut after = lock_waits();
     for (class, before) in locks {
@@ -535,7 +538,7 @@ fn measured<O: DirOps + ?Sized>(
     Ok(Sample {
         timing,
         ops,
-        retries: fs.alloc_retries() - retries,
+        counters: fs.counters() - counters,
         locks: after,
     })
 }
@@ -609,7 +612,12 @@ fn rows_of(
                 ),
                 scaling: 1.0,
                 scaling_base_threads: threads,
-                ag_alloc_retries: samples.iter().map(|s| s.retries).sum(),
+                ag_alloc_retries: samples.iter().map(|s| s.counters.alloc_retries).sum(),
+                throttle_wait_share: samples
+                    .iter()
+                    .map(|s| s.counters.throttle_wait_ns as f64)
+                    .sum::<f64>()
+                    / thread_ns.max(1.0),
                 locks,
             }
         })
@@ -759,7 +767,7 @@ impl ScaleFigures {
     fn print_rows(&self, title: &str, rows: &[&ScaleRow], flag: bool) {
         println!("{title}");
         println!(
-            "{:<14} {:>7} {:>29} {:>7} {:>6} {:>9}  top locks by wait (share of threads x wall time{})",
+            "{:<14} {:>7} {:>29} {:>7} {:>6} {:>9}  top locks by wait (share of threads x wall time{}), then commit throttle waits",
             "phase",
             "threads",
             "ops/s median [min-max]",
@@ -769,7 +777,7 @@ impl ScaleFigures {
             if flag { "; ! above 5%" } else { "" }
         );
         for r in rows {
-            let locks: Vec<String> = r
+            let mut locks: Vec<String> = r
                 .locks
                 .iter()
                 .filter(|l| l.contentions > 0)
@@ -782,6 +790,9 @@ impl ScaleFigures {
                     format!("{} {:.2}%{mark}", l.class, l.wait_share * 100.0)
                 })
                 .collect();
+            if r.throttle_wait_share > 0.0 {
+                locks.push(format!("throttled {:.2}%", r.throttle_wait_share * 100.0));
+            }
             println!(
                 "{:<14} {:>7} {:>29} {:>7.0} {:>6.2} {:>9.2}  {}",
                 r.stats.phase,
