@@ -49,6 +49,16 @@ pub struct EngineCounters {
     pub throttle_wait_ns: u64,
 }
 
+impl std::ops::Add for EngineCounters {
+    type Output = EngineCounters;
+    fn add(self, other: EngineCounters) -> EngineCounters {
+        EngineCounters {
+            alloc_retries: self.alloc_retries + other.alloc_retries,
+            throttle_wait_ns: self.throttle_wait_ns + other.throttle_wait_ns,
+        }
+    }
+}
+
 impl std::ops::Sub for EngineCounters {
     type Output = EngineCounters;
     fn sub(self, before: EngineCounters) -> EngineCounters {
