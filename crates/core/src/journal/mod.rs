@@ -39,9 +39,9 @@ static CIL_SHARD: LockClass = LockClass::ranked("cil-shard", 30);
 static LOG_PUSH: LockClass = LockClass::ranked("log-push", 10);
 static CIL_SPARE: LockClass = LockClass::ranked("cil-spare", 15);
 static LOG_DONE: LockClass = LockClass::ranked("log-done", 22);
-/// CIL shards (`cil-shard` locks).
-const CIL_SHARDS: usize = 64;
 static LOG_WORKER: LockClass = LockClass::ranked("log-worker", 40);
+/// CIL shards (`cil-shard` locks): see `Journal::start`.
+const CIL_SHARDS: usize = 64;
 
 /// A freed extent that may not be reused until the checkpoint that freed it is durable:
 /// otherwise a crash could leave the old owner pointing at someone else's new data.
