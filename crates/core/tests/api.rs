@@ -168,7 +168,7 @@ fn the_budget_counts_the_log() {
 #[test]
 fn the_journal_fits_its_budget() {
     use ferrofs::journal::JournalConfig;
-    let ring = (128 << 20) / 4096 - 2;
+    let ring = (128 << 20) / 4096 - ferrofs::format::log::LOG_HEADER_BLOCKS;
     let own = JournalConfig::for_log(ring);
     let small = own.clone().within_budget(ring, 64 << 20);
     let thresholds = |c: &JournalConfig| (c.cil_push_bytes, c.cil_max_bytes, c.ail_push_percent, c.spare_max_bytes);

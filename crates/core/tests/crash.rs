@@ -44,8 +44,13 @@ fn mkfs_options() -> MkfsOptions {
     MkfsOptions { log_blocks: Some(LOG_BLOCKS), ..MkfsOptions::default() }
 }
 
+/// The journal config a mount of these images gets by default (before a budget shrinks it).
+fn stock_journal() -> JournalConfig {
+    JournalConfig::for_log(LOG_BLOCKS - ferrofs::format::log::LOG_HEADER_BLOCKS)
+}
+
 fn mount_options() -> MountOptions {
-    let mut cfg = JournalConfig::for_log(LOG_BLOCKS - 2);
+    let mut cfg = stock_journal();
     // Without background threads the recorded write/flush sequence is deterministic: the
     // workload's own syncs, and the throttle when the CIL is full, write the checkpoints.
     cfg.background = false;
@@ -829,7 +834,7 @@ fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) 
 fn fresh_fs(tune: impl FnOnce(&mut JournalConfig)) -> FileSystem {
     let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
     FileSystem::mkfs(&*dev, &mkfs_options()).unwrap();
-    let mut cfg = JournalConfig::for_log(LOG_BLOCKS - 2);
+    let mut cfg = stock_journal();
     tune(&mut cfg);
     FileSystem::mount_device(dev, &MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }).unwrap()
 }
@@ -864,7 +869,7 @@ fn throttled_commits_checkpoint_the_full_cil_themselves() {
             cfg.cil_push_bytes = u64::MAX;
             cfg.push_interval = std::time::Duration::from_secs(3600);
         });
-        let bound = JournalConfig::for_log(LOG_BLOCKS - 2).cil_max_bytes;
+        let bound = stock_journal().cil_max_bytes;
         let dirs: Vec<u64> = (0..8).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
         let most = AtomicUsize::new(0);
         std::thread::scope(|s| {

@@ -127,11 +127,16 @@ impl Sample {
         self.timing.cpu += other.timing.cpu;
         self.ops += other.ops;
         self.counters = self.counters + other.counters;
-        for (class, v) in other.locks {
-            let e = self.locks.entry(class).or_default();
-            for (x, y) in e.iter_mut().zip(v) {
-                *x += y;
-            }
+        add_waits(&mut self.locks, &other.locks);
+    }
+}
+
+/// Add `other`'s per-class (acquisitions, contentions, wait ns) to `sum`.
+fn add_waits(sum: &mut HashMap<&'static str, [u64; 3]>, other: &HashMap<&'static str, [u64; 3]>) {
+    for (&class, v) in other {
+        let e = sum.entry(class).or_default();
+        for (x, y) in e.iter_mut().zip(v) {
+            *x += y;
         }
     }
 }
@@ -607,14 +612,9 @@ fn rows_of(
                 .iter()
                 .map(|s| s.timing.wall.as_nanos() as f64 * threads as f64)
                 .sum();
-            let mut sums: HashMap<&'static str, [u64; 3]> = HashMap::new();
+            let mut sums = HashMap::new();
             for s in &samples {
-                for (&class, v) in &s.locks {
-                    let e = sums.entry(class).or_default();
-                    for (x, y) in e.iter_mut().zip(v) {
-                        *x += y;
-                    }
-                }
+                add_waits(&mut sums, &s.locks);
             }
             let mut locks: Vec<LockWait> = sums
                 .into_iter()

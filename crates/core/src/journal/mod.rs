@@ -329,9 +329,8 @@ impl Journal {
         // each three ways: a holder preempted there held up its sharers and the AG lock they
         // held, and `ferrofs bench scale` counted ten times the shard contentions and twice
         // the AG wait of 64 shards.) A switch visits them all, a lock each.
-        let nshards = CIL_SHARDS;
         let shard = || CilShard { seq: 1, open: CilBatch::default(), next: CilBatch::default(), free: Vec::new() };
-        let shards = (0..nshards).map(|i| CachePadded::new(Mutex::new_indexed(&CIL_SHARD, i as u64, shard()))).collect();
+        let shards = (0..CIL_SHARDS).map(|i| CachePadded::new(Mutex::new_indexed(&CIL_SHARD, i as u64, shard()))).collect();
         let log_start = geo.ag_layout(0).log;
         let j = Arc::new(Journal {
             ail: Ail::new(log_start, ring_blocks, header),
@@ -452,16 +451,16 @@ impl Journal {
     /// each only once it has a CPU (48 threads on 2 CPUs queued up to 12.8% of a phase's
     /// thread time on the worker's lock that way in `ferrofs bench scale`).
     pub fn throttle(&self) -> Result<()> {
-        if self.cil_bytes.load(Relaxed) < self.cfg.cil_max_bytes {
+        if !self.cil_at_max() {
             return Ok(());
         }
         self.stats.commit_throttles.fetch_add(1, Relaxed);
         let start = Instant::now();
         let mut result = Ok(());
-        while result.is_ok() && self.cil_bytes.load(Relaxed) >= self.cfg.cil_max_bytes {
+        while result.is_ok() && self.cil_at_max() {
             result = match self.cil_full.try_write() {
                 // Another's checkpoint may have emptied the CIL since.
-                Some(full) if self.cil_bytes.load(Relaxed) >= self.cfg.cil_max_bytes => {
+                Some(full) if self.cil_at_max() => {
                     self.checkpoint_locked(self.push.lock(), Some(full))
                 }
                 Some(_) => Ok(()),
@@ -473,6 +472,10 @@ impl Journal {
         }
         self.stats.throttle_wait_ns.fetch_add(start.elapsed().as_nanos() as u64, Relaxed);
         result
+    }
+
+    fn cil_at_max(&self) -> bool {
+        self.cil_bytes() >= self.cfg.cil_max_bytes
     }
 
     /// Wake the background checkpoint. Every commit past the push threshold asks until the
@@ -631,10 +634,13 @@ impl Journal {
                 }
                 // Moved, not dropped: the budget counts the items and then their record
                 // until the record is in the AIL.
-                let counted = 2 * batch.bytes;
-                self.in_flight_bytes.fetch_add(counted, Relaxed);
-                self.cil_bytes.fetch_sub(batch.bytes, Relaxed);
-                in_flight += counted;
+                // Most of the 64 shards are idle: no atomics on the committers' counters for them.
+                if batch.bytes > 0 {
+                    let counted = 2 * batch.bytes;
+                    self.in_flight_bytes.fetch_add(counted, Relaxed);
+                    self.cil_bytes.fetch_sub(batch.bytes, Relaxed);
+                    in_flight += counted;
+                }
                 // Top the shard's buffers up to what this batch used, or trim them to it: a
                 // shard that went quiet keeps none. Surplus is freed after the lock.
                 let want = batch.block_images;
