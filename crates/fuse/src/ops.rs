@@ -586,8 +586,13 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
+    /// Nothing to do at close: writes reach the engine as they are made (with the writeback
+    /// cache, the kernel writes its dirty pages back before it would send FLUSH, and still
+    /// does without it), and POSIX locks stay the kernel's (`FUSE_POSIX_LOCKS` is not
+    /// negotiated). ENOSYS tells the kernel so, and it sends no FLUSH again on this mount:
+    /// a close costs one request (RELEASE) instead of two, a fifth of an fs_mark create's.
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock: fuser::LockOwner, reply: ReplyEmpty) {
-        reply.ok();
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, _flush: bool, reply: ReplyEmpty) {
