@@ -37,7 +37,8 @@
 //! `FUSE_WRITEBACK_CACHE` only when [`MountConfig::writeback_cache`] asks for it (the kernel
 //! then owns mtime/ctime and flushes dirty pages later, so a crash can lose writes that
 //! `write(2)` already returned). `FUSE_ATOMIC_O_TRUNC` stays off: `O_TRUNC` arrives as a
-//! `setattr(size = 0)`.
+//! `setattr(size = 0)`. FLUSH is answered ENOSYS, so the kernel stops sending it (see
+//! `flush` in `ops.rs`): a close costs RELEASE alone.
 //!
 //! # Permissions
 //!
