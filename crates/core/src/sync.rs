@@ -164,7 +164,7 @@ mod unpoisoned {
     /// wait spins: the rest sleep at once, as before. Waiters are counted per stripe of lock
     /// addresses, on the contended path only; locks that share a stripe only spin less.
     #[cfg(not(feature = "shuttle"))]
-    mod write_spin {
+    pub(super) mod write_spin {
         use crossbeam_utils::CachePadded;
         use std::sync::atomic::AtomicU32;
         use std::time::{Duration, Instant};
@@ -234,5 +234,34 @@ mod unpoisoned {
         pub fn notify_all(&self) {
             self.0.notify_all();
         }
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::unpoisoned::{write_spin, RwLock};
+    use std::sync::atomic::Ordering::Relaxed;
+
+    /// Every waiter that counted itself uncounts itself, spinner or sleeper: a count left
+    /// behind would stop that stripe's locks from ever spinning again.
+    #[test]
+    fn contended_writers_leave_no_waiter_counted() {
+        let lock = RwLock::new(0u64);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..5_000 {
+                        let mut g = lock.write();
+                        // Held long enough that the others wait: some spin, some sleep.
+                        for _ in 0..200 {
+                            std::hint::spin_loop();
+                        }
+                        *g += 1;
+                    }
+                });
+            }
+        });
+        assert_eq!(*lock.read(), 20_000);
+        assert_eq!(write_spin::waiting_writers(&lock).load(Relaxed), 0);
     }
 }
