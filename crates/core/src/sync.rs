@@ -158,7 +158,7 @@ mod unpoisoned {
     /// critical section (2-4 us for a create, unlink or rename), so on 2 CPUs nearly every
     /// turn cost a sleep, a wake and a context switch: one shared directory did 0.53-0.69 of
     /// its 1-thread rate with 2 threads in `ferrofs bench scale`. Spinning up to
-    /// [`SPIN_LIMIT`] takes the lock as the holder lets it go: 0.85-1.0 of the 1-thread
+    /// [`SPIN_LIMIT`] takes the lock as the holder lets it go: 0.82-0.97 of the 1-thread
     /// rate. But every waiter spinning burns the CPU the holder needs when threads outnumber
     /// CPUs (all waiters spinning cost 48 threads 2-12%), so only the first writer to
     /// wait spins: the rest sleep at once, as before. Waiters are counted per stripe of lock
