@@ -119,6 +119,10 @@ mod unpoisoned {
         pub fn write(&self) -> RwLockWriteGuard<'_, T> {
             #[cfg(not(feature = "shuttle"))]
             {
+                // Counted on the contended path only, whoever calls.
+                if let Some(g) = self.try_write() {
+                    return g;
+                }
                 let waiting = write_spin::waiting_writers(self);
                 let g = match waiting.fetch_add(1, Relaxed) {
                     0 => write_spin::spin(|| self.try_write()),

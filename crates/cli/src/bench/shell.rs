@@ -18,8 +18,11 @@ static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 /// From now on SIGINT and SIGTERM set a flag instead of killing this process; long waits
 /// and every timed phase check it and fail with "interrupted", and the guards on the way
 /// out clean up. A second signal ends the process at once (exit status 130), cleaned up or
-/// not.
+/// not. Installed once: a second pair of handlers would end the process at the first signal.
 pub fn catch_interrupts() -> CliResult<()> {
+    if INTERRUPTED.get().is_some() {
+        return Ok(());
+    }
     let flag = INTERRUPTED.get_or_init(|| Arc::new(AtomicBool::new(false)));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register_conditional_shutdown(sig, 130, flag.clone())

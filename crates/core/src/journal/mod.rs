@@ -1,9 +1,9 @@
-//! The journal: delayed logging with a per-CPU committed item list (CIL), checkpoints written
+//! The journal: delayed logging with a sharded committed item list (CIL), checkpoints written
 //! as single checksummed log records, the active item list (AIL) that writes metadata home
 //! in log order to move the tail, and crash recovery.
 //!
-//! Commit path (seed 003): a transaction copies each changed item into the CIL shard of its
-//! CPU under that shard's lock only; an item relogged before the next checkpoint overwrites
+//! Commit path (seed 003): a transaction copies each changed item into its thread's CIL
+//! shard under that shard's lock only; an item relogged before the next checkpoint overwrites
 //! its previous copy, so it is logged once. No global lock is taken and nothing is written.
 //!
 //! Checkpoint: close the open sequence, then take each shard's items of it under that shard's
@@ -411,7 +411,7 @@ impl Journal {
         }
     }
 
-    /// Make an item change durable-in-order: run `f` with this CPU's CIL shard locked and
+    /// Make an item change durable-in-order: run `f` with this thread's CIL shard locked and
     /// return the CIL sequence the changes belong to (what fsync must force).
     /// The caller holds AG locks here, so it must have called `throttle` before taking them.
     pub fn commit(&self, f: impl FnOnce(&mut CilWriter<'_>)) -> u64 {
