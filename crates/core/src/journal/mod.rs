@@ -291,7 +291,7 @@ pub struct Journal {
     ail_cv: Condvar,
     /// A writeback request is pending and the writer has not taken it yet: the checkpoints
     /// that pass the trigger meanwhile (an fsync's among them) leave the worker's lock
-    /// alone. Under `ferrofs bench fsync` load they met 19-34 contentions there per set, of
+    /// alone. Under `ferrofs bench fsync` load they met 19-50 contentions there per set, of
     /// 0.1-0.6 ms on average.
     ail_pending: AtomicBool,
     /// Held for writing by the throttled committer that checkpoints a full CIL; the other
