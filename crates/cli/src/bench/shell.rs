@@ -20,10 +20,16 @@ static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 /// out clean up. A second signal ends the process at once (exit status 130), cleaned up or
 /// not. Installed once: a second pair of handlers would end the process at the first signal.
 pub fn catch_interrupts() -> CliResult<()> {
-    if INTERRUPTED.get().is_some() {
+    // Only the caller that creates the flag installs the handlers (checking first and
+    // creating after would let two concurrent callers both install them).
+    let mut created = false;
+    let flag = INTERRUPTED.get_or_init(|| {
+        created = true;
+        Arc::new(AtomicBool::new(false))
+    });
+    if !created {
         return Ok(());
     }
-    let flag = INTERRUPTED.get_or_init(|| Arc::new(AtomicBool::new(false)));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register_conditional_shutdown(sig, 130, flag.clone())
             .and_then(|_| signal_hook::flag::register(sig, flag.clone()))
