@@ -87,8 +87,9 @@
 //! holds the directory's lock until then; the names are listed before the answer, so the
 //! invalidations follow it at once. A walk racing that chmod may still pass, as one that
 //! started before it would; so, rarely, may one that starts just after the chmod returns,
-//! before the invalidation reaches the kernel. Names in directories everyone may search keep the long
-//! timeout, so the common case costs nothing.
+//! before the invalidation reaches the kernel (the conformance test waits for the refusal, at
+//! most 2 s: under load that window once outlasted a thread's start). Names in directories
+//! everyone may search keep the long timeout, so the common case costs nothing.
 //!
 //! # Why the timeouts are long
 //!
