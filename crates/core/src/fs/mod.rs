@@ -1205,13 +1205,18 @@ impl FileSystem {
 
     /// Deallocate file bytes `[off, end)`: whole blocks are unmapped and freed, a batch per
     /// transaction (each state in between reads correctly: a block is either punched or
-    /// not), and the written parts of partial blocks at the edges are zeroed in place. The
-    /// size never changes.
+    /// not), and the written parts of partial blocks at the edges are zeroed in place, up to
+    /// EOF only. The size never changes.
+    ///
+    /// Not past EOF: those bytes are not part of the file (`zero_tail` zeroes them if it
+    /// grows), and a shrinking truncate before the punch may not be durable yet. Zeroed in
+    /// place, they would read as zeros inside the old size after a crash that undid the
+    /// truncate, a state the file never had (found by the random crash workload).
     fn punch_hole(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64) -> Result<()> {
         let (from, to) = (off.div_ceil(BS), end / BS);
         let head = (off % BS != 0).then(|| (off, end.min(from * BS)));
         let tail = (end % BS != 0 && to >= from).then(|| (to * BS, end));
-        for (lo, hi) in head.into_iter().chain(tail) {
+        for (lo, hi) in head.into_iter().chain(tail).map(|(lo, hi)| (lo, hi.min(g.size))).filter(|(lo, hi)| lo < hi) {
             let blk = lo / BS;
             if let Some(e) = file::read_extents(&self.m, i.ino, g, blk, blk + 1)?.first().filter(|e| !e.unwritten) {
                 self.m.dev.write_at(&vec![0u8; (hi - lo) as usize], (e.pblk + (blk - e.lblk)) * BS + lo % BS)?;
