@@ -183,42 +183,49 @@ impl FileSystem {
     pub fn setattr(&self, ino: u64, sa: &SetAttr) -> Result<Attr> {
         let i = self.m.iget(ino)?;
         let mut g = i.core.write();
-        if let Some(size) = sa.size {
-            if g.is_dir() {
-                return Err(Error::IsDir);
-            }
-            if !g.is_reg() {
-                return Err(Error::Invalid("size of a non-regular file"));
-            }
-            self.truncate(&i, &mut g, size)?;
-        }
-        let mut nd = g.clone();
         let t = now();
-        if let Some(mode) = sa.mode {
-            nd.mode = (nd.mode & S_IFMT) | (mode & 0o7777);
+        let apply = |nd: &mut DiskInode| {
+            if let Some(mode) = sa.mode {
+                nd.mode = (nd.mode & S_IFMT) | (mode & 0o7777);
+            }
+            if let Some(uid) = sa.uid {
+                nd.uid = uid;
+            }
+            if let Some(gid) = sa.gid {
+                nd.gid = gid;
+            }
+            if let Some(a) = sa.atime {
+                nd.atime = a.resolve(t);
+            }
+            if let Some(m) = sa.mtime {
+                nd.mtime = m.resolve(t);
+            } else if sa.size.is_some() {
+                // truncate(2) marks mtime even when the size does not change (as Linux's
+                // local file systems do), and open(O_TRUNC) of an existing file must: FUSE
+                // sends that as a bare size change and leaves the time to us.
+                nd.mtime = t;
+            }
+            nd.ctime = sa.ctime.unwrap_or(t);
+        };
+        match sa.size {
+            Some(size) => {
+                if g.is_dir() {
+                    return Err(Error::IsDir);
+                }
+                if !g.is_reg() {
+                    return Err(Error::Invalid("size of a non-regular file"));
+                }
+                self.truncate(&i, &mut g, size, &apply)?;
+            }
+            None => {
+                let mut nd = g.clone();
+                apply(&mut nd);
+                let mut tx = Tx::new(&self.m)?;
+                tx.log_inode(&i, &nd, false);
+                tx.commit()?;
+                *g = nd;
+            }
         }
-        if let Some(uid) = sa.uid {
-            nd.uid = uid;
-        }
-        if let Some(gid) = sa.gid {
-            nd.gid = gid;
-        }
-        if let Some(a) = sa.atime {
-            nd.atime = a.resolve(t);
-        }
-        if let Some(m) = sa.mtime {
-            nd.mtime = m.resolve(t);
-        } else if sa.size.is_some() {
-            // truncate(2) marks mtime even when the size does not change (as Linux's local
-            // file systems do), and open(O_TRUNC) of an existing file must: FUSE sends that
-            // as a bare size change and leaves the time to us.
-            nd.mtime = t;
-        }
-        nd.ctime = sa.ctime.unwrap_or(t);
-        let mut tx = Tx::new(&self.m)?;
-        tx.log_inode(&i, &nd, false);
-        tx.commit()?;
-        *g = nd;
         Ok(Attr::from_inode(ino, &g))
     }
 
@@ -595,7 +602,7 @@ impl FileSystem {
                     self.reap(&i, &mut g)?;
                 } else {
                     let size = g.size;
-                    self.truncate(&i, &mut g, size)?;
+                    self.truncate(&i, &mut g, size, &|_| {})?;
                 }
             }
         }
@@ -1062,8 +1069,13 @@ impl FileSystem {
     /// Change the size. Shrinking frees whole blocks past the new end, a batch per
     /// transaction; a job of more than one batch keeps the inode on the orphan list so a
     /// crash cannot leave it half done (seed 000: the common small truncate never touches
-    /// the orphan list).
-    fn truncate(&self, i: &InodeRef, g: &mut DiskInode, size: u64) -> Result<()> {
+    /// the orphan list). `attrs` makes the caller's other changes (times, mode, owner) in
+    /// every one of those transactions: a crash between two of them, or just after the
+    /// first, then leaves the size and the attributes the call set together (orphan
+    /// processing finishes the freeing), never the new size with the old times. (They were
+    /// a transaction of their own after the truncate's: a background checkpoint in between
+    /// brought back a file of the new size with a time the call never showed.)
+    fn truncate(&self, i: &InodeRef, g: &mut DiskInode, size: u64, attrs: &dyn Fn(&mut DiskInode)) -> Result<()> {
         if size > MAX_FILE_BLOCKS * BS {
             return Err(Error::FileTooBig);
         }
@@ -1083,11 +1095,7 @@ impl FileSystem {
             if done && nd.orphan_slot != 0 && nd.nlink > 0 {
                 tx.orphan_remove(i.ino, &mut nd);
             }
-            let t = now();
-            if size != g.size {
-                nd.mtime = t;
-                nd.ctime = t;
-            }
+            attrs(&mut nd);
             tx.log_inode(i, &nd, true);
             tx.commit()?;
             *g = nd;
