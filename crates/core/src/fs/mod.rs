@@ -1072,9 +1072,7 @@ impl FileSystem {
     /// the orphan list). `attrs` makes the caller's other changes (times, mode, owner) in
     /// every one of those transactions: a crash between two of them, or just after the
     /// first, then leaves the size and the attributes the call set together (orphan
-    /// processing finishes the freeing), never the new size with the old times. (They were
-    /// a transaction of their own after the truncate's: a background checkpoint in between
-    /// brought back a file of the new size with a time the call never showed.)
+    /// processing finishes the freeing), never the new size with the old times.
     fn truncate(&self, i: &InodeRef, g: &mut DiskInode, size: u64, attrs: &dyn Fn(&mut DiskInode)) -> Result<()> {
         if size > MAX_FILE_BLOCKS * BS {
             return Err(Error::FileTooBig);
