@@ -31,7 +31,10 @@ pub struct Mount {
     pub journal: Arc<Journal>,
     pub icache: InodeCache,
     pub recovery: RecoveryReport,
-    read_only: bool,
+    /// Set once the mount is up: a read-only mount writes into its in-memory overlay until
+    /// then, so that orphan processing finishes there what a read-write mount would finish
+    /// on disk (`seal_read_only`).
+    read_only: AtomicBool,
     dead: AtomicBool,
     /// Benchmark-only switch (see [`Mount::set_orphan_tracking_unsafe`]).
     orphan_tracking: AtomicBool,
@@ -115,7 +118,7 @@ impl Mount {
             journal,
             icache: InodeCache::new(geo.ag_count, budget.clone()),
             recovery,
-            read_only: opts.read_only,
+            read_only: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             orphan_tracking: AtomicBool::new(true),
         });
@@ -124,7 +127,7 @@ impl Mount {
     }
 
     pub fn is_read_only(&self) -> bool {
-        self.read_only
+        self.read_only.load(Relaxed)
     }
 
     /// **Unsafe for real use; benchmarks only.** With tracking off, no inode is ever added
@@ -139,6 +142,12 @@ impl Mount {
         self.orphan_tracking.load(Relaxed)
     }
 
+    /// A read-only mount is up (its orphans finished in its overlay, or left as they are):
+    /// from now on every change fails with EROFS.
+    pub(crate) fn seal_read_only(&self) {
+        self.read_only.store(true, Relaxed);
+    }
+
     pub fn check_alive(&self) -> Result<()> {
         if self.dead.load(Relaxed) || self.journal.is_failed() {
             return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
@@ -147,7 +156,7 @@ impl Mount {
     }
 
     pub fn check_writable(&self) -> Result<()> {
-        if self.read_only {
+        if self.is_read_only() {
             return Err(Error::ReadOnly);
         }
         self.check_alive()
@@ -185,7 +194,7 @@ impl Mount {
     /// Checkpoint everything and write it home: the log is empty afterwards. Every later
     /// operation fails with EIO, so nothing can be acknowledged that will not be logged.
     pub fn unmount(&self) -> Result<()> {
-        if self.read_only {
+        if self.is_read_only() {
             self.dead.store(true, Relaxed);
             return Ok(());
         }
@@ -218,7 +227,7 @@ impl CacheOwner for Mount {
     }
 
     fn push_dirty(&self) {
-        if !self.read_only {
+        if !self.is_read_only() {
             self.journal.request_writeback();
         }
     }

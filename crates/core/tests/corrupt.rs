@@ -851,3 +851,30 @@ fn regression_inode_bitmap_reserved_inodes() {
     inode_bitmap_repro(0).unwrap();
     inode_bitmap_repro(1).unwrap();
 }
+
+/// A read-only mount finishes orphans in memory; one whose orphan cannot be processed (its
+/// extent B+tree root is zeroed) must still mount, showing the orphan as it is on disk, so
+/// that the rest of the image can be copied off. A read-write mount refuses the image.
+#[test]
+fn read_only_mount_of_an_orphan_it_cannot_process() {
+    let img = images();
+    let geo = ferrofs::mount::read_superblock(&img.clean).unwrap().geo;
+    let Fork::Btree(oroot) = inode_of(&img.clean, &geo, img.orphan).fork else { panic!("the orphan has no B+tree") };
+    let dev = img.clean.snapshot();
+    dev.write_at(&vec![0u8; BLOCK_SIZE], oroot * BS).unwrap();
+    let rw = guarded({
+        let dev = dev.snapshot();
+        move || mount(Arc::new(dev)).map(drop).map_err(|e| e.to_string())
+    });
+    assert!(matches!(rw, Ok(Err(_))), "a read-write mount processed an orphan with a zeroed tree root: {rw:?}");
+    let ro = guarded(move || {
+        let fs = FileSystem::mount_device(Arc::new(dev), &MountOptions { read_only: true, ..mount_options() }).map_err(|e| format!("read-only mount: {e}"))?;
+        let small = fs.resolve("/a/small").map_err(|e| format!("/a/small: {e}"))?;
+        let data = fs.read(small.ino, 0, 100).map_err(|e| format!("reading /a/small: {e}"))?;
+        match fs.create(ROOT, b"new", 0o644, CRED) {
+            Err(Error::ReadOnly) => Ok(data.len()),
+            other => Err(format!("create on a read-only mount: {other:?}")),
+        }
+    });
+    assert_eq!(ro, Ok(Ok(100)));
+}

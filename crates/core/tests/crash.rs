@@ -649,6 +649,56 @@ fn crash_every_sequence_of_three_steps() {
     exhaustive(3, Budget { random: 2, singles_up_to: 3, torn: 1 });
 }
 
+/// The base image plus two files of 300 one-byte extents (every other block), /d5/frag
+/// and /d5/frag2: truncating or reaping either frees its blocks in two transactions
+/// (`UNMAP_BATCH` extents each), which no other workload here does.
+fn fragmented_image() -> &'static MemDevice {
+    static B: OnceLock<MemDevice> = OnceLock::new();
+    B.get_or_init(|| {
+        let dev = Arc::new(base_image().snapshot());
+        let fs = mount(dev.clone()).unwrap();
+        let d5 = fs.resolve("/d5").unwrap().ino;
+        for name in [&b"frag"[..], b"frag2"] {
+            let f = fs.create(d5, name, 0o644, CRED).unwrap().ino;
+            for k in 0..300u64 {
+                fs.write(f, 2 * k * 4096, &[k as u8 | 1]).unwrap();
+            }
+        }
+        fs.unmount().unwrap();
+        drop(fs);
+        Arc::try_unwrap(dev).ok().unwrap()
+    })
+}
+
+/// Multi-transaction truncate and reap, with a checkpoint before every transaction so that
+/// crash points fall between the batches: recovery must finish the truncate (orphan
+/// processing) to exactly the state the call produced, mode change included, and free an
+/// unlinked file whose reaping a crash cut short, leaking nothing.
+#[test]
+fn crash_between_the_batches_of_a_truncate_and_of_a_reap() {
+    let base = fragmented_image();
+    let mut r = Run::start_with(base, &checkpoint_every_transaction());
+    let (d5, f, g) = (r.lookup("/d5").unwrap(), r.lookup("/d5/frag").unwrap(), r.lookup("/d5/frag2").unwrap());
+    let commits = |r: &Run| r.fs.mount().journal.stats.commits.load(Ordering::Relaxed);
+    let before = commits(&r);
+    r.call("truncate /d5/frag to 50, mode 600", |fs| fs.setattr(f, &SetAttr { size: Some(50), mode: Some(0o600), ..Default::default() }).map(|a| a.size)).unwrap();
+    assert!(commits(&r) - before >= 2, "the truncate took one transaction: the test no longer crosses a batch");
+    r.fsync(f, false);
+    r.fs.open(g).unwrap();
+    r.open.push(g);
+    r.call("unlink /d5/frag2 (open)", |fs| fs.unlink(d5, b"frag2")).unwrap();
+    r.fsync(d5, false);
+    r.open.clear();
+    let before = commits(&r);
+    r.call("release /d5/frag2", |fs| fs.release(g)).unwrap();
+    assert!(commits(&r) - before >= 2, "the reap took one transaction: the test no longer crosses a batch");
+    r.sync();
+    let (ops, hist) = r.finish();
+    let (checked, failures) = check_all_points(base, &ops, &hist, 0xba7c, Budget { random: 6, singles_up_to: 64, torn: 3 });
+    println!("{} device ops, {checked} crash states checked", ops.len());
+    assert!(failures.is_empty(), "{} failures; calls {:#?}\nfirst: {}", failures.len(), hist.calls, failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
+}
+
 // ---------------------------------------------------------------------------------------
 // A longer random workload with unlinked-open files
 // ---------------------------------------------------------------------------------------

@@ -125,15 +125,35 @@ impl FileSystem {
     }
 
     /// Mount: recover the log, load the AGs, finish what the orphan list says was in flight.
+    /// Mount: recover the log, then process the orphans. A read-only mount does both in
+    /// memory (its device is an overlay), so it shows exactly what a read-write mount would;
+    /// when its orphans cannot be processed it shows them as they are on disk instead.
     pub fn mount_device(dev: Arc<dyn BlockDevice>, opts: &MountOptions) -> Result<FileSystem> {
+        let fs = Self::open_device(dev.clone(), opts)?;
+        match fs.process_orphans() {
+            Ok(()) => {}
+            Err(e) if opts.read_only => {
+                eprintln!("ferrofs: read-only mount: orphans left as they are on disk ({e}); their space counts as used");
+                fs.m.seal_read_only(); // dropped without a final checkpoint
+                drop(fs);
+                let fs = Self::open_device(dev, opts)?;
+                fs.m.seal_read_only();
+                return Ok(fs);
+            }
+            Err(e) => return Err(e),
+        }
+        if opts.read_only {
+            fs.m.seal_read_only();
+        }
+        Ok(fs)
+    }
+
+    fn open_device(dev: Arc<dyn BlockDevice>, opts: &MountOptions) -> Result<FileSystem> {
         let m = Mount::open(dev, opts)?;
         let fs = FileSystem { m, rename_lock: Mutex::new(&RENAME_LOCK, ()) };
         let root = fs.m.iget(ROOT_INO)?;
         if !root.core.read().is_dir() {
             return Err(Error::corrupt("inode", ROOT_INO, "root is not a directory"));
-        }
-        if !opts.read_only {
-            fs.process_orphans()?;
         }
         Ok(fs)
     }
