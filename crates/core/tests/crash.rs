@@ -105,7 +105,19 @@ struct Meta {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct State {
     meta: BTreeMap<u64, Meta>,
-    data: BTreeMap<u64, Vec<u8>>,
+    data: BTreeMap<u64, Arc<Vec<u8>>>,
+}
+
+impl State {
+    /// Share the contents that did not change with `prev`: a workload on large files keeps
+    /// one copy of each version of a file, not one per call.
+    fn share_unchanged(&mut self, prev: &State) {
+        for (ino, data) in self.data.iter_mut() {
+            if let Some(p) = prev.data.get(ino).filter(|p| *p == data) {
+                *data = p.clone();
+            }
+        }
+    }
 }
 
 fn readdir(fs: &FileSystem, ino: u64) -> Result<Vec<DirEntry>> {
@@ -152,7 +164,7 @@ fn snapshot(fs: &FileSystem, open: &[u64]) -> Result<State> {
             }
             FileType::Symlink => m.target = fs.readlink(ino)?,
             FileType::RegularFile => {
-                st.data.insert(ino, fs.read(ino, 0, a.size as usize)?);
+                st.data.insert(ino, Arc::new(fs.read(ino, 0, a.size as usize)?));
             }
             _ => {}
         }
@@ -167,7 +179,7 @@ fn snapshot(fs: &FileSystem, open: &[u64]) -> Result<State> {
     for &ino in open {
         let a = fs.getattr(ino)?;
         if a.kind == FileType::RegularFile && !st.data.contains_key(&ino) {
-            st.data.insert(ino, fs.read(ino, 0, a.size as usize)?);
+            st.data.insert(ino, Arc::new(fs.read(ino, 0, a.size as usize)?));
         }
     }
     Ok(st)
@@ -225,7 +237,10 @@ impl Run {
             Ok(v) => format!("{v:?}"),
             Err(e) => format!("error {e}"),
         }));
-        let st = snapshot(&self.fs, &self.open).unwrap_or_else(|e| panic!("walking the live file system after {what}: {e}"));
+        let mut st = snapshot(&self.fs, &self.open).unwrap_or_else(|e| panic!("walking the live file system after {what}: {e}"));
+        if let Some((_, prev)) = self.hist.states.last() {
+            st.share_unchanged(prev);
+        }
         self.hist.states.push((start, st));
         r
     }
@@ -294,7 +309,7 @@ fn fresh_counts() -> (u64, u64) {
 
 /// Is `got` some state's file data, byte by byte, over the states in `window`?
 fn data_from_states(hist: &History, ino: u64, got: &[u8], window: std::ops::RangeInclusive<usize>) -> Checked {
-    let candidates: Vec<&Vec<u8>> = hist.states[window.clone()].iter().filter_map(|(_, s)| s.data.get(&ino)).collect();
+    let candidates: Vec<&Arc<Vec<u8>>> = hist.states[window.clone()].iter().filter_map(|(_, s)| s.data.get(&ino)).collect();
     for (b, byte) in got.iter().enumerate() {
         if !candidates.iter().any(|c| c.get(b) == Some(byte)) {
             let seen: Vec<Option<&u8>> = candidates.iter().map(|c| c.get(b)).collect();
@@ -649,16 +664,16 @@ fn crash_every_sequence_of_three_steps() {
     exhaustive(3, Budget { random: 2, singles_up_to: 3, torn: 1 });
 }
 
-/// The base image plus two files of 300 one-byte extents (every other block), /d5/frag
-/// and /d5/frag2: truncating or reaping either frees its blocks in two transactions
-/// (`UNMAP_BATCH` extents each), which no other workload here does.
+/// The base image plus two files of 300 one-byte extents (every other block), /d5/a and
+/// /d5/b (names the random workload uses): truncating or reaping either frees its blocks in
+/// two transactions (`UNMAP_BATCH` extents each), which the other workloads never do.
 fn fragmented_image() -> &'static MemDevice {
     static B: OnceLock<MemDevice> = OnceLock::new();
     B.get_or_init(|| {
         let dev = Arc::new(base_image().snapshot());
         let fs = mount(dev.clone()).unwrap();
         let d5 = fs.resolve("/d5").unwrap().ino;
-        for name in [&b"frag"[..], b"frag2"] {
+        for name in [&b"a"[..], b"b"] {
             let f = fs.create(d5, name, 0o644, CRED).unwrap().ino;
             for k in 0..300u64 {
                 fs.write(f, 2 * k * 4096, &[k as u8 | 1]).unwrap();
@@ -678,19 +693,19 @@ fn fragmented_image() -> &'static MemDevice {
 fn crash_between_the_batches_of_a_truncate_and_of_a_reap() {
     let base = fragmented_image();
     let mut r = Run::start_with(base, &checkpoint_every_transaction());
-    let (d5, f, g) = (r.lookup("/d5").unwrap(), r.lookup("/d5/frag").unwrap(), r.lookup("/d5/frag2").unwrap());
+    let (d5, f, g) = (r.lookup("/d5").unwrap(), r.lookup("/d5/a").unwrap(), r.lookup("/d5/b").unwrap());
     let commits = |r: &Run| r.fs.mount().journal.stats.commits.load(Ordering::Relaxed);
     let before = commits(&r);
-    r.call("truncate /d5/frag to 50, mode 600", |fs| fs.setattr(f, &SetAttr { size: Some(50), mode: Some(0o600), ..Default::default() }).map(|a| a.size)).unwrap();
+    r.call("truncate /d5/a to 50, mode 600", |fs| fs.setattr(f, &SetAttr { size: Some(50), mode: Some(0o600), ..Default::default() }).map(|a| a.size)).unwrap();
     assert!(commits(&r) - before >= 2, "the truncate took one transaction: the test no longer crosses a batch");
     r.fsync(f, false);
     r.fs.open(g).unwrap();
     r.open.push(g);
-    r.call("unlink /d5/frag2 (open)", |fs| fs.unlink(d5, b"frag2")).unwrap();
+    r.call("unlink /d5/b (open)", |fs| fs.unlink(d5, b"b")).unwrap();
     r.fsync(d5, false);
     r.open.clear();
     let before = commits(&r);
-    r.call("release /d5/frag2", |fs| fs.release(g)).unwrap();
+    r.call("release /d5/b", |fs| fs.release(g)).unwrap();
     assert!(commits(&r) - before >= 2, "the reap took one transaction: the test no longer crosses a batch");
     r.sync();
     let (ops, hist) = r.finish();
@@ -705,9 +720,9 @@ fn crash_between_the_batches_of_a_truncate_and_of_a_reap() {
 
 /// `calls` random calls on a small namespace, with open handles kept across unlinks,
 /// fsyncs and syncs mixed in; deterministic per seed.
-fn random_workload(seed: u64, calls: usize, opts: &MountOptions) -> (Vec<DevOp>, History) {
+fn random_workload(base: &MemDevice, seed: u64, calls: usize, opts: &MountOptions) -> (Vec<DevOp>, History) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut r = Run::start_with(base_image(), opts);
+    let mut r = Run::start_with(base, opts);
     let names: [&[u8]; 4] = [b"a", b"b", b"c", b"d"];
     for i in 0..calls {
         let dirs: Vec<u64> = ["/", "/d1", "/d2", "/d5"].iter().filter_map(|p| r.lookup(p)).collect();
@@ -789,7 +804,7 @@ fn random_workload(seed: u64, calls: usize, opts: &MountOptions) -> (Vec<DevOp>,
 /// consecutive seeds run (default 4), `CRASH_CALLS` the calls per workload (default 400).
 #[test]
 fn crash_random_workload_with_unlinked_open_files() {
-    random_workloads(0x5eed_0001, &mount_options());
+    random_workloads(base_image(), 0x5eed_0001, &mount_options());
 }
 
 /// The random workloads with the journal's background threads on and pushed hard: a
@@ -805,7 +820,7 @@ fn crash_random_workload_with_background_checkpoints() {
     cfg.cil_push_bytes = 4 << 10;
     cfg.push_interval = std::time::Duration::from_millis(2);
     cfg.ail_push_percent = 5;
-    random_workloads(0xb9_0001, &MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() });
+    random_workloads(base_image(), 0xb9_0001, &MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() });
 }
 
 /// The random workloads with a checkpoint before every transaction
@@ -813,10 +828,18 @@ fn crash_random_workload_with_background_checkpoints() {
 /// makes by chance. Environment as above.
 #[test]
 fn crash_random_workload_checkpointing_every_transaction() {
-    random_workloads(0xc7_0001, &checkpoint_every_transaction());
+    random_workloads(base_image(), 0xc7_0001, &checkpoint_every_transaction());
 }
 
-fn random_workloads(default_seed: u64, opts: &MountOptions) {
+/// The same, from an image where two of the names the workload uses are files of 300
+/// extents ([`fragmented_image`]): its truncates, unlinks and renames over them free blocks
+/// in several transactions, with a checkpoint before each. Environment as above.
+#[test]
+fn crash_random_workload_on_fragmented_files() {
+    random_workloads(fragmented_image(), 0xf7_0001, &checkpoint_every_transaction());
+}
+
+fn random_workloads(base: &MemDevice, default_seed: u64, opts: &MountOptions) {
     let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|s| s.parse().ok()).unwrap_or(d);
     let (first, runs, calls) = (env("CRASH_SEED", default_seed), env("CRASH_RUNS", 4), env("CRASH_CALLS", 400));
     let total = AtomicUsize::new(0);
@@ -825,8 +848,8 @@ fn random_workloads(default_seed: u64, opts: &MountOptions) {
             .map(|seed| {
                 let total = &total;
                 s.spawn(move || {
-                    let (ops, hist) = random_workload(seed, calls as usize, opts);
-                    let (checked, failures) = check_all_points(base_image(), &ops, &hist, seed, Budget { random: 2, singles_up_to: 3, torn: 1 });
+                    let (ops, hist) = random_workload(base, seed, calls as usize, opts);
+                    let (checked, failures) = check_all_points(base, &ops, &hist, seed, Budget { random: 2, singles_up_to: 3, torn: 1 });
                     println!("CRASH_SEED={seed}: {} device ops, {checked} crash states checked", ops.len());
                     total.fetch_add(checked, Ordering::Relaxed);
                     assert!(failures.is_empty(), "CRASH_SEED={seed}: {} failures; calls {:#?}\nfirst: {}", failures.len(), hist.calls, failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
