@@ -35,6 +35,8 @@ use std::time::Instant;
 const NAME: &str = "differential";
 /// Operations per seed; FERROFS_DIFF_OPS changes it.
 const OPS: usize = 1500;
+/// The suite's seeds; FERROFS_DIFF_SEED and FERROFS_DIFF_RUNS pick that many consecutive
+/// seeds from that one instead, for longer hunts.
 const SEEDS: [u64; 4] = [1, 2, 3, 0x0fe7_70f5];
 const SLOTS: usize = 4;
 
@@ -411,10 +413,15 @@ fn ext4_and_ferrofs_agree() {
         Err(e) => return skip(NAME, &format!("cannot set up the ext4 loop mount: {e}")),
     };
     let Some(mut fx) = Fixture::new(NAME, |_| {}) else { return };
-    let ops: usize = std::env::var("FERROFS_DIFF_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(OPS);
+    let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
+    let ops = env("FERROFS_DIFF_OPS").map_or(OPS, |n| n as usize);
+    let seeds: Vec<u64> = match env("FERROFS_DIFF_SEED") {
+        Some(first) => (first..first + env("FERROFS_DIFF_RUNS").unwrap_or(4)).collect(),
+        None => SEEDS.to_vec(),
+    };
     let started = Instant::now();
     let mut total = 0;
-    for seed in SEEDS {
+    for &seed in &seeds {
         let sub = format!("seed-{seed}");
         let mut sides = [Side { root: ext4.mnt.join(&sub), fds: [None; SLOTS] }, Side { root: fx.mnt.join(&sub), fds: [None; SLOTS] }];
         for s in &sides {
@@ -470,7 +477,7 @@ fn ext4_and_ferrofs_agree() {
     fx.unmount();
     assert_fsck_clean(&fx.image);
     fx.mount().unwrap();
-    for seed in SEEDS {
+    for &seed in &seeds {
         let sub = format!("seed-{seed}");
         assert_eq!(snapshot(&fx.mnt.join(&sub)), snapshot(&ext4.mnt.join(&sub)), "seed {seed}: differs after remount");
     }
