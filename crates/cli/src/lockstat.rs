@@ -1,5 +1,6 @@
-//! `ferrofs lockstat MOUNTPOINT`: the lock statistics of a running mount, read through its
-//! control socket (see ferrofs_fuse's control module).
+//! `ferrofs lockstat MOUNTPOINT`: the lock statistics (or, with `--journal`, the journal
+//! counters) of a running mount, read through its control socket (see ferrofs_fuse's control
+//! module).
 
 use crate::failure::{CliResult, Context};
 use clap::Args;
@@ -12,6 +13,10 @@ pub struct LockstatArgs {
     /// Print every class's counters as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Print this mount's journal counters instead (commits, checkpoints, bytes logged, items
+    /// written home, fsyncs that found their change durable, ...), as JSON with --json.
+    #[arg(long)]
+    pub journal: bool,
     /// Rows of the table: the classes with the most wait time.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -29,9 +34,28 @@ pub fn run(args: &LockstatArgs) -> CliResult<()> {
     if let Some(on) = &args.timing {
         ask(&format!("timing {on}"))?;
     }
-    print!("{}", ask(&if args.json { "json".to_string() } else { format!("table {}", args.top) })?);
+    if args.journal {
+        let answer = ask("journal")?;
+        match args.json {
+            true => print!("{answer}"),
+            false => print_counters(&answer).context(what)?,
+        }
+    } else {
+        print!("{}", ask(&if args.json { "json".to_string() } else { format!("table {}", args.top) })?);
+    }
     if args.reset {
         ask("reset")?;
+    }
+    Ok(())
+}
+
+/// The journal counters (a JSON object of numbers), one per line, grouped by thousands.
+fn print_counters(json: &str) -> std::io::Result<()> {
+    let counters: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json).map_err(std::io::Error::other)?;
+    let width = counters.keys().map(String::len).max().unwrap_or(0);
+    for (name, value) in &counters {
+        let n = value.as_u64().ok_or_else(|| std::io::Error::other(format!("journal counter {name} is not a number: {value}")))?;
+        println!("{name:<width$}  {}", crate::units::grouped(n));
     }
     Ok(())
 }

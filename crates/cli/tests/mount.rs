@@ -92,6 +92,12 @@ fn daemon_mount_serves_until_umount_and_one_writer_per_image() {
     let o = run(Command::new(BIN).arg("lockstat").arg(&s.mnt).args(["--json", "--reset"]));
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("lockstat --json is JSON");
     assert!(json.as_array().is_some_and(|a| a.iter().any(|c| c["name"] == "ag")), "{json}");
+    // And this mount's journal counters: at least the write above committed.
+    let o = run(Command::new(BIN).arg("lockstat").arg(&s.mnt).args(["--journal", "--json"]));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("lockstat --journal --json is JSON");
+    assert!(json["commits"].as_u64().is_some_and(|n| n >= 1), "{json}");
+    let o = run(Command::new(BIN).arg("lockstat").arg(&s.mnt).arg("--journal"));
+    assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l.starts_with("checkpoints ")), "{}", String::from_utf8_lossy(&o.stdout));
     // Unmount and mount again at once: the new daemon waits for the old one's lock.
     s.umount();
     let o = s.mount(&[]);

@@ -10,16 +10,17 @@
 //! |----------------|--------|
 //! | `table N`      | the top N lock classes by wait time, as a lockstat-like table |
 //! | `json`         | every class's counters as JSON |
+//! | `journal`      | this mount's journal counters as JSON (commits, checkpoints, bytes logged, items written home, ...) |
 //! | `reset`        | zero the counters (to measure one workload); answers `ok` |
 //! | `timing on`/`timing off` | switch hold-time measurement at run time; answers `ok` |
 
-use ferrofs::lockstat;
+use ferrofs::{lockstat, FileSystem};
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::*};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
 /// Longest command line a client may send.
@@ -53,7 +54,7 @@ pub(crate) struct ControlServer {
 }
 
 impl ControlServer {
-    pub(crate) fn start(mountpoint: &Path) -> io::Result<ControlServer> {
+    pub(crate) fn start(mountpoint: &Path, engine: Weak<FileSystem>) -> io::Result<ControlServer> {
         let path = socket_path(mountpoint)?;
         let dir = path.parent().expect("socket path has a directory");
         std::fs::create_dir_all(dir)?;
@@ -72,7 +73,7 @@ impl ControlServer {
                 }
                 if let Ok(conn) = conn {
                     // A misbehaving client only gets its own connection closed.
-                    let _ = serve(conn);
+                    let _ = serve(conn, &engine);
                 }
             }
         })?;
@@ -92,15 +93,15 @@ impl Drop for ControlServer {
     }
 }
 
-fn serve(conn: UnixStream) -> io::Result<()> {
+fn serve(conn: UnixStream, engine: &Weak<FileSystem>) -> io::Result<()> {
     conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(io::Read::take(&conn, COMMAND_MAX)).read_line(&mut line)?;
-    let answer = answer(line.trim());
+    let answer = answer(line.trim(), engine);
     (&conn).write_all(answer.as_bytes())
 }
 
-fn answer(command: &str) -> String {
+fn answer(command: &str, engine: &Weak<FileSystem>) -> String {
     let mut words = command.split_whitespace();
     match (words.next(), words.next(), words.next()) {
         (Some("table"), n, None) => match n.map_or(Ok(10), str::parse::<usize>) {
@@ -108,6 +109,13 @@ fn answer(command: &str) -> String {
             Err(_) => format!("error: 'table' takes a row count, not '{}'\n", n.unwrap_or("")),
         },
         (Some("json"), None, None) => serde_json::to_string_pretty(&lockstat::snapshot()).unwrap_or_else(|e| format!("error: {e}\n")) + "\n",
+        (Some("journal"), None, None) => match engine.upgrade() {
+            Some(fs) => {
+                let counters: serde_json::Map<String, serde_json::Value> = fs.mount().journal.stats.counters().into_iter().map(|(k, v)| (k.to_string(), v.into())).collect();
+                serde_json::to_string_pretty(&counters).unwrap_or_else(|e| format!("error: {e}\n")) + "\n"
+            }
+            None => "error: the file system is being unmounted\n".into(),
+        },
         (Some("reset"), None, None) => {
             lockstat::reset();
             "ok\n".into()
@@ -116,7 +124,7 @@ fn answer(command: &str) -> String {
             lockstat::set_timing(on == "on");
             "ok\n".into()
         }
-        _ => format!("error: unknown command '{command}' (table N, json, reset, timing on|off)\n"),
+        _ => format!("error: unknown command '{command}' (table N, json, journal, reset, timing on|off)\n"),
     }
 }
 
@@ -140,11 +148,25 @@ mod tests {
 
     #[test]
     fn commands() {
-        assert!(answer("table 3").starts_with("class"));
-        assert!(answer("json").trim_start().starts_with('['));
-        assert_eq!(answer("timing off"), "ok\n");
-        assert!(answer("table many").starts_with("error: "));
-        assert!(answer("frobnicate").starts_with("error: unknown command"));
+        let gone = Weak::new();
+        assert!(answer("table 3", &gone).starts_with("class"));
+        assert!(answer("json", &gone).trim_start().starts_with('['));
+        assert_eq!(answer("timing off", &gone), "ok\n");
+        assert!(answer("table many", &gone).starts_with("error: "));
+        assert!(answer("frobnicate", &gone).starts_with("error: unknown command"));
+        assert!(answer("journal", &gone).starts_with("error: "));
+    }
+
+    #[test]
+    fn journal_counters_are_the_mounts() {
+        let dev = Arc::new(ferrofs::dev::MemDevice::new(64 << 20));
+        FileSystem::mkfs(&*dev, &ferrofs::MkfsOptions::default()).unwrap();
+        let fs = Arc::new(FileSystem::mount_device(dev, &ferrofs::MountOptions::default()).unwrap());
+        fs.create(1, b"f", 0o644, ferrofs::Cred { uid: 0, gid: 0 }).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&answer("journal", &Arc::downgrade(&fs))).unwrap();
+        let commits = fs.mount().journal.stats.commits.load(Relaxed);
+        assert!(commits >= 1);
+        assert_eq!(j["commits"].as_u64(), Some(commits));
     }
 
     #[test]

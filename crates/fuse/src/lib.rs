@@ -328,7 +328,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     // engine (and its caches, counted against a shared budget) alive after it has ended.
     let engine = Arc::downgrade(&fs);
     // Statistics are a diagnostic: a mount without its control socket still serves files.
-    let control = control::ControlServer::start(&opts.mountpoint)
+    let control = control::ControlServer::start(&opts.mountpoint, engine.clone())
         .inspect_err(|e| eprintln!("ferrofs: no control socket for {} (ferrofs lockstat will not reach it): {e}", opts.mountpoint.display()))
         .ok();
     let thread = std::thread::Builder::new()

@@ -163,7 +163,7 @@ fn copy_of(image: &[u8], free: &mut Vec<Box<[u8]>>, block_images: &mut usize) ->
     }
 }
 
-/// Counters shown by `ferrofs info`, the benchmarks and the lock statistics report.
+/// Counters shown by `ferrofs info`, the benchmarks and `ferrofs lockstat --journal`.
 #[derive(Default, Debug)]
 pub struct JournalStats {
     pub commits: AtomicU64,
@@ -184,6 +184,28 @@ pub struct JournalStats {
     /// Forces whose sequence another thread's checkpoint had already closed: they waited
     /// for that record (group commit). The others wrote a checkpoint (`forced_checkpoints`).
     pub forces_joined: AtomicU64,
+}
+
+impl JournalStats {
+    /// Every counter by name, read now (what a mount's control socket reports).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        let c = |name, v: &AtomicU64| (name, v.load(Relaxed));
+        vec![
+            c("commits", &self.commits),
+            c("checkpoints", &self.checkpoints),
+            c("background_checkpoints", &self.background_checkpoints),
+            c("forced_checkpoints", &self.forced_checkpoints),
+            c("items_logged", &self.items_logged),
+            c("log_bytes", &self.log_bytes),
+            c("log_space_waits", &self.log_space_waits),
+            c("commit_throttles", &self.commit_throttles),
+            c("throttle_wait_ns", &self.throttle_wait_ns),
+            c("ail_pushes", &self.ail_pushes),
+            c("items_written_home", &self.items_written_home),
+            c("fsyncs_durable", &self.fsyncs_durable),
+            c("forces_joined", &self.forces_joined),
+        ]
+    }
 }
 
 /// Tunables; defaults suit the benchmarks, tests shrink them to exercise wrap-around.
@@ -932,5 +954,16 @@ impl Journal {
         let Switched { seq, items, in_flight, .. } = self.switch(&mut SpareMaps::default());
         self.in_flight_bytes.fetch_sub(in_flight, Relaxed);
         (seq, items)
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_lists_every_counter() {
+        let n = JournalStats::default().counters().len();
+        assert_eq!(n * std::mem::size_of::<AtomicU64>(), std::mem::size_of::<JournalStats>(), "a JournalStats field is missing from counters()");
     }
 }
