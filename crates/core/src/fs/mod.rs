@@ -125,9 +125,9 @@ impl FileSystem {
     }
 
     /// Mount: recover the log, load the AGs, finish what the orphan list says was in flight.
-    /// Mount: recover the log, then process the orphans. A read-only mount does both in
-    /// memory (its device is an overlay), so it shows exactly what a read-write mount would;
-    /// when its orphans cannot be processed it shows them as they are on disk instead.
+    /// A read-only mount does it all in memory (its device is an overlay), so it shows
+    /// exactly what a read-write mount would; when its orphans cannot be processed it shows
+    /// them as they are on disk instead.
     pub fn mount_device(dev: Arc<dyn BlockDevice>, opts: &MountOptions) -> Result<FileSystem> {
         let fs = Self::open_device(dev.clone(), opts)?;
         match fs.process_orphans() {
@@ -148,6 +148,7 @@ impl FileSystem {
         Ok(fs)
     }
 
+    /// The mount before orphan processing, writable even when read-only (see `seal_read_only`).
     fn open_device(dev: Arc<dyn BlockDevice>, opts: &MountOptions) -> Result<FileSystem> {
         let m = Mount::open(dev, opts)?;
         let fs = FileSystem { m, rename_lock: Mutex::new(&RENAME_LOCK, ()) };
