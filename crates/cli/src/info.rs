@@ -96,7 +96,7 @@ fn collect(image: &str, fs: &FileSystem) -> Info {
                     &ag.layout,
                     ag.free_blocks(),
                     ag.free_inodes(),
-                    ag.orphans().len(),
+                    m.orphans_found[ag.layout.agno as usize],
                 )
             })
             .collect(),

@@ -105,6 +105,36 @@ fn info_reports_free_counts_as_json() {
     assert!(stdout(&ferrofs(&["info", &img])).contains("log                clean"));
 }
 
+/// An image left with an orphan (a file unlinked while open, then a crash): `info` counts it
+/// as pending on disk, and shows the free counts a mount will have once it is freed (its
+/// read-only mount frees it in memory).
+#[test]
+fn info_counts_pending_orphans() {
+    use ferrofs::dev::{BlockDevice, MemDevice};
+    use ferrofs::{Cred, FileSystem, MkfsOptions, MountOptions};
+    use std::sync::Arc;
+    let s = Scratch::new("orphan-info");
+    let img = s.path("a.img");
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
+    let f = fs.create(1, b"f", 0o644, Cred { uid: 0, gid: 0 }).unwrap().ino;
+    fs.write(f, 0, &vec![7u8; 1 << 20]).unwrap();
+    fs.open(f).unwrap();
+    fs.unlink(1, b"f").unwrap();
+    fs.sync().unwrap();
+    let mut image = vec![0u8; dev.size() as usize];
+    dev.read_at(&mut image, 0).unwrap();
+    std::mem::forget(fs); // the crash, with the file still open
+    std::fs::write(&img, image).unwrap();
+    let o = ferrofs(&["info", &img, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let pending: u64 = v["ags"].as_array().unwrap().iter().map(|a| a["orphans"].as_u64().unwrap()).sum();
+    assert_eq!(pending, 1, "{v}");
+    assert_eq!(v["free_inodes"].as_u64().unwrap(), v["total_inodes"].as_u64().unwrap() - 2, "{v}");
+}
+
 #[test]
 fn info_and_fsck_fail_cleanly_on_missing_and_foreign_images() {
     let s = Scratch::new("foreign");

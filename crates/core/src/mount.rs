@@ -31,6 +31,9 @@ pub struct Mount {
     pub journal: Arc<Journal>,
     pub icache: InodeCache,
     pub recovery: RecoveryReport,
+    /// Orphans on disk in each AG when the image was opened, before processing (which a
+    /// read-only mount does in memory): what `ferrofs info` reports as pending.
+    pub orphans_found: Box<[usize]>,
     /// Set once the mount is up: a read-only mount writes into its in-memory overlay until
     /// then, so that orphan processing finishes there what a read-write mount would finish
     /// on disk (`seal_read_only`).
@@ -109,6 +112,7 @@ impl Mount {
             }
         });
         let journal = Journal::start(dev.clone(), geo, recovery.header, cfg, on_durable);
+        let orphans_found = ags.iter().map(|ag| ag.orphans().len()).collect();
         let m = Arc::new(Mount {
             sb,
             geo,
@@ -118,6 +122,7 @@ impl Mount {
             journal,
             icache: InodeCache::new(geo.ag_count, budget.clone()),
             recovery,
+            orphans_found,
             read_only: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             orphan_tracking: AtomicBool::new(true),
