@@ -36,9 +36,10 @@ pub fn run(args: &LockstatArgs) -> CliResult<()> {
     }
     if args.journal {
         let answer = ask("journal")?;
-        match args.json {
-            true => print!("{answer}"),
-            false => print_counters(&answer).context(what)?,
+        if args.json {
+            print!("{answer}");
+        } else {
+            print_counters(&answer).context(what)?;
         }
     } else {
         print!("{}", ask(&if args.json { "json".to_string() } else { format!("table {}", args.top) })?);

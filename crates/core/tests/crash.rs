@@ -664,6 +664,11 @@ fn crash_every_sequence_of_three_steps() {
     exhaustive(3, Budget { random: 2, singles_up_to: 3, torn: 1 });
 }
 
+/// Fail with the workload's calls and its first failures, if it has any.
+fn assert_no_failures(what: &str, failures: &[String], hist: &History) {
+    assert!(failures.is_empty(), "{what}: {} failures; calls {:#?}\nfirst: {}", failures.len(), hist.calls, failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
+}
+
 /// The base image plus two files of 300 one-byte extents (every other block), /d5/a and
 /// /d5/b (names the random workload uses): truncating or reaping either frees its blocks in
 /// two transactions (`UNMAP_BATCH` extents each), which the other workloads never do.
@@ -711,7 +716,7 @@ fn crash_between_the_batches_of_a_truncate_and_of_a_reap() {
     let (ops, hist) = r.finish();
     let (checked, failures) = check_all_points(base, &ops, &hist, 0xba7c, Budget { random: 6, singles_up_to: 64, torn: 3 });
     println!("{} device ops, {checked} crash states checked", ops.len());
-    assert!(failures.is_empty(), "{} failures; calls {:#?}\nfirst: {}", failures.len(), hist.calls, failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
+    assert_no_failures("crash_between_the_batches_of_a_truncate_and_of_a_reap", &failures, &hist);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -852,7 +857,7 @@ fn random_workloads(base: &MemDevice, default_seed: u64, opts: &MountOptions) {
                     let (checked, failures) = check_all_points(base, &ops, &hist, seed, Budget { random: 2, singles_up_to: 3, torn: 1 });
                     println!("CRASH_SEED={seed}: {} device ops, {checked} crash states checked", ops.len());
                     total.fetch_add(checked, Ordering::Relaxed);
-                    assert!(failures.is_empty(), "CRASH_SEED={seed}: {} failures; calls {:#?}\nfirst: {}", failures.len(), hist.calls, failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
+                    assert_no_failures(&format!("CRASH_SEED={seed}"), &failures, &hist);
                 })
             })
             .collect();

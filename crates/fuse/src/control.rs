@@ -111,7 +111,7 @@ fn answer(command: &str, engine: &Weak<FileSystem>) -> String {
         (Some("json"), None, None) => serde_json::to_string_pretty(&lockstat::snapshot()).unwrap_or_else(|e| format!("error: {e}\n")) + "\n",
         (Some("journal"), None, None) => match engine.upgrade() {
             Some(fs) => {
-                let counters: serde_json::Map<String, serde_json::Value> = fs.mount().journal.stats.counters().into_iter().map(|(k, v)| (k.to_string(), v.into())).collect();
+                let counters: std::collections::BTreeMap<_, _> = fs.mount().journal.stats.counters().into_iter().collect();
                 serde_json::to_string_pretty(&counters).unwrap_or_else(|e| format!("error: {e}\n")) + "\n"
             }
             None => "error: the file system is being unmounted\n".into(),
