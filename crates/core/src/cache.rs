@@ -6,9 +6,10 @@
 //!
 //! Reclaim (seed 003) works one AG at a time. Each AG has a reclaim lock and a cursor: a
 //! reclaimer *tries* the lock and goes to the next AG when another reclaimer is there, so
-//! reclaimers never pile onto one AG; it scans one shard (a batch) under the shard's read
-//! lock, giving every referenced object a second chance (clock), and then removes the
-//! candidates under short write-lock holds, so lookups are never stalled for a whole scan.
+//! reclaimers never pile onto one AG; it scans one shard, giving every referenced object a
+//! second chance (clock), with no lock held across the scan: it copies the shard's keys out,
+//! checks them a batch at a time under short read locks and removes candidates under short
+//! write locks, so neither lookups nor inserts wait for a whole scan.
 //! An object is dropped only when nobody else holds it and its newest logged image is at its
 //! home location (`Reclaimable::is_clean`): a later miss then reads exactly what was cached.
 //!
@@ -23,6 +24,7 @@ use crate::format::{verify_block, BLOCK_SIZE};
 use crate::lockstat::{LockClass, Mutex, RwLock};
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 // The counters from `crate::sync`, so the model checker (`tests/model_check.rs`) interleaves
 // their updates too. The referenced bit stays `std`: it is part of `Reclaimable`, which the
 // cached types implement, and it is only a hint; what makes eviction safe is the strong
@@ -172,25 +174,35 @@ impl<V: Reclaimable> AgCache<V> {
 
     /// Scan the next shard of AG `ag` and drop what is unreferenced and clean. Returns the
     /// objects dropped, or `None` when another reclaimer is working on this AG.
+    ///
+    /// No lock is held across the whole scan: the shard's keys are copied out under one read
+    /// lock (the map's own memory, read in order; no object is touched), then checked
+    /// `EVICT_BATCH` at a time under short read locks and removed under short write locks.
+    /// Checking every object of a shard under one read lock, a cache over its budget with
+    /// 48 threads missing into it made their inserts, and the lookups queued behind those,
+    /// wait for whole scans: `icache` waits of 7-12% of thread time at 1,000,000 files.
     pub fn reclaim_ag(&self, ag: u32, home_seq: u64) -> Option<u64> {
         let part = &self.ags[ag as usize];
         let mut cursor = part.reclaim.try_lock()?;
         let shard = &self.shards[ag as usize * SHARDS_PER_AG + *cursor];
         *cursor = (*cursor + 1) % SHARDS_PER_AG;
-        let candidates: Vec<u64> = shard
-            .read()
-            .iter()
-            .filter(|(_, v)| !second_chance(v.referenced()) && Arc::strong_count(v) == 1 && v.is_clean(home_seq))
-            .map(|(k, _)| *k)
-            .collect();
+        let keys: Vec<u64> = shard.read().keys().copied().collect();
+        let evictable = |v: &Arc<V>| Arc::strong_count(v) == 1 && !v.referenced().load(Relaxed) && v.is_clean(home_seq);
         let mut dropped = 0;
-        for batch in candidates.chunks(EVICT_BATCH) {
+        for batch in keys.chunks(EVICT_BATCH) {
+            let candidates: SmallVec<[u64; EVICT_BATCH]> = {
+                let s = shard.read();
+                batch.iter().copied().filter(|k| s.get(k).is_some_and(|v| !second_chance(v.referenced()) && evictable(v))).collect()
+            };
+            if candidates.is_empty() {
+                continue;
+            }
             // Freed after the write lock is released: an object's drop is not free.
-            let mut gone = Vec::with_capacity(batch.len());
+            let mut gone: SmallVec<[Arc<V>; EVICT_BATCH]> = SmallVec::new();
             let mut s = shard.write();
-            for k in batch {
+            for k in &candidates {
                 // Re-checked under the write lock: nobody can take a new reference now.
-                if s.get(k).is_some_and(|v| Arc::strong_count(v) == 1 && !v.referenced().load(Relaxed) && v.is_clean(home_seq)) {
+                if s.get(k).is_some_and(evictable) {
                     gone.extend(s.remove(k));
                 }
             }
