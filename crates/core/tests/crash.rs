@@ -809,7 +809,7 @@ fn random_workload(base: &MemDevice, seed: u64, calls: usize, opts: &MountOption
 /// consecutive seeds run (default 4), `CRASH_CALLS` the calls per workload (default 400).
 #[test]
 fn crash_random_workload_with_unlinked_open_files() {
-    random_workloads(base_image(), 0x5eed_0001, &mount_options());
+    random_workloads(base_image(), 0x5eed_0001, mount_options);
 }
 
 /// The random workloads with the journal's background threads on and pushed hard: a
@@ -821,11 +821,14 @@ fn crash_random_workload_with_unlinked_open_files() {
 /// Environment as above.
 #[test]
 fn crash_random_workload_with_background_checkpoints() {
-    let mut cfg = stock_journal();
-    cfg.cil_push_bytes = 4 << 10;
-    cfg.push_interval = std::time::Duration::from_millis(2);
-    cfg.ail_push_percent = 5;
-    random_workloads(base_image(), 0xb9_0001, &MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() });
+    fn background_pushed_hard() -> MountOptions {
+        let mut cfg = stock_journal();
+        cfg.cil_push_bytes = 4 << 10;
+        cfg.push_interval = std::time::Duration::from_millis(2);
+        cfg.ail_push_percent = 5;
+        MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }
+    }
+    random_workloads(base_image(), 0xb9_0001, background_pushed_hard);
 }
 
 /// The random workloads with a checkpoint before every transaction
@@ -833,7 +836,7 @@ fn crash_random_workload_with_background_checkpoints() {
 /// makes by chance. Environment as above.
 #[test]
 fn crash_random_workload_checkpointing_every_transaction() {
-    random_workloads(base_image(), 0xc7_0001, &checkpoint_every_transaction());
+    random_workloads(base_image(), 0xc7_0001, checkpoint_every_transaction);
 }
 
 /// The same, from an image where two of the names the workload uses are files of 300
@@ -841,10 +844,30 @@ fn crash_random_workload_checkpointing_every_transaction() {
 /// in several transactions, with a checkpoint before each. Environment as above.
 #[test]
 fn crash_random_workload_on_fragmented_files() {
-    random_workloads(fragmented_image(), 0xf7_0001, &checkpoint_every_transaction());
+    random_workloads(fragmented_image(), 0xf7_0001, checkpoint_every_transaction);
 }
 
-fn random_workloads(base: &MemDevice, default_seed: u64, opts: &MountOptions) {
+/// The same with caches far too small for the tree (a 48 KiB budget): inodes and blocks
+/// written home are dropped and read back between the calls, and relogged with log versions
+/// that restart, all with a checkpoint (and so writeback) before every transaction.
+/// Environment as above.
+#[test]
+fn crash_random_workload_with_tiny_cache() {
+    use ferrofs::cache::CacheBudget;
+    static BUDGETS: Mutex<Vec<Arc<CacheBudget>>> = Mutex::new(Vec::new());
+    fn tiny_cache() -> MountOptions {
+        let budget = CacheBudget::new(48 << 10);
+        BUDGETS.lock().unwrap().push(budget.clone());
+        MountOptions { cache: Some(budget), ..checkpoint_every_transaction() }
+    }
+    random_workloads(base_image(), 0x7c_0001, tiny_cache);
+    let reclaimed: u64 = BUDGETS.lock().unwrap().iter().map(|b| b.stats.reclaimed_bytes.load(Ordering::Relaxed)).sum();
+    println!("{reclaimed} bytes reclaimed");
+    assert!(reclaimed > 0, "the workloads never reclaimed anything");
+}
+
+/// `opts` gives every workload options of its own (a cache budget is not shared).
+fn random_workloads(base: &MemDevice, default_seed: u64, opts: fn() -> MountOptions) {
     let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|s| s.parse().ok()).unwrap_or(d);
     let (first, runs, calls) = (env("CRASH_SEED", default_seed), env("CRASH_RUNS", 4), env("CRASH_CALLS", 400));
     let total = AtomicUsize::new(0);
@@ -853,7 +876,7 @@ fn random_workloads(base: &MemDevice, default_seed: u64, opts: &MountOptions) {
             .map(|seed| {
                 let total = &total;
                 s.spawn(move || {
-                    let (ops, hist) = random_workload(base, seed, calls as usize, opts);
+                    let (ops, hist) = random_workload(base, seed, calls as usize, &opts());
                     let (checked, failures) = check_all_points(base, &ops, &hist, seed, Budget { random: 2, singles_up_to: 3, torn: 1 });
                     println!("CRASH_SEED={seed}: {} device ops, {checked} crash states checked", ops.len());
                     total.fetch_add(checked, Ordering::Relaxed);
