@@ -165,8 +165,8 @@ fn the_budget_counts_the_log() {
 }
 
 /// A sweep that cannot get under the limit (everything dirty) is not repeated by the checks
-/// after it until writeback moves on or usage grows by an eighth of the limit: each check
-/// used to sweep every AG twice again.
+/// after it until writeback moves on or usage grows by an eighth of the limit (each check
+/// used to sweep every AG twice again); past a quarter over the limit every check sweeps.
 #[test]
 fn a_futile_sweep_waits_for_writeback() {
     use ferrofs::cache::{CacheBudget, CacheOwner};
@@ -219,9 +219,13 @@ fn a_futile_sweep_waits_for_writeback() {
     owner.bytes.fetch_add(LIMIT / 8, Relaxed);
     b.check();
     assert_eq!(counts(), (3 * sweep, 3, 100), "usage grew by an eighth: swept again");
+    owner.bytes.store(LIMIT + LIMIT / 4, Relaxed);
+    b.check();
+    b.check();
+    assert_eq!(counts(), (5 * sweep, 5, 100), "a quarter over the limit: every check sweeps");
     owner.bytes.store(LIMIT, Relaxed);
     b.check();
-    assert_eq!(counts(), (3 * sweep, 3, 100), "under the limit: nothing to do");
+    assert_eq!(counts(), (5 * sweep, 5, 100), "under the limit: nothing to do");
 }
 
 /// A small budget shrinks the journal to leave the caches room (the CIL pushes at a

@@ -27,10 +27,10 @@ use super::phase::{repeat, timed, Deadline, Phase, Share, Timing, STOP_CHECK};
 use super::report::{rate_cell, Figures, PhaseStats, Spread};
 use super::session::Session;
 use super::targets::{on_each, Env, Kind, Size};
-use super::{scratch, BenchArgs, Layout};
+use super::{process, scratch, BenchArgs, Layout};
 use crate::failure::{CliResult, Failure};
 use crate::progress;
-use crate::units::grouped;
+use crate::units::{grouped, human_bytes};
 use ferrofs::lockstat;
 use indicatif::ProgressBar;
 use serde::Serialize;
@@ -60,6 +60,10 @@ pub struct ScaleFigures {
     pub targets: Vec<Target>,
     /// The same phases through system calls on mounted file systems (`--targets`).
     pub mounted: Vec<MountedScale>,
+    /// The process's peak RSS once the engine's phases are done, and the cache budget the
+    /// engine ran under (it covers the caches and the journal).
+    pub peak_rss_bytes: u64,
+    pub cache_budget_bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -174,6 +178,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         names: &names,
     };
     let (rows, mdtest) = plan.measure(&session.fs)?;
+    let peak_rss_bytes = process::peak_rss_bytes();
     let targets = check_targets(&rows, &mdtest, max_threads, true);
     let mounted = mounted(args, &plan, live)?;
     session.finish(
@@ -188,6 +193,8 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
             mdtest,
             targets,
             mounted,
+            peak_rss_bytes,
+            cache_budget_bytes: ferrofs::cache::DEFAULT_CACHE_BYTES,
         },
     )
 }
@@ -950,6 +957,11 @@ impl Figures for ScaleFigures {
         );
         self.print_tables(&self.rows, &self.mdtest);
         print_targets(&self.targets);
+        println!(
+            "memory: peak RSS {} with a cache budget of {} (the budget covers the caches and the journal; RSS adds allocator slack, code and the threads' stacks)",
+            human_bytes(self.peak_rss_bytes),
+            human_bytes(self.cache_budget_bytes)
+        );
         for m in &self.mounted {
             println!(
                 "\n{} through system calls (the *at calls on an open directory; sync = syncfs(2)); lock waits are not visible there",
