@@ -233,9 +233,6 @@ pub trait CacheOwner: Send + Sync {
     fn reclaim_ag(&self, ag: u32) -> Option<u64>;
     /// Nothing more is clean: ask for the log to be written home so more becomes clean.
     fn push_dirty(&self);
-    /// How far writeback has come (the journal's home sequence): it rises whenever objects
-    /// that were dirty may have become clean.
-    fn home_seq(&self) -> u64;
 }
 
 /// A memory budget shared by the caches of one or more file systems. When they together
@@ -246,24 +243,8 @@ pub struct CacheBudget {
     members: RwLock<Vec<Weak<dyn CacheOwner>>>,
     /// Position in the round-robin order over every member's AGs.
     cursor: AtomicUsize,
-    /// The last sweep that could not get under the limit (everything left was dirty or
-    /// held): the members' summed home sequences then (`NOT_STALLED`: none), and the bytes
-    /// used. Until writeback moves on or usage grows by `RESWEEP_GROWTH` of the limit, another
-    /// sweep would visit the same unreclaimable objects again.
-    stalled_home: AtomicU64,
-    stalled_used: AtomicU64,
-    /// A thread is sweeping again after a sweep that could not get under the limit.
-    retrying: AtomicBool,
     pub stats: CacheStats,
 }
-
-const NOT_STALLED: u64 = u64::MAX;
-/// After a sweep that freed too little, the next one waits for writeback, or for usage to
-/// grow by this share of the limit (objects may become reclaimable without writeback: a
-/// closed file, a lookup's reference dropped).
-const RESWEEP_GROWTH: u64 = 8;
-/// Usage more than this share of the limit over it is swept at every check, stalled or not.
-const HARD_OVERSHOOT: u64 = 4;
 
 #[derive(Default, Debug)]
 pub struct CacheStats {
@@ -271,9 +252,6 @@ pub struct CacheStats {
     pub reclaimed_bytes: AtomicU64,
     /// Reclaim found nothing clean enough and asked for log writeback.
     pub dirty_pushes: AtomicU64,
-    /// Checks over the limit that did not sweep, because the last sweep could not get under
-    /// it and nothing has changed since.
-    pub stalled_checks: AtomicU64,
 }
 
 impl std::fmt::Debug for CacheBudget {
@@ -291,9 +269,6 @@ impl CacheBudget {
             limit,
             members: RwLock::new(&BUDGET, Vec::new()),
             cursor: AtomicUsize::new(0),
-            stalled_home: AtomicU64::new(NOT_STALLED),
-            stalled_used: AtomicU64::new(0),
-            retrying: AtomicBool::new(false),
             stats: CacheStats::default(),
         })
     }
@@ -318,46 +293,12 @@ impl CacheBudget {
     }
 
     /// Called by an insert at a check point: reclaim if the members are over the limit.
-    ///
-    /// Every inserting thread that finds them over sweeps (the per-AG try-locks keep
-    /// sweepers apart, and each stops once usage, re-read after every shard, is down to 7/8
-    /// of the limit, whoever freed it). A sweep that could not get under the limit (what is
-    /// left is dirty or held) is not repeated until writeback has moved on or usage has grown
-    /// by an eighth of the limit, and then by one thread at a time; but past a quarter over
-    /// the limit every check sweeps again, which holds the inserting threads back until
-    /// writeback lets them reclaim. With everything dirty after a burst of creates, every
-    /// check used to repeat two full sweeps of the caches (a quarter of the CPU of `ferrofs
-    /// bench scale` with seed 001's 30,000 files per thread). Skipping them without that
-    /// quarter's bound ran the creates three times faster, but let the caches grow to twice the
-    /// budget; one sweeper at a time also while sweeps succeed let them fall behind 47
-    /// inserting threads on 2 CPUs.
     pub fn check(&self) {
         let members = self.live_members();
-        let used = covered(&members);
+        let mut used = covered(&members);
         if used <= self.limit {
             return;
         }
-        let home: u64 = members.iter().map(|m| m.home_seq()).fold(0, u64::wrapping_add);
-        let stalled = self.stalled_home.load(Relaxed);
-        let retry = stalled != NOT_STALLED && used < self.limit + self.limit / HARD_OVERSHOOT;
-        if retry && ((stalled == home && used < self.stalled_used.load(Relaxed) + self.limit / RESWEEP_GROWTH) || self.retrying.swap(true, Acquire)) {
-            self.stats.stalled_checks.fetch_add(1, Relaxed);
-            return;
-        }
-        if self.sweep(&members, used) {
-            self.stalled_home.store(NOT_STALLED, Relaxed);
-        } else {
-            self.stalled_home.store(home, Relaxed);
-            self.stalled_used.store(covered(&members), Relaxed);
-        }
-        if retry {
-            self.retrying.store(false, Release);
-        }
-    }
-
-    /// Reclaim `members` from `used` bytes down to 7/8 of the limit; false (after asking for
-    /// writeback) if it cannot.
-    fn sweep(&self, members: &[Arc<dyn CacheOwner>], mut used: u64) -> bool {
         self.stats.reclaim_passes.fetch_add(1, Relaxed);
         let target = self.limit / 8 * 7;
         let slots: Vec<(usize, u32)> = members.iter().enumerate().flat_map(|(i, m)| (0..m.ag_count()).map(move |a| (i, a))).collect();
@@ -365,20 +306,18 @@ impl CacheBudget {
         // unreferenced. Whatever is still over then is dirty: the log must be written home.
         for _ in 0..2 * slots.len() * SHARDS_PER_AG {
             if used <= target {
-                return true;
+                return;
             }
             let (m, ag) = slots[self.cursor.fetch_add(1, Relaxed) % slots.len()];
             if let Some(freed) = members[m].reclaim_ag(ag) {
                 self.stats.reclaimed_bytes.fetch_add(freed, Relaxed);
-                used = covered(members);
+                used = used.saturating_sub(freed);
             }
         }
-        if used <= target {
-            return true;
+        if used > target {
+            self.stats.dirty_pushes.fetch_add(1, Relaxed);
+            members.iter().for_each(|m| m.push_dirty());
         }
-        self.stats.dirty_pushes.fetch_add(1, Relaxed);
-        members.iter().for_each(|m| m.push_dirty());
-        false
     }
 }
 

@@ -236,8 +236,4 @@ impl CacheOwner for Mount {
             self.journal.request_writeback();
         }
     }
-
-    fn home_seq(&self) -> u64 {
-        self.journal.home_seq()
-    }
 }
