@@ -172,6 +172,11 @@ impl<V: Reclaimable> AgCache<V> {
         self.ags.len() as u32
     }
 
+    /// The budget this cache shares.
+    pub fn budget(&self) -> &Arc<CacheBudget> {
+        &self.budget
+    }
+
     /// Scan the next shard of AG `ag` and drop what is unreferenced and clean. Returns the
     /// objects dropped, or `None` when another reclaimer is working on this AG.
     ///

@@ -127,6 +127,11 @@ impl InodeCache {
         self.map.len()
     }
 
+    /// The budget this cache (and the mount's other caches and journal) counts against.
+    pub fn budget(&self) -> &Arc<CacheBudget> {
+        self.map.budget()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

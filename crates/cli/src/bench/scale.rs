@@ -179,6 +179,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     };
     let (rows, mdtest) = plan.measure(&session.fs)?;
     let peak_rss_bytes = process::peak_rss_bytes();
+    let cache_budget_bytes = session.fs.mount().icache.budget().limit();
     let targets = check_targets(&rows, &mdtest, max_threads, true);
     let mounted = mounted(args, &plan, live)?;
     session.finish(
@@ -194,7 +195,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
             targets,
             mounted,
             peak_rss_bytes,
-            cache_budget_bytes: ferrofs::cache::DEFAULT_CACHE_BYTES,
+            cache_budget_bytes,
         },
     )
 }
