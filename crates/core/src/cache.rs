@@ -238,18 +238,53 @@ pub trait CacheOwner: Send + Sync {
     fn reclaim_ag(&self, ag: u32) -> Option<u64>;
     /// Nothing more is clean: ask for the log to be written home so more becomes clean.
     fn push_dirty(&self);
+    /// Checkpoint the log and write all of it home now, in the calling thread (a throttled
+    /// transaction's, which holds no lock). A failure fails the member's journal: its own
+    /// operations report it.
+    fn write_home(&self);
+    /// How far writeback has come (the journal's home sequence): it rises whenever objects
+    /// that were dirty may have become clean.
+    fn home_seq(&self) -> u64;
 }
 
 /// A memory budget shared by the caches of one or more file systems. When they together
-/// pass the limit, the thread whose insert noticed it reclaims down to 7/8 of the limit,
-/// visiting (file system, AG) pairs in one round-robin order.
+/// pass the limit, reclaim brings them down to 7/8 of it, visiting (file system, AG) pairs in
+/// one round-robin order.
+///
+/// What is dirty cannot be dropped, and a burst of creates makes everything dirty. So an
+/// insert that finds the budget over its limit marks it over and sweeps only while sweeps
+/// can succeed: one that cannot get under the target marks the budget stalled, and none is
+/// repeated until writeback has moved on or usage has grown (with everything dirty, every
+/// check swept every AG twice over the same objects: 25% of the CPU of seed 001's mdtest at
+/// its own size). A transaction that begins on a budget over its limit is throttled instead:
+/// it reclaims, writing every member's log home first if the budget is stalled, while the
+/// others that begin meanwhile wait for it (the kernel's `balance_dirty_pages` makes a writer
+/// that dirties too much wait in the same way). Transactions begin holding no lock, so the
+/// throttle can write home there even with the journal's background threads off; inserts
+/// may hold locks, so they never wait.
 pub struct CacheBudget {
     limit: u64,
     members: RwLock<Vec<Weak<dyn CacheOwner>>>,
     /// Position in the round-robin order over every member's AGs.
     cursor: AtomicUsize,
+    /// A check found usage over the limit and no reclaim has run to the end since: the next
+    /// transaction to begin is throttled.
+    over: AtomicBool,
+    /// `NOT_STALLED`, or the members' summed home sequences when a sweep last failed to get
+    /// under the target; `stalled_used`, the bytes used then.
+    stalled_home: AtomicU64,
+    stalled_used: AtomicU64,
+    /// Held for writing by the throttled transaction that reclaims; the others wait as
+    /// readers. Not a lockstat lock: its waits are throttle waits (`CacheStats`).
+    throttling: crate::sync::RwLock<()>,
     pub stats: CacheStats,
 }
+
+const NOT_STALLED: u64 = u64::MAX;
+/// A stalled budget sweeps again at an insert once usage has grown by this share of the
+/// limit: objects also become clean without writeback (a file closed, a lookup's reference
+/// dropped), and lookups alone, which begin no transaction, are never throttled.
+const RESWEEP_GROWTH: u64 = 8;
 
 #[derive(Default, Debug)]
 pub struct CacheStats {
@@ -257,6 +292,12 @@ pub struct CacheStats {
     pub reclaimed_bytes: AtomicU64,
     /// Reclaim found nothing clean enough and asked for log writeback.
     pub dirty_pushes: AtomicU64,
+    /// Checks over the limit that did not sweep: the budget was stalled.
+    pub stalled_checks: AtomicU64,
+    /// Transactions that began on a budget over its limit, and the nanoseconds they waited in
+    /// all (reclaiming and writing home, or for the one that did).
+    pub throttles: AtomicU64,
+    pub throttle_wait_ns: AtomicU64,
 }
 
 impl std::fmt::Debug for CacheBudget {
@@ -274,6 +315,10 @@ impl CacheBudget {
             limit,
             members: RwLock::new(&BUDGET, Vec::new()),
             cursor: AtomicUsize::new(0),
+            over: AtomicBool::new(false),
+            stalled_home: AtomicU64::new(NOT_STALLED),
+            stalled_used: AtomicU64::new(0),
+            throttling: crate::sync::RwLock::new(()),
             stats: CacheStats::default(),
         })
     }
@@ -297,33 +342,107 @@ impl CacheBudget {
         covered(&self.live_members())
     }
 
-    /// Called by an insert at a check point: reclaim if the members are over the limit.
+    /// Whether the next transaction to begin will be throttled.
+    pub fn is_over(&self) -> bool {
+        self.over.load(Relaxed)
+    }
+
+    /// Called by an insert at a check point (it may hold locks, so it never waits): mark the
+    /// budget over if it is, and sweep unless the budget is stalled. Every insert over the
+    /// limit sweeps: a single sweeper among 48 threads on 2 CPUs got a CPU too rarely to keep
+    /// up with lookups that missed (the inode cache grew to twice the budget while one
+    /// sweep ran).
     pub fn check(&self) {
         let members = self.live_members();
-        let mut used = covered(&members);
+        let used = covered(&members);
         if used <= self.limit {
             return;
         }
+        if !self.over.load(Relaxed) {
+            self.over.store(true, Relaxed);
+        }
+        let home = home_sum(&members);
+        if self.stalled_home.load(Relaxed) == home && used < self.stalled_used.load(Relaxed) + self.limit / RESWEEP_GROWTH {
+            self.stats.stalled_checks.fetch_add(1, Relaxed);
+        } else if self.sweep(&members, used) {
+            self.stalled_home.store(NOT_STALLED, Relaxed);
+        } else {
+            self.stall(&members, home);
+            members.iter().for_each(|m| m.push_dirty());
+        }
+    }
+
+    /// Called when a transaction begins, holding no lock: on a budget over its limit, reclaim
+    /// (or wait for the transaction that does). One load when the budget is not over.
+    pub fn throttle(&self) {
+        if !self.is_over() {
+            return;
+        }
+        self.stats.throttles.fetch_add(1, Relaxed);
+        let start = std::time::Instant::now();
+        while self.is_over() {
+            match self.throttling.try_write() {
+                Some(_reclaimer) if self.is_over() => self.reclaim_throttled(),
+                Some(_) => {}
+                None => drop(self.throttling.read()),
+            }
+        }
+        self.stats.throttle_wait_ns.fetch_add(start.elapsed().as_nanos() as u64, Relaxed);
+    }
+
+    /// The throttled transaction's reclaim: sweep, unless the budget is stalled; if that
+    /// cannot get under the target, write every member's log home and sweep again. The
+    /// budget is no longer over afterwards whatever the sweep found: what is still over then
+    /// is held (open files, references), and throttling again would not free it; it stays
+    /// stalled until writeback or growth, as after an insert's failed sweep.
+    fn reclaim_throttled(&self) {
+        let members = self.live_members();
+        let used = covered(&members);
+        let stalled = self.stalled_home.load(Relaxed) == home_sum(&members);
+        if used > self.limit && (stalled || !self.sweep(&members, used)) {
+            members.iter().for_each(|m| m.write_home());
+            if self.sweep(&members, covered(&members)) {
+                self.stalled_home.store(NOT_STALLED, Relaxed);
+            } else {
+                self.stall(&members, home_sum(&members));
+            }
+        }
+        self.over.store(false, Relaxed);
+    }
+
+    fn stall(&self, members: &[Arc<dyn CacheOwner>], home: u64) {
+        self.stats.dirty_pushes.fetch_add(1, Relaxed);
+        self.stalled_used.store(covered(members), Relaxed);
+        self.stalled_home.store(home, Relaxed);
+    }
+
+    /// Reclaim `members` from `used` bytes down to 7/8 of the limit; whether it got there.
+    fn sweep(&self, members: &[Arc<dyn CacheOwner>], mut used: u64) -> bool {
         self.stats.reclaim_passes.fetch_add(1, Relaxed);
         let target = self.limit / 8 * 7;
+        if used <= target {
+            return true;
+        }
         let slots: Vec<(usize, u32)> = members.iter().enumerate().flat_map(|(i, m)| (0..m.ag_count()).map(move |a| (i, a))).collect();
         // Two sweeps over every AG at most: the second catches what the first's scans marked
-        // unreferenced. Whatever is still over then is dirty: the log must be written home.
+        // unreferenced. Whatever is still over then is dirty or held.
         for _ in 0..2 * slots.len() * SHARDS_PER_AG {
-            if used <= target {
-                return;
-            }
             let (m, ag) = slots[self.cursor.fetch_add(1, Relaxed) % slots.len()];
             if let Some(freed) = members[m].reclaim_ag(ag) {
                 self.stats.reclaimed_bytes.fetch_add(freed, Relaxed);
                 used = used.saturating_sub(freed);
+                if used <= target {
+                    return true;
+                }
             }
         }
-        if used > target {
-            self.stats.dirty_pushes.fetch_add(1, Relaxed);
-            members.iter().for_each(|m| m.push_dirty());
-        }
+        false
     }
+}
+
+/// The members' home sequences summed: it changes whenever any of them has written home.
+fn home_sum(members: &[Arc<dyn CacheOwner>]) -> u64 {
+    members.iter().map(|m| m.home_seq()).fold(0, u64::wrapping_add)
 }
 
 /// Bytes of `members` that a budget covers: their caches and their journals.

@@ -236,4 +236,15 @@ impl CacheOwner for Mount {
             self.journal.request_writeback();
         }
     }
+
+    fn write_home(&self) {
+        if !self.is_read_only() && self.check_alive().is_ok() {
+            // An error has failed the journal: this file system's operations report it.
+            let _ = self.journal.quiesce();
+        }
+    }
+
+    fn home_seq(&self) -> u64 {
+        self.journal.home_seq()
+    }
 }

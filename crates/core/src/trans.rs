@@ -67,6 +67,7 @@ pub struct Tx<'m> {
 impl<'m> Tx<'m> {
     pub fn new(m: &'m Mount) -> Result<Tx<'m>> {
         m.check_writable()?;
+        m.icache.budget().throttle();
         m.journal.throttle()?;
         Ok(Tx { m, bufs: SmallVec::new(), inodes: SmallVec::new(), ops: SmallVec::new(), reserved: SmallVec::new(), modified: false, done: false })
     }

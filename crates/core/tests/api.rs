@@ -147,6 +147,10 @@ fn the_budget_counts_the_log() {
         fn push_dirty(&self) {
             self.pushes.fetch_add(1, Relaxed);
         }
+        fn write_home(&self) {}
+        fn home_seq(&self) -> u64 {
+            0
+        }
     }
     const LIMIT: u64 = 1 << 20;
     let over = Arc::new(LogOnly { log: 2 * LIMIT, pushes: AtomicU64::new(0) });
@@ -177,6 +181,39 @@ fn the_journal_fits_its_budget() {
     assert_eq!(thresholds(&default), thresholds(&own));
     let tiny = own.within_budget(ring, 1 << 20);
     assert_eq!(thresholds(&tiny), (1 << 20, 2 << 20, 4, 128 << 10), "floors");
+}
+
+/// A burst of creates makes everything it caches dirty, and reclaim can drop nothing until
+/// the log is written home: transactions are throttled to write it home, and the budget's
+/// count (caches and journal) stays near its limit throughout, with no explicit writeback;
+/// with the journal's background threads off too, when only the throttle writes home.
+#[test]
+fn a_create_burst_is_throttled_to_its_budget() {
+    use ferrofs::journal::JournalConfig;
+    use std::sync::atomic::Ordering::Relaxed;
+    const FILES: u32 = 100_000;
+    const LIMIT: u64 = 16 << 20;
+    for background in [true, false] {
+        let budget = ferrofs::cache::CacheBudget::new(LIMIT);
+        let mkfs = MkfsOptions { bytes_per_inode: 2048, ..MkfsOptions::default() };
+        let ring = ferrofs::mkfs::plan(256 << 20, &mkfs).unwrap().log_ring_blocks();
+        let journal = JournalConfig { background, ..JournalConfig::for_log(ring).within_budget(ring, LIMIT) };
+        let dev = Arc::new(MemDevice::new(256 << 20));
+        FileSystem::mkfs(&*dev, &mkfs).unwrap();
+        let fs = FileSystem::mount_device(dev, &MountOptions { cache: Some(budget.clone()), journal: Some(journal), ..MountOptions::default() }).unwrap();
+        let dir = fs.mkdir(ROOT, b"d", 0o755, C).unwrap().ino;
+        let mut peak = 0;
+        for i in 0..FILES {
+            fs.create(dir, format!("f{i}").as_bytes(), 0o644, C).unwrap();
+            peak = peak.max(budget.used());
+        }
+        let throttles = budget.stats.throttles.load(Relaxed);
+        println!("background {background}: peak {peak} bytes against {LIMIT}, {throttles} transactions throttled");
+        assert!(throttles > 0, "no transaction was throttled");
+        assert!(peak <= LIMIT + LIMIT / 8, "the budget counted {peak} bytes against a limit of {LIMIT}");
+        assert_eq!(names(&fs, dir).len(), FILES as usize + 2, "the files and . and ..");
+        fs.unmount().unwrap();
+    }
 }
 
 /// A file system whose caches are far smaller than its tree keeps them within the budget

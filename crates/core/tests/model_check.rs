@@ -10,7 +10,7 @@
 #![cfg(feature = "shuttle")]
 
 use ferrofs::ag::Ag;
-use ferrofs::cache::{inode_ag, AgCache, BufCache, CacheBudget, Reclaimable};
+use ferrofs::cache::{inode_ag, AgCache, BufCache, CacheBudget, CacheOwner, Reclaimable};
 use ferrofs::dev::MemDevice;
 use ferrofs::format::log::{ItemKey, LogHeader};
 use ferrofs::format::INODE_SIZE;
@@ -23,7 +23,7 @@ use shuttle::sync::Mutex as CheckedMutex;
 use shuttle::scheduler::{PctScheduler, RandomScheduler};
 use shuttle::{thread, Config, Runner};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 
 /// The checker's statics (lock classes' counters) are not meant for two OS threads at once,
@@ -218,6 +218,79 @@ fn ag_cache_never_evicts_a_held_object() {
         threads.into_iter().for_each(|h| h.join().unwrap());
         let present = SHARED.iter().chain([&OWN]).filter(|&&k| cache.get(k).is_some()).count() as u64;
         assert_eq!(cache.len(), present, "the AG's length counter disagrees with its maps");
+    });
+}
+
+/// A file system as the budget sees it: `dirty` bytes only `write_home` makes reclaimable,
+/// `clean` bytes any sweep drops.
+struct FakeOwner {
+    dirty: shuttle::sync::atomic::AtomicU64,
+    clean: shuttle::sync::atomic::AtomicU64,
+    homes: shuttle::sync::atomic::AtomicU64,
+}
+
+impl CacheOwner for FakeOwner {
+    fn cache_bytes(&self) -> u64 {
+        self.dirty.load(SeqCst) + self.clean.load(SeqCst)
+    }
+    fn log_bytes(&self) -> u64 {
+        0
+    }
+    fn ag_count(&self) -> u32 {
+        1
+    }
+    fn reclaim_ag(&self, _ag: u32) -> Option<u64> {
+        Some(self.clean.swap(0, SeqCst))
+    }
+    fn push_dirty(&self) {}
+    fn write_home(&self) {
+        self.clean.fetch_add(self.dirty.swap(0, SeqCst), SeqCst);
+        self.homes.fetch_add(1, SeqCst);
+    }
+    fn home_seq(&self) -> u64 {
+        self.homes.load(SeqCst)
+    }
+}
+
+/// The dirty throttle: two transactions begin (`throttle`) and dirty bytes, checking the
+/// budget as inserts do; a lookup adds clean bytes and checks. Everyone finishes (the
+/// throttled wait for the one that writes home), and afterwards one more transaction begins
+/// alone: it must find the budget under its limit or bring it under, with nothing left
+/// flagged.
+#[test]
+fn the_dirty_throttle_writes_home_and_lets_everyone_through() {
+    const LIMIT: u64 = 800;
+    check(|| {
+        let owner = Arc::new(FakeOwner { dirty: 900.into(), clean: 0.into(), homes: 0.into() });
+        let budget = CacheBudget::new(LIMIT);
+        budget.join(Arc::downgrade(&owner) as std::sync::Weak<dyn CacheOwner>);
+        budget.check();
+        assert!(budget.is_over(), "900 dirty bytes are over a limit of {LIMIT}");
+        let mut threads: Vec<_> = (0..2)
+            .map(|_| {
+                let (owner, budget) = (Arc::clone(&owner), Arc::clone(&budget));
+                thread::spawn(move || {
+                    for _ in 0..2 {
+                        budget.throttle();
+                        owner.dirty.fetch_add(100, SeqCst);
+                        budget.check();
+                    }
+                })
+            })
+            .collect();
+        {
+            let (owner, budget) = (Arc::clone(&owner), Arc::clone(&budget));
+            threads.push(thread::spawn(move || {
+                owner.clean.fetch_add(100, SeqCst);
+                budget.check();
+            }));
+        }
+        threads.into_iter().for_each(|h| h.join().unwrap());
+        assert!(owner.homes.load(SeqCst) > 0, "a throttled transaction wrote home");
+        budget.throttle();
+        assert!(!budget.is_over(), "the budget stays flagged over");
+        let used = budget.used();
+        assert!(used <= LIMIT, "{used} bytes left over a limit of {LIMIT} after a lone throttle");
     });
 }
 

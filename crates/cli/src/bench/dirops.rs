@@ -45,7 +45,8 @@ pub trait DirOps: Sync {
 #[derive(Clone, Copy, Default)]
 pub struct EngineCounters {
     pub alloc_retries: u64,
-    /// Time commits waited for a full CIL to empty (a wait for log progress, not a lock).
+    /// Time transactions waited for the log (not for a lock): for a full CIL to empty, or
+    /// for a stalled cache budget's dirty objects to be written home.
     pub throttle_wait_ns: u64,
 }
 
@@ -122,7 +123,8 @@ impl DirOps for FileSystem {
         let m = self.mount();
         EngineCounters {
             alloc_retries: m.ags.iter().map(|ag| ag.alloc_retries.load(Relaxed)).sum(),
-            throttle_wait_ns: m.journal.stats.throttle_wait_ns.load(Relaxed),
+            throttle_wait_ns: m.journal.stats.throttle_wait_ns.load(Relaxed)
+                + m.icache.budget().stats.throttle_wait_ns.load(Relaxed),
         }
     }
 }

@@ -63,6 +63,8 @@ pub struct ScaleFigures {
     /// The process's peak RSS once the engine's phases are done, and the cache budget the
     /// engine ran under (it covers the caches and the journal).
     pub peak_rss_bytes: u64,
+    /// The budget's own count (caches and journal) at its highest, sampled every 10 ms.
+    pub peak_budget_bytes: u64,
     pub cache_budget_bytes: u64,
 }
 
@@ -177,9 +179,11 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         min: Duration::from_millis(args.min_phase_ms),
         names: &names,
     };
-    let (rows, mdtest) = plan.measure(&session.fs)?;
+    let budget = session.fs.mount().icache.budget();
+    let (measured, peak_budget_bytes) = sample_peak(|| budget.used(), || plan.measure(&session.fs));
+    let (rows, mdtest) = measured?;
     let peak_rss_bytes = process::peak_rss_bytes();
-    let cache_budget_bytes = session.fs.mount().icache.budget().limit();
+    let cache_budget_bytes = budget.limit();
     let targets = check_targets(&rows, &mdtest, max_threads, true);
     let mounted = mounted(args, &plan, live)?;
     session.finish(
@@ -195,6 +199,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
             targets,
             mounted,
             peak_rss_bytes,
+            peak_budget_bytes,
             cache_budget_bytes,
         },
     )
@@ -668,6 +673,24 @@ fn rows_of(
         .collect()
 }
 
+/// Run `work`, sampling `gauge` every 10 ms meanwhile; its result and the largest sample.
+fn sample_peak<T>(gauge: impl Fn() -> u64 + Sync, work: impl FnOnce() -> T) -> (T, u64) {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = gauge();
+            while !done.load(Relaxed) {
+                std::thread::sleep(Duration::from_millis(10));
+                peak = peak.max(gauge());
+            }
+            peak
+        });
+        let out = work();
+        done.store(true, Relaxed);
+        (out, sampler.join().expect("the budget sampler does not panic"))
+    })
+}
+
 /// Fill in each row's scaling against the same phase at the smallest thread count.
 fn with_scaling(mut rows: Vec<ScaleRow>) -> Vec<ScaleRow> {
     let mut base: HashMap<&str, (usize, f64)> = HashMap::new();
@@ -959,8 +982,9 @@ impl Figures for ScaleFigures {
         self.print_tables(&self.rows, &self.mdtest);
         print_targets(&self.targets);
         println!(
-            "memory: peak RSS {} with a cache budget of {} (the budget covers the caches and the journal; RSS adds allocator slack, code and the threads' stacks)",
+            "memory: peak RSS {}, the budget's count at its peak {} (sampled every 10 ms), with a cache budget of {} (the budget covers the caches and the journal; RSS adds allocator slack, code and the threads' stacks)",
             human_bytes(self.peak_rss_bytes),
+            human_bytes(self.peak_budget_bytes),
             human_bytes(self.cache_budget_bytes)
         );
         for m in &self.mounted {
