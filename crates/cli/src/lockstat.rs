@@ -14,7 +14,8 @@ pub struct LockstatArgs {
     #[arg(long)]
     pub json: bool,
     /// Print this mount's journal counters instead (commits, checkpoints, bytes logged, items
-    /// written home, fsyncs that found their change durable, ...), as JSON with --json.
+    /// written home, fsyncs that found their change durable, ...) and its cache budget's
+    /// (reclaim, stalls, transactions throttled to write home), as JSON with --json.
     #[arg(long)]
     pub journal: bool,
     /// Rows of the table: the classes with the most wait time.

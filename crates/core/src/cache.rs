@@ -290,14 +290,29 @@ const RESWEEP_GROWTH: u64 = 8;
 pub struct CacheStats {
     pub reclaim_passes: AtomicU64,
     pub reclaimed_bytes: AtomicU64,
-    /// Reclaim found nothing clean enough and asked for log writeback.
-    pub dirty_pushes: AtomicU64,
+    /// Sweeps that could not get under the target: the budget stalled.
+    pub stalls: AtomicU64,
     /// Checks over the limit that did not sweep: the budget was stalled.
     pub stalled_checks: AtomicU64,
     /// Transactions that began on a budget over its limit, and the nanoseconds they waited in
     /// all (reclaiming and writing home, or for the one that did).
     pub throttles: AtomicU64,
     pub throttle_wait_ns: AtomicU64,
+}
+
+impl CacheStats {
+    /// Every counter by name, read now (a mount's control socket reports them beside the
+    /// journal's, prefixed `cache_`: a shared budget's are those of every file system in it).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        crate::lockstat::read_counters(&[
+            ("cache_reclaim_passes", &self.reclaim_passes),
+            ("cache_reclaimed_bytes", &self.reclaimed_bytes),
+            ("cache_stalls", &self.stalls),
+            ("cache_stalled_checks", &self.stalled_checks),
+            ("cache_throttles", &self.throttles),
+            ("cache_throttle_wait_ns", &self.throttle_wait_ns),
+        ])
+    }
 }
 
 impl std::fmt::Debug for CacheBudget {
@@ -411,7 +426,7 @@ impl CacheBudget {
     }
 
     fn stall(&self, members: &[Arc<dyn CacheOwner>], home: u64) {
-        self.stats.dirty_pushes.fetch_add(1, Relaxed);
+        self.stats.stalls.fetch_add(1, Relaxed);
         self.stalled_used.store(covered(members), Relaxed);
         self.stalled_home.store(home, Relaxed);
     }
@@ -501,5 +516,16 @@ impl BufCache {
 
     pub fn reclaim_ag(&self, ag: u32, home_seq: u64) -> Option<u64> {
         self.map.reclaim_ag(ag, home_seq)
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_lists_every_counter() {
+        let n = CacheStats::default().counters().len();
+        assert_eq!(n * std::mem::size_of::<AtomicU64>(), std::mem::size_of::<CacheStats>(), "a CacheStats field is missing from counters()");
     }
 }

@@ -1302,6 +1302,11 @@ fn fmt_ns(ns: u64) -> String {
     }
 }
 
+/// Named counters read now, for the reports (`JournalStats::counters`, `CacheStats::counters`).
+pub fn read_counters(named: &[(&'static str, &AtomicU64)]) -> Vec<(&'static str, u64)> {
+    named.iter().map(|&(name, v)| (name, v.load(Relaxed))).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

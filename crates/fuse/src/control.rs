@@ -10,7 +10,7 @@
 //! |----------------|--------|
 //! | `table N`      | the top N lock classes by wait time, as a lockstat-like table |
 //! | `json`         | every class's counters as JSON |
-//! | `journal`      | this mount's journal counters as JSON (commits, checkpoints, bytes logged, items written home, ...) |
+//! | `journal`      | this mount's journal counters as JSON (commits, checkpoints, bytes logged, items written home, ...), and its cache budget's (`cache_`: reclaim, stalls, throttled transactions) |
 //! | `reset`        | zero the counters (to measure one workload); answers `ok` |
 //! | `timing on`/`timing off` | switch hold-time measurement at run time; answers `ok` |
 
@@ -111,7 +111,8 @@ fn answer(command: &str, engine: &Weak<FileSystem>) -> String {
         (Some("json"), None, None) => serde_json::to_string_pretty(&lockstat::snapshot()).unwrap_or_else(|e| format!("error: {e}\n")) + "\n",
         (Some("journal"), None, None) => match engine.upgrade() {
             Some(fs) => {
-                let counters: std::collections::BTreeMap<_, _> = fs.mount().journal.stats.counters().into_iter().collect();
+                let m = fs.mount();
+                let counters: std::collections::BTreeMap<_, _> = m.journal.stats.counters().into_iter().chain(m.icache.budget().stats.counters()).collect();
                 serde_json::to_string_pretty(&counters).unwrap_or_else(|e| format!("error: {e}\n")) + "\n"
             }
             None => "error: the file system is being unmounted\n".into(),
@@ -167,6 +168,7 @@ mod tests {
         let commits = fs.mount().journal.stats.commits.load(Relaxed);
         assert!(commits >= 1);
         assert_eq!(j["commits"].as_u64(), Some(commits));
+        assert_eq!(j["cache_throttles"].as_u64(), Some(0), "the cache budget's counters are there too");
     }
 
     #[test]

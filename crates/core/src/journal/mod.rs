@@ -189,22 +189,21 @@ pub struct JournalStats {
 impl JournalStats {
     /// Every counter by name, read now (what a mount's control socket reports).
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        let c = |name, v: &AtomicU64| (name, v.load(Relaxed));
-        vec![
-            c("commits", &self.commits),
-            c("checkpoints", &self.checkpoints),
-            c("background_checkpoints", &self.background_checkpoints),
-            c("forced_checkpoints", &self.forced_checkpoints),
-            c("items_logged", &self.items_logged),
-            c("log_bytes", &self.log_bytes),
-            c("log_space_waits", &self.log_space_waits),
-            c("commit_throttles", &self.commit_throttles),
-            c("throttle_wait_ns", &self.throttle_wait_ns),
-            c("ail_pushes", &self.ail_pushes),
-            c("items_written_home", &self.items_written_home),
-            c("fsyncs_durable", &self.fsyncs_durable),
-            c("forces_joined", &self.forces_joined),
-        ]
+        crate::lockstat::read_counters(&[
+            ("commits", &self.commits),
+            ("checkpoints", &self.checkpoints),
+            ("background_checkpoints", &self.background_checkpoints),
+            ("forced_checkpoints", &self.forced_checkpoints),
+            ("items_logged", &self.items_logged),
+            ("log_bytes", &self.log_bytes),
+            ("log_space_waits", &self.log_space_waits),
+            ("commit_throttles", &self.commit_throttles),
+            ("throttle_wait_ns", &self.throttle_wait_ns),
+            ("ail_pushes", &self.ail_pushes),
+            ("items_written_home", &self.items_written_home),
+            ("fsyncs_durable", &self.fsyncs_durable),
+            ("forces_joined", &self.forces_joined),
+        ])
     }
 }
 
