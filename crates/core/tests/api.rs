@@ -165,6 +165,69 @@ fn the_budget_counts_the_log() {
     assert_eq!(under.pushes.load(Relaxed), 0, "a log under the budget is left alone");
 }
 
+/// A sweep that cannot get under the limit (everything dirty) stalls the budget: the checks
+/// after it do not sweep again until writeback moves on or usage grows by an eighth of the
+/// limit (each check used to sweep every AG twice again), but they still mark it over, for
+/// the next transaction to be throttled.
+#[test]
+fn a_futile_sweep_waits_for_writeback() {
+    use ferrofs::cache::{CacheBudget, CacheOwner};
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    #[derive(Default)]
+    struct AllDirty {
+        bytes: AtomicU64,
+        home: AtomicU64,
+        scans: AtomicU64,
+        pushes: AtomicU64,
+    }
+    impl CacheOwner for AllDirty {
+        fn cache_bytes(&self) -> u64 {
+            self.bytes.load(Relaxed)
+        }
+        fn log_bytes(&self) -> u64 {
+            0
+        }
+        fn ag_count(&self) -> u32 {
+            4
+        }
+        fn reclaim_ag(&self, _ag: u32) -> Option<u64> {
+            self.scans.fetch_add(1, Relaxed);
+            Some(0)
+        }
+        fn push_dirty(&self) {
+            self.pushes.fetch_add(1, Relaxed);
+        }
+        fn write_home(&self) {}
+        fn home_seq(&self) -> u64 {
+            self.home.load(Relaxed)
+        }
+    }
+    const LIMIT: u64 = 8 << 20;
+    let owner = Arc::new(AllDirty::default());
+    owner.bytes.store(LIMIT + 1, Relaxed);
+    let b = CacheBudget::new(LIMIT);
+    b.join(Arc::downgrade(&owner) as std::sync::Weak<dyn CacheOwner>);
+    let counts = || (owner.scans.load(Relaxed), owner.pushes.load(Relaxed), b.stats.stalled_checks.load(Relaxed));
+    b.check();
+    let (sweep, ..) = counts();
+    assert!(sweep > 0);
+    assert_eq!(counts(), (sweep, 1, 0), "one sweep, then writeback asked for");
+    for _ in 0..100 {
+        b.check();
+    }
+    assert_eq!(counts(), (sweep, 1, 100), "nothing changed: no more sweeps");
+    assert!(b.is_over(), "the next transaction is throttled");
+    owner.home.store(1, Relaxed);
+    b.check();
+    assert_eq!(counts(), (2 * sweep, 2, 100), "writeback moved on: swept again");
+    owner.bytes.fetch_add(LIMIT / 8, Relaxed);
+    b.check();
+    assert_eq!(counts(), (3 * sweep, 3, 100), "usage grew by an eighth: swept again");
+    owner.bytes.store(LIMIT, Relaxed);
+    b.check();
+    assert_eq!(counts(), (3 * sweep, 3, 100), "under the limit: nothing to do");
+}
+
 /// A small budget shrinks the journal to leave the caches room (the CIL pushes at a
 /// sixteenth of it and holds commits at a quarter, recycled images keep an eighth at most,
 /// writeback starts at a quarter), and the default budget keeps a 128 MiB log's own
