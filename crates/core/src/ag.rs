@@ -10,6 +10,7 @@
 use crate::buf::BufRef;
 use crate::cache::BufCache;
 use crate::error::{Error, Result};
+use crate::format::log::chunks_of;
 use crate::format::{self, AgLayout, Geometry, BITMAP_BITS, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK, ROOT_INO};
 use crate::lockstat::{LockClass, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -361,18 +362,21 @@ impl Ag {
     /// in-memory map, which marks everything the disk does, and a commit checks the blocks
     /// it frees first (`Tx::check_frees`).
     fn set_disk_bits(bufs: &[BufRef], first: u64, n: u64, used: bool) -> BufRef {
-        let (bi, _, _) = disk_bit(bufs, first);
-        let mut d = bufs[bi].write();
-        for i in first..first + n {
-            let (b, byte, mask) = disk_bit(bufs, i);
-            debug_assert_eq!(b, bi);
-            debug_assert_eq!(d[byte] & mask != 0, !used, "on-disk bit {} already {}", i, used);
-            if used {
-                d[byte] |= mask;
-            } else {
-                d[byte] &= !mask;
+        let (bi, first_byte, _) = disk_bit(bufs, first);
+        let (_, last_byte, _) = disk_bit(bufs, first + n - 1);
+        bufs[bi].change(|d| {
+            for i in first..first + n {
+                let (b, byte, mask) = disk_bit(bufs, i);
+                debug_assert_eq!(b, bi);
+                debug_assert_eq!(d[byte] & mask != 0, !used, "on-disk bit {} already {}", i, used);
+                if used {
+                    d[byte] |= mask;
+                } else {
+                    d[byte] &= !mask;
+                }
             }
-        }
+            chunks_of(first_byte..last_byte + 1)
+        });
         bufs[bi].clone()
     }
 
@@ -380,7 +384,10 @@ impl Ag {
     pub fn set_disk_orphan(&self, s: &mut AgState, slot: u32, ino: u64) -> BufRef {
         let b = &self.orphan_table[(slot as u64 / ORPHAN_SLOTS_PER_BLOCK) as usize];
         let off = HDR_SIZE + 8 * (slot as u64 % ORPHAN_SLOTS_PER_BLOCK) as usize;
-        format::put_u64(&mut b.write()[..], off, ino);
+        b.change(|d| {
+            format::put_u64(d, off, ino);
+            chunks_of(off..off + 8)
+        });
         if ino == 0 {
             s.orphan_free.push(slot);
         } else {

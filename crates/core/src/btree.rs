@@ -71,6 +71,7 @@ use std::collections::HashSet;
 
 use crate::buf::{Block, BufRef};
 use crate::error::{Error, Result};
+use crate::format::log::{chunks_of, ChunkMask, ALL_CHUNKS};
 use crate::format::{
     get_u16, get_u64, header_magic, header_owner, init_header, put_u16, put_u64, BLOCK_SIZE, HDR_SIZE, MAGIC_BTREE,
 };
@@ -169,7 +170,7 @@ pub fn insert(store: &mut dyn NodeStore, root: &mut u64, key: u64, value: &[u8])
     }
     if *root == 0 {
         let leaf = alloc_nodes(store, 1)?.pop();
-        build_leaf(&mut leaf.write()[..], [(key, value)]);
+        leaf.change(|b| build_leaf(b, [(key, value)]));
         finish(store, &leaf, 0, ALL_KEYS);
         *root = leaf.blkno;
         return Ok(None);
@@ -183,14 +184,7 @@ pub fn insert(store: &mut dyn NodeStore, root: &mut u64, key: u64, value: &[u8])
     })?;
     if fits {
         let leaf = path.leaf();
-        {
-            let mut b = leaf.buf.write();
-            if old.is_some() {
-                leaf_replace(&mut b[..], leaf.nkeys, pos, value);
-            } else {
-                leaf_put(&mut b[..], leaf.nkeys, pos, key, value);
-            }
-        }
+        leaf.buf.change(|b| if old.is_some() { leaf_replace(b, leaf.nkeys, pos, value) } else { leaf_put(b, leaf.nkeys, pos, key, value) });
         finish(store, &leaf.buf, 0, leaf.bounds);
     } else {
         insert_splitting(store, root, &path, Placement { pos, replace: old.is_some(), key, value })?;
@@ -212,7 +206,7 @@ pub fn remove(store: &mut dyn NodeStore, root: &mut u64, key: u64) -> Result<Opt
     };
     let leaf = path.leaf();
     if leaf.nkeys > 1 {
-        leaf_delete(&mut leaf.buf.write()[..], leaf.nkeys, pos);
+        leaf.buf.change(|b| leaf_delete(b, leaf.nkeys, pos));
         finish(store, &leaf.buf, 0, leaf.bounds);
     } else {
         unlink_empty_leaf(store, root, &path)?;
@@ -564,7 +558,7 @@ fn insert_splitting(store: &mut dyn NodeStore, root: &mut u64, path: &Path, new:
     }
     let new_root = fresh.pop();
     let level = path.get(0).level + 1;
-    build_interior(&mut new_root.write()[..], level, &[(0, *root), carry]);
+    new_root.change(|b| build_interior(b, level, &[(0, *root), carry]));
     finish(store, &new_root, level, ALL_KEYS);
     *root = new_root.blkno;
     Ok(())
@@ -576,7 +570,10 @@ fn alloc_nodes(store: &mut dyn NodeStore, count: usize) -> Result<Fresh> {
     for _ in 0..count {
         match store.new_node() {
             Ok(buf) => {
-                init_header(&mut buf.write()[..], MAGIC_BTREE, buf.blkno, store.owner());
+                buf.change(|b| {
+                    init_header(b, MAGIC_BTREE, buf.blkno, store.owner());
+                    chunks_of(0..HDR_SIZE)
+                });
                 nodes.push(buf);
             }
             Err(e) => {
@@ -617,8 +614,8 @@ fn split_leaf(store: &mut dyn NodeStore, leaf: &Step, right: BufRef, new: Placem
     let appending = leaf.bounds.hi.is_none() && !new.replace && new.pos == leaf.nkeys;
     let cut = if appending { total - 1 } else { balanced_cut(total, |j| LEAF_SLOT + merged.get(j).1.len()) };
     let sep = merged.get(cut).0;
-    build_leaf(&mut leaf.buf.write()[..], (0..cut).map(|j| merged.get(j)));
-    build_leaf(&mut right.write()[..], (cut..total).map(|j| merged.get(j)));
+    leaf.buf.change(|b| build_leaf(b, (0..cut).map(|j| merged.get(j))));
+    right.change(|b| build_leaf(b, (cut..total).map(|j| merged.get(j))));
     finish(store, &leaf.buf, 0, Bounds { lo: leaf.bounds.lo, hi: Some(sep) });
     finish(store, &right, 0, Bounds { lo: sep, hi: leaf.bounds.hi });
     (sep, right.blkno)
@@ -648,7 +645,7 @@ fn balanced_cut(len: usize, size: impl Fn(usize) -> usize) -> usize {
 fn add_child(store: &mut dyn NodeStore, parent: &Step, carry: (u64, u64), fresh: &mut Fresh) -> Option<(u64, u64)> {
     let (n, at) = (parent.nkeys, parent.idx + 1);
     if n < INTERIOR_MAX_CHILDREN {
-        interior_insert(&mut parent.buf.write()[..], n, at, carry);
+        parent.buf.change(|b| interior_insert(b, n, at, carry));
         finish(store, &parent.buf, parent.level, parent.bounds);
         return None;
     }
@@ -667,8 +664,8 @@ fn add_child(store: &mut dyn NodeStore, parent: &Step, carry: (u64, u64), fresh:
     let cut = if appending { n } else { entries.len() / 2 };
     let sep = entries[cut].0;
     let right = fresh.pop();
-    build_interior(&mut parent.buf.write()[..], parent.level, &entries[..cut]);
-    build_interior(&mut right.write()[..], parent.level, &entries[cut..]);
+    parent.buf.change(|b| build_interior(b, parent.level, &entries[..cut]));
+    right.change(|b| build_interior(b, parent.level, &entries[cut..]));
     finish(store, &parent.buf, parent.level, Bounds { lo: parent.bounds.lo, hi: Some(sep) });
     finish(store, &right, parent.level, Bounds { lo: sep, hi: parent.bounds.hi });
     Some((sep, right.blkno))
@@ -694,7 +691,7 @@ fn unlink_empty_leaf(store: &mut dyn NodeStore, root: &mut u64, path: &Path) -> 
         let new_root = surviving_root(store, parent, &mut doomed)?;
         *root = new_root;
     } else {
-        interior_remove(&mut parent.buf.write()[..], parent.nkeys, parent.idx);
+        parent.buf.change(|b| interior_remove(b, parent.nkeys, parent.idx));
         finish(store, &parent.buf, parent.level, parent.bounds);
     }
     free_all(store, &doomed)
@@ -967,56 +964,66 @@ fn replace_fits(b: &[u8], n: usize, i: usize, len: usize) -> bool {
     len <= old || value_start_of(b) >= slot(n) + len || leaf_room(b, n) + old >= len
 }
 
+/// The chunks of the node header (`nkeys`, `value_start`, and interior entry 0's key).
+fn header_chunks() -> ChunkMask {
+    chunks_of(0..NODE_HDR_END)
+}
+
+// The mutators below return the chunks they changed, for the log (`Buf::change`).
+
 /// Drop slot `i`; its value bytes become garbage until the next compaction.
-fn leaf_delete(b: &mut [u8], n: usize, i: usize) {
+fn leaf_delete(b: &mut [u8], n: usize, i: usize) -> ChunkMask {
     b.copy_within(slot(i + 1)..slot(n), slot(i));
     b[slot(n - 1)..slot(n)].fill(0);
     put_u16(b, OFF_NKEYS, (n - 1) as u16);
+    header_chunks() | chunks_of(slot(i)..slot(n))
 }
 
 /// Insert a slot at `i`; the caller has checked `put_fits`.
-fn leaf_put(b: &mut [u8], n: usize, i: usize, key: u64, value: &[u8]) {
-    if value_start_of(b) < slot(n + 1) + value.len() {
-        compact_leaf(b, n);
-    }
+fn leaf_put(b: &mut [u8], n: usize, i: usize, key: u64, value: &[u8]) -> ChunkMask {
+    let compacted = if value_start_of(b) < slot(n + 1) + value.len() { compact_leaf(b, n) } else { 0 };
     let off = value_start_of(b) - value.len();
     b[off..off + value.len()].copy_from_slice(value);
     b.copy_within(slot(i)..slot(n), slot(i + 1));
     write_slot(b, i, key, off, value.len());
     put_u16(b, OFF_NKEYS, (n + 1) as u16);
     put_u16(b, OFF_VALUE_START, off as u16);
+    compacted | header_chunks() | chunks_of(off..off + value.len()) | chunks_of(slot(i)..slot(n + 1))
 }
 
 /// Replace slot `i`'s value; the caller has checked `replace_fits`. A value no longer than the
 /// old one is written over it (the old one's tail becomes garbage); a longer one goes below
 /// the value area, which is compacted first (without the old value) if it has no room.
-fn leaf_replace(b: &mut [u8], n: usize, i: usize, value: &[u8]) {
+fn leaf_replace(b: &mut [u8], n: usize, i: usize, value: &[u8]) -> ChunkMask {
     let (off, len) = value_span(b, i);
     let key = leaf_key(b, i);
     if value.len() <= len {
         b[off..off + value.len()].copy_from_slice(value);
         write_slot(b, i, key, off, value.len());
-        return;
+        return chunks_of(off..off + value.len()) | chunks_of(slot(i)..slot(i + 1));
     }
-    if value_start_of(b) - slot(n) < value.len() {
+    let compacted = if value_start_of(b) - slot(n) < value.len() {
         // The old value is dead: an empty value at the same offset drops it from compaction.
         write_slot(b, i, key, off, 0);
-        compact_leaf(b, n);
-    }
+        compact_leaf(b, n)
+    } else {
+        0
+    };
     let off = value_start_of(b) - value.len();
     b[off..off + value.len()].copy_from_slice(value);
     write_slot(b, i, key, off, value.len());
     put_u16(b, OFF_VALUE_START, off as u16);
+    compacted | header_chunks() | chunks_of(off..off + value.len()) | chunks_of(slot(i)..slot(i + 1))
 }
 
-fn compact_leaf(b: &mut [u8], n: usize) {
+fn compact_leaf(b: &mut [u8], n: usize) -> ChunkMask {
     let mut old = [0u8; BLOCK_SIZE];
     old.copy_from_slice(b);
-    build_leaf(b, (0..n).map(|i| (leaf_key(&old, i), leaf_value(&old, i))));
+    build_leaf(b, (0..n).map(|i| (leaf_key(&old, i), leaf_value(&old, i))))
 }
 
 /// Write a leaf holding `entries` (sorted, known to fit) with its values packed, no garbage.
-fn build_leaf<'v>(b: &mut [u8], entries: impl IntoIterator<Item = (u64, &'v [u8])>) {
+fn build_leaf<'v>(b: &mut [u8], entries: impl IntoIterator<Item = (u64, &'v [u8])>) -> ChunkMask {
     let mut end = BLOCK_SIZE;
     let mut n = 0;
     for (key, value) in entries {
@@ -1027,6 +1034,7 @@ fn build_leaf<'v>(b: &mut [u8], entries: impl IntoIterator<Item = (u64, &'v [u8]
     }
     b[slot(n)..end].fill(0);
     write_node_header(b, 0, n, end);
+    ALL_CHUNKS
 }
 
 fn entry(i: usize) -> usize {
@@ -1055,31 +1063,34 @@ fn route(b: &[u8], n: usize, key: u64) -> usize {
 }
 
 /// Insert `(sep, child)` as entry `at` (>= 1) of an interior node with `n` < capacity entries.
-fn interior_insert(b: &mut [u8], n: usize, at: usize, (sep, child): (u64, u64)) {
+fn interior_insert(b: &mut [u8], n: usize, at: usize, (sep, child): (u64, u64)) -> ChunkMask {
     debug_assert!(at >= 1 && n < INTERIOR_MAX_CHILDREN);
     b.copy_within(entry(at)..entry(n), entry(at + 1));
     put_u64(b, entry(at), sep);
     put_u64(b, entry(at) + 8, child);
     put_u16(b, OFF_NKEYS, (n + 1) as u16);
+    header_chunks() | chunks_of(entry(at)..entry(n + 1))
 }
 
 /// Remove entry `i` of an interior node with `n` > 1 entries; the first key stays 0.
-fn interior_remove(b: &mut [u8], n: usize, i: usize) {
+fn interior_remove(b: &mut [u8], n: usize, i: usize) -> ChunkMask {
     b.copy_within(entry(i + 1)..entry(n), entry(i));
     b[entry(n - 1)..entry(n)].fill(0);
     put_u64(b, entry(0), 0);
     put_u16(b, OFF_NKEYS, (n - 1) as u16);
+    header_chunks() | chunks_of(entry(0)..entry(1)) | chunks_of(entry(i)..entry(n))
 }
 
 /// Write an interior node; the first key is stored as 0 whatever `entries` says, since it
 /// stands for the lower bound the parent gives.
-fn build_interior(b: &mut [u8], level: u8, entries: &[(u64, u64)]) {
+fn build_interior(b: &mut [u8], level: u8, entries: &[(u64, u64)]) -> ChunkMask {
     for (i, &(key, child)) in entries.iter().enumerate() {
         put_u64(b, entry(i), if i == 0 { 0 } else { key });
         put_u64(b, entry(i) + 8, child);
     }
     b[entry(entries.len())..].fill(0);
     write_node_header(b, level, entries.len(), 0);
+    ALL_CHUNKS
 }
 
 #[cfg(test)]
@@ -1134,7 +1145,10 @@ mod tests {
         /// afresh, it is handed out unverified, so the tree validates it again.
         fn tamper(&self, blkno: u64, change: impl FnOnce(&mut [u8])) {
             let buf = &self.blocks[&blkno];
-            change(&mut buf.write()[..]);
+            buf.change(|b| {
+                change(b);
+                ALL_CHUNKS
+            });
             buf.set_verified(false);
         }
 
@@ -1186,6 +1200,8 @@ mod tests {
         fn dirty(&mut self, buf: &BufRef) {
             assert!(self.blocks.contains_key(&buf.blkno), "dirtied freed block {}", buf.blkno);
             self.dirtied.insert(buf.blkno);
+            // As a commit would: debug builds check that the changes were all marked.
+            buf.take_changed(&buf.read());
         }
 
         fn owner(&self) -> u64 {
@@ -1786,7 +1802,10 @@ mod tests {
         // A marked node is trusted: structure damage that bypasses the mark (a bad disk cannot,
         // a block read afresh is unmarked) goes unseen by lookups, which check only placement,
         // while fsck's check validates every node afresh.
-        store.blocks[&leaf].write()[OFF_RESERVED_B] = 1;
+        store.blocks[&leaf].change(|b| {
+            b[OFF_RESERVED_B] = 1;
+            ALL_CHUNKS
+        });
         assert_eq!(lookup(&mut store, root, key).unwrap().as_ref(), model.get(&key));
         assert!(matches!(check(&mut store, root, &mut |_| ()), Err(Error::Corrupt { .. })));
     }
@@ -1804,14 +1823,14 @@ mod tests {
             assert!(store.blocks[&blkno].is_verified());
             let key = if blkno == child { 0 } else { in_right };
             assert!(lookup(&mut store, root, key).is_ok());
-            {
-                let mut b = store.blocks[&blkno].write();
+            store.blocks[&blkno].change(|b| {
                 if off == OFF_LEVEL {
                     b[off] = v as u8;
                 } else {
-                    put_u64(&mut b[..], off, v);
+                    put_u64(b, off, v);
                 }
-            }
+                ALL_CHUNKS
+            });
             assert!(store.blocks[&blkno].is_verified());
             for _ in 0..2 {
                 assert!(matches!(lookup(&mut store, root, key), Err(Error::Corrupt { .. })), "{what}: lookup");

@@ -3,9 +3,10 @@
 //! own lock only keeps readers from seeing a half-copied block.
 
 use crate::cache::Reclaimable;
+use crate::format::log::{ChunkMask, CHUNK};
 use crate::format::BLOCK_SIZE;
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use parking_lot::{RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub type Block = [u8; BLOCK_SIZE];
@@ -24,6 +25,14 @@ pub struct Buf {
     pub last_seq: AtomicU64,
     /// Looked up since the last reclaim scan.
     referenced: AtomicBool,
+    /// Chunks changed since the last commit logged this buffer: what the log must carry of
+    /// it. Whoever changes the buffer says what it changed (`change`), under the owner's
+    /// lock that the committing transaction holds too.
+    changed: AtomicU32,
+    /// Debug builds: the block as last logged (or read), to check at each commit that every
+    /// change was marked. An unmarked change would be lost by a crash.
+    #[cfg(debug_assertions)]
+    logged: parking_lot::Mutex<Box<Block>>,
 }
 
 pub type BufRef = Arc<Buf>;
@@ -32,11 +41,14 @@ impl Buf {
     pub fn new(blkno: u64, data: Box<Block>) -> BufRef {
         Arc::new(Buf {
             blkno,
+            #[cfg(debug_assertions)]
+            logged: parking_lot::Mutex::new(data.clone()),
             data: RwLock::new(data),
             log_version: AtomicU64::new(0),
             verified: AtomicBool::new(false),
             last_seq: AtomicU64::new(0),
             referenced: AtomicBool::new(true),
+            changed: AtomicU32::new(0),
         })
     }
 
@@ -48,8 +60,11 @@ impl Buf {
         self.data.read()
     }
 
-    pub fn write(&self) -> RwLockWriteGuard<'_, Box<Block>> {
-        self.data.write()
+    /// Change the block. `f` returns the chunks it changed (`chunks_of`, or `ALL_CHUNKS`),
+    /// which the next commit that logs the buffer takes (`take_changed`).
+    pub fn change(&self, f: impl FnOnce(&mut [u8]) -> ChunkMask) {
+        let changed = f(&mut self.data.write()[..]);
+        self.changed.fetch_or(changed, Ordering::Relaxed);
     }
 
     pub fn is_verified(&self) -> bool {
@@ -58,6 +73,22 @@ impl Buf {
 
     pub fn set_verified(&self, v: bool) {
         self.verified.store(v, Ordering::Release);
+    }
+
+    /// The chunks changed since the last call, for the commit that logs `image` (the block's
+    /// contents now); the next change starts a new mask.
+    pub fn take_changed(&self, image: &Block) -> ChunkMask {
+        let changed = self.changed.swap(0, Ordering::Relaxed);
+        #[cfg(debug_assertions)]
+        {
+            let mut logged = self.logged.lock();
+            let unmarked = (0..ChunkMask::BITS as usize).find(|&i| changed & (1 << i) == 0 && image[i * CHUNK..(i + 1) * CHUNK] != logged[i * CHUNK..(i + 1) * CHUNK]);
+            debug_assert!(unmarked.is_none(), "block {}: chunk {:?} changed but was not marked (mask {changed:#x})", self.blkno, unmarked);
+            logged.copy_from_slice(image);
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = image;
+        changed
     }
 
     pub fn next_log_version(&self) -> u64 {

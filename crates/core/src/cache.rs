@@ -20,6 +20,7 @@
 use crate::buf::{Buf, BufRef};
 use crate::dev::BlockDevice;
 use crate::error::Result;
+use crate::format::log::ALL_CHUNKS;
 use crate::format::{verify_block, BLOCK_SIZE};
 use crate::lockstat::{LockClass, Mutex, RwLock};
 use crossbeam_utils::CachePadded;
@@ -499,7 +500,11 @@ impl BufCache {
     /// the same block is reused, so its log version keeps rising across free and reuse.
     pub fn get_new(&self, blkno: u64) -> BufRef {
         let b = self.map.get_or_insert(blkno, Buf::zeroed(blkno));
-        b.write().fill(0);
+        // Whatever the block held before counts for nothing: the first image logged is whole.
+        b.change(|d| {
+            d.fill(0);
+            ALL_CHUNKS
+        });
         b.set_verified(false);
         b
     }

@@ -16,7 +16,7 @@
 
 use crate::buf::BufRef;
 use crate::error::{Error, Result};
-use crate::format::log::ItemKey;
+use crate::format::log::{ItemKey, ALL_CHUNKS};
 use crate::format::{ino_ag, ino_index, make_ino, DiskInode, INODE_SIZE};
 use crate::inode::InodeRef;
 use crate::journal::{BusyExtent, CilWriter};
@@ -318,7 +318,8 @@ impl<'m> Tx<'m> {
         let revoked_bufs: Vec<Option<BufRef>> = revoked.iter().map(|&blkno| m.bufs.get(blkno)).collect();
         let log_block = |cil: &mut CilWriter<'_>, b: &BufRef| {
             let v = b.next_log_version();
-            cil.log(ItemKey::Block(b.blkno), v, &b.read()[..]);
+            let image = b.read();
+            cil.log(ItemKey::Block(b.blkno), v, &image[..], b.take_changed(&image));
         };
         let seq = m.journal.commit(|cil| {
             // What the AG locks guard goes in first; the locks go as soon as it is in (the
@@ -338,7 +339,7 @@ impl<'m> Tx<'m> {
                 log_block(cil, b);
             }
             for l in &inodes {
-                cil.log(ItemKey::Inode(l.inode.ino), l.version, &l.image[..]);
+                cil.log(ItemKey::Inode(l.inode.ino), l.version, &l.image[..], ALL_CHUNKS);
             }
         });
         self.release_reservations();

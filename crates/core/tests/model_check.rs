@@ -12,7 +12,7 @@
 use ferrofs::ag::Ag;
 use ferrofs::cache::{inode_ag, AgCache, BufCache, CacheBudget, CacheOwner, Reclaimable};
 use ferrofs::dev::MemDevice;
-use ferrofs::format::log::{ItemKey, LogHeader};
+use ferrofs::format::log::{ItemKey, LogHeader, ALL_CHUNKS};
 use ferrofs::format::INODE_SIZE;
 use ferrofs::dev::BlockDevice;
 use ferrofs::format::{BLOCK_SIZE, HDR_SIZE};
@@ -102,7 +102,7 @@ fn cil_commit_and_switch_lose_nothing() {
                         let mut o = owners[ino as usize].lock().unwrap();
                         o.0 += 1;
                         let v = o.0;
-                        let seq = j.commit(|w| w.log(ItemKey::Inode(ino), v, &image(ino, v)));
+                        let seq = j.commit(|w| w.log(ItemKey::Inode(ino), v, &image(ino, v), ALL_CHUNKS));
                         o.1.push((v, seq));
                     }
                 })
@@ -402,7 +402,7 @@ fn a_freed_block_is_reused_only_after_the_writeback_that_may_hold_it() {
                 }
             }),
         );
-        j.commit(|w| w.log(ItemKey::Block(NODE), 1, &[0x54; BLOCK_SIZE]));
+        j.commit(|w| w.log(ItemKey::Block(NODE), 1, &[0x54; BLOCK_SIZE], ALL_CHUNKS));
         j.checkpoint().expect("checkpoint of the node");
         let writer = {
             let j = Arc::clone(&j);
@@ -410,7 +410,7 @@ fn a_freed_block_is_reused_only_after_the_writeback_that_may_hold_it() {
         };
         let seq = j.commit(|w| {
             for b in NODE + 1..=NODE + OTHERS {
-                w.log(ItemKey::Block(b), 1, &[0x0b; BLOCK_SIZE]);
+                w.log(ItemKey::Block(b), 1, &[0x0b; BLOCK_SIZE], ALL_CHUNKS);
             }
             w.revoke(NODE, 2);
             w.busy(BusyExtent { blkno: NODE, len: 1 });
@@ -451,7 +451,7 @@ fn a_forced_change_survives_a_crash_while_other_checkpoints_are_in_flight() {
                 thread::spawn(move || {
                     let blkno = FIRST + t;
                     let fill = t as u8 + 1;
-                    let seq = j.commit(|w| w.log(ItemKey::Block(blkno), 1, &[fill; BLOCK_SIZE]));
+                    let seq = j.commit(|w| w.log(ItemKey::Block(blkno), 1, &[fill; BLOCK_SIZE], ALL_CHUNKS));
                     j.force(seq).expect("force");
                     let crashed = dev.snapshot();
                     recover(&crashed, &geo, true).expect("recovery");

@@ -13,6 +13,39 @@ pub const LOG_HEADER_BLOCKS: u64 = 2;
 pub const RECORD_HDR: usize = 32;
 pub const ITEM_HDR: usize = 16;
 
+/// A block is logged in chunks of this many bytes: after the first image of a block, the log
+/// carries only the chunks that changed since its previous image there (as XFS logs a
+/// buffer's dirty regions), so one changed directory entry costs a few hundred bytes of log,
+/// not a whole block.
+pub const CHUNK: usize = 128;
+/// Which chunks of a block changed: bit *i* covers bytes `[i * CHUNK, (i + 1) * CHUNK)`.
+pub type ChunkMask = u32;
+pub const ALL_CHUNKS: ChunkMask = ChunkMask::MAX;
+const _: () = assert!(BLOCK_SIZE / CHUNK == ChunkMask::BITS as usize);
+
+/// The chunks that bytes `range` of a block touch.
+pub fn chunks_of(range: std::ops::Range<usize>) -> ChunkMask {
+    debug_assert!(range.end <= BLOCK_SIZE, "{range:?} outside a block");
+    if range.is_empty() {
+        return 0;
+    }
+    let (first, last) = (range.start / CHUNK, (range.end - 1) / CHUNK);
+    let upto_last = if last + 1 == ChunkMask::BITS as usize { ALL_CHUNKS } else { (1 << (last + 1)) - 1 };
+    upto_last & !((1 << first) - 1)
+}
+
+/// A decoded record item: where it goes home and what to put there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogItem<'a> {
+    /// A whole block image.
+    Block(u64, &'a [u8]),
+    /// Some chunks of a block (ascending, as the mask lists them), to be laid over its home
+    /// contents.
+    Chunks(u64, ChunkMask, &'a [u8]),
+    Inode(u64, &'a [u8]),
+    Revoke(u64),
+}
+
 /// What a logged item is and where it goes home.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ItemKey {
@@ -24,6 +57,9 @@ pub enum ItemKey {
     /// home, because the block may now hold file data (jbd2's revoke records).
     Revoke(u64),
 }
+
+/// The record item kind of a block's changed chunks; the other kinds are `ItemKey::kind`'s.
+const KIND_CHUNKS: u8 = 4;
 
 impl ItemKey {
     fn kind(self) -> u8 {
@@ -81,29 +117,48 @@ impl LogHeader {
     }
 }
 
-/// Bytes an item takes in a record.
+/// Bytes an item's whole image takes in a record.
 pub fn item_bytes(key: ItemKey) -> usize {
-    ITEM_HDR + key.image_len()
+    logged_bytes(key, ALL_CHUNKS)
 }
 
-/// Build a record: header, then `ITEM_HDR`-prefixed images, zero-padded to whole blocks.
-pub fn encode_record<'a>(seq: u64, epoch: u64, items: impl Iterator<Item = (ItemKey, &'a [u8])> + Clone) -> Vec<u8> {
+/// Bytes an item takes in a record when only the `changed` chunks of a block are logged.
+pub fn logged_bytes(key: ItemKey, changed: ChunkMask) -> usize {
+    match key {
+        ItemKey::Block(_) if changed != ALL_CHUNKS => ITEM_HDR + 4 + CHUNK * changed.count_ones() as usize,
+        _ => ITEM_HDR + key.image_len(),
+    }
+}
+
+/// Build a record: header, then `ITEM_HDR`-prefixed images, zero-padded to whole blocks. A
+/// block whose mask is not `ALL_CHUNKS` is logged as its changed chunks (kind 4).
+pub fn encode_record<'a>(seq: u64, epoch: u64, items: impl Iterator<Item = (ItemKey, &'a [u8], ChunkMask)> + Clone) -> Vec<u8> {
     // One allocation of the final size: a record of a busy checkpoint is hundreds of KiB,
     // and growing it by doubling copied it several times inside fsync's latency.
-    let len = items.clone().map(|(_, img)| ITEM_HDR + img.len()).sum::<usize>();
+    let len = items.clone().map(|(k, _, changed)| logged_bytes(k, changed)).sum::<usize>();
     let mut out = Vec::with_capacity((RECORD_HDR + len).next_multiple_of(BLOCK_SIZE));
     out.resize(RECORD_HDR, 0);
     let mut n = 0u32;
-    for (key, img) in items {
+    for (key, img, changed) in items {
         debug_assert_eq!(img.len(), key.image_len());
         let at = out.len();
         out.resize(at + ITEM_HDR, 0);
         out[at] = key.kind();
-        put_u32(&mut out, at + 4, img.len() as u32);
         put_u64(&mut out, at + 8, key.key());
-        out.extend_from_slice(img);
+        if matches!(key, ItemKey::Block(_)) && changed != ALL_CHUNKS {
+            out[at] = KIND_CHUNKS;
+            out.extend_from_slice(&changed.to_le_bytes());
+            for i in (0..ChunkMask::BITS as usize).filter(|i| changed & (1 << i) != 0) {
+                out.extend_from_slice(&img[i * CHUNK..(i + 1) * CHUNK]);
+            }
+        } else {
+            out.extend_from_slice(img);
+        }
+        let image_len = (out.len() - at - ITEM_HDR) as u32;
+        put_u32(&mut out, at + 4, image_len);
         n += 1;
     }
+    debug_assert_eq!(out.len(), RECORD_HDR + len);
     out.resize(out.len().next_multiple_of(BLOCK_SIZE), 0);
     put_u32(&mut out, 0, MAGIC_RECORD);
     put_u64(&mut out, 8, seq);
@@ -137,21 +192,14 @@ pub fn record_head(first: &[u8], max_blocks: u64) -> Option<RecordHead> {
 
 /// Validate a whole record and return its items. A checksum failure means the record was
 /// torn or never completed, which ends replay; it is not an error.
-pub fn decode_record(rec: &[u8]) -> Option<Result<Vec<(ItemKey, &[u8])>>> {
+pub fn decode_record(rec: &[u8]) -> Option<Result<Vec<LogItem<'_>>>> {
     if crc_with_hole(rec, 4) != get_u32(rec, 4) {
         return None;
     }
     Some(parse_items(rec))
 }
 
-/// The items of a record this process built (`encode_record`), with each image's byte
-/// offset in the record.
-pub fn item_offsets(rec: &[u8]) -> Result<Vec<(ItemKey, usize)>> {
-    let base = rec.as_ptr() as usize;
-    Ok(parse_items(rec)?.into_iter().map(|(k, img)| (k, img.as_ptr() as usize - base)).collect())
-}
-
-fn parse_items(rec: &[u8]) -> Result<Vec<(ItemKey, &[u8])>> {
+fn parse_items(rec: &[u8]) -> Result<Vec<LogItem<'_>>> {
     let n = get_u32(rec, 28) as usize;
     let bad = |d: String| Error::corrupt("log record", get_u64(rec, 8), d);
     if n > rec.len() / ITEM_HDR {
@@ -164,17 +212,69 @@ fn parse_items(rec: &[u8]) -> Result<Vec<(ItemKey, &[u8])>> {
             return Err(bad("item header past the end".into()));
         }
         let (kind, len, key) = (rec[at], get_u32(rec, at + 4) as usize, get_u64(rec, at + 8));
-        let key = match kind {
-            1 => ItemKey::Block(key),
-            2 => ItemKey::Inode(key),
-            3 => ItemKey::Revoke(key),
-            _ => return Err(bad(format!("unknown item kind {}", kind))),
-        };
-        if len != key.image_len() || at + ITEM_HDR + len > rec.len() {
+        if at + ITEM_HDR + len > rec.len() {
             return Err(bad(format!("item of {} bytes does not fit", len)));
         }
-        items.push((key, &rec[at + ITEM_HDR..at + ITEM_HDR + len]));
+        let img = &rec[at + ITEM_HDR..at + ITEM_HDR + len];
+        let (item, expected) = match kind {
+            1 => (LogItem::Block(key, img), BLOCK_SIZE),
+            2 => (LogItem::Inode(key, img), INODE_SIZE),
+            3 => (LogItem::Revoke(key), 0),
+            KIND_CHUNKS if len >= 4 => {
+                let changed = get_u32(img, 0);
+                // A whole block is logged as kind 1, and a logged block always has its header
+                // chunk (the seal's lsn and crc) among its changes.
+                if changed == ALL_CHUNKS || changed & 1 == 0 {
+                    return Err(bad(format!("block {key}: chunk mask {changed:#x}")));
+                }
+                (LogItem::Chunks(key, changed, &img[4..]), 4 + CHUNK * changed.count_ones() as usize)
+            }
+            _ => return Err(bad(format!("item of kind {kind}, {len} bytes"))),
+        };
+        if len != expected {
+            return Err(bad(format!("item of kind {kind}: {len} bytes, not {expected}")));
+        }
+        items.push(item);
         at += ITEM_HDR + len;
     }
     Ok(items)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_masks_cover_exactly_the_touched_chunks() {
+        assert_eq!(chunks_of(0..0), 0);
+        assert_eq!(chunks_of(0..1), 1);
+        assert_eq!(chunks_of(127..129), 0b11);
+        assert_eq!(chunks_of(128..256), 0b10);
+        assert_eq!(chunks_of(0..BLOCK_SIZE), ALL_CHUNKS);
+        assert_eq!(chunks_of(BLOCK_SIZE - 1..BLOCK_SIZE), 1 << 31);
+        assert_eq!(chunks_of(300..BLOCK_SIZE), ALL_CHUNKS & !0b11);
+    }
+
+    #[test]
+    fn a_record_round_trips_whole_and_chunked_blocks() {
+        let block: Vec<u8> = (0..BLOCK_SIZE).map(|i| (i / CHUNK) as u8).collect();
+        let inode = [7u8; INODE_SIZE];
+        let changed = 0b1000_0000_0000_0000_0000_0000_0000_0101;
+        let items = [(ItemKey::Block(10), &block[..], ALL_CHUNKS), (ItemKey::Block(11), &block[..], changed), (ItemKey::Inode(3), &inode[..], ALL_CHUNKS), (ItemKey::Revoke(12), &[][..], ALL_CHUNKS)];
+        let rec = encode_record(5, 2, items.iter().copied());
+        assert_eq!(rec.len(), (RECORD_HDR + items.iter().map(|&(k, _, c)| logged_bytes(k, c)).sum::<usize>()).next_multiple_of(BLOCK_SIZE));
+        let got = decode_record(&rec).expect("crc").expect("items");
+        let chunks: Vec<u8> = [0usize, 2, 31].iter().flat_map(|&i| block[i * CHUNK..(i + 1) * CHUNK].to_vec()).collect();
+        assert_eq!(got, vec![LogItem::Block(10, &block[..]), LogItem::Chunks(11, changed, &chunks[..]), LogItem::Inode(3, &inode[..]), LogItem::Revoke(12)]);
+    }
+
+    #[test]
+    fn a_chunk_item_without_its_header_chunk_is_corrupt() {
+        let block = [0u8; BLOCK_SIZE];
+        let mut rec = encode_record(1, 1, [(ItemKey::Block(10), &block[..], 0b11)].into_iter());
+        put_u32(&mut rec, RECORD_HDR + ITEM_HDR, 0b10);
+        let crc = crc_with_hole(&rec, 4);
+        put_u32(&mut rec, 4, crc);
+        assert!(decode_record(&rec).expect("crc").is_err());
+    }
 }

@@ -1,11 +1,14 @@
 //! The active item list: checkpoints that are in the log but not yet written home, in log
-//! order, plus the log ring's space accounting. Writeback goes oldest first and skips any
-//! item a later checkpoint logged again (that one will be written instead), so each item is
-//! written home once however often it was relogged; then the tail moves past what was written.
+//! order, plus the log ring's space accounting. Writeback goes oldest first and writes each
+//! item's newest durable image: an inode relogged by a later checkpoint is skipped (that
+//! one's whole image will be written instead), a block is written from the later checkpoint
+//! at once, since the log may hold only its changed chunks there. Either way each image is
+//! written home once however often it was relogged; then the tail moves past what was
+//! written.
 
 use super::BusyExtent;
 use crate::dev::BlockDevice;
-use crate::format::log::{item_offsets, ItemKey, LogHeader, LOG_HEADER_BLOCKS};
+use crate::format::log::{ItemKey, LogHeader, LOG_HEADER_BLOCKS};
 use crate::format::{Geometry, BLOCK_SIZE};
 use crate::lockstat::{LockClass, Mutex};
 use rustc_hash::FxHashMap;
@@ -28,12 +31,25 @@ struct Entry {
     durable: Option<Arc<Written>>,
 }
 
-/// A durable record as written to the log: writeback copies the images home from it, so the
-/// AIL holds one large buffer per checkpoint, not one small one per item.
+/// A durable record's items with their whole sealed images (a revoke's is empty), sorted by
+/// home: writeback writes them home from here (the record itself may hold only chunks).
 struct Written {
-    record: Vec<u8>,
-    /// Each item and the offset of its image in `record`.
-    items: Vec<(ItemKey, usize)>,
+    items: Vec<(ItemKey, Box<[u8]>)>,
+}
+
+impl Written {
+    fn bytes(&self) -> u64 {
+        self.items.iter().map(|(_, img)| img.len() as u64).sum()
+    }
+
+    /// The image this record holds for home location `home` (`None`: it revokes it).
+    fn image_of(&self, home_key: ItemKey) -> Option<&[u8]> {
+        let at = self.items.binary_search_by_key(&home_key, |(k, _)| home(*k)).expect("the record that logged an item holds it");
+        match self.items[at] {
+            (ItemKey::Revoke(_), _) => None,
+            (_, ref img) => Some(img),
+        }
+    }
 }
 
 /// The list and the ring, under the AIL lock, which an fsync's reservation and completion
@@ -67,9 +83,19 @@ struct Taken {
 struct Writeback {
     /// For each home location, the newest durable record writeback has taken in that
     /// mentions it: what decides that an older image is superseded.
-    latest: FxHashMap<ItemKey, u64>,
+    latest: FxHashMap<ItemKey, Newest>,
     /// Records numbered below this one are in `latest`.
     indexed_below: u64,
+    /// The records taken in and not yet retired, by number: where a superseded block's newest
+    /// image is found.
+    records: FxHashMap<u64, Arc<Written>>,
+}
+
+/// The newest record that logged a home location, and whether that image is home already.
+#[derive(Clone, Copy)]
+struct Newest {
+    rec_seq: u64,
+    homed: bool,
 }
 
 pub(super) struct Ail {
@@ -104,7 +130,7 @@ impl Ail {
             writing_back: false,
             held: Vec::new(),
         };
-        let writeback = Writeback { latest: FxHashMap::default(), indexed_below: h.tail_seq };
+        let writeback = Writeback { latest: FxHashMap::default(), indexed_below: h.tail_seq, records: FxHashMap::default() };
         Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, writeback), home_seq: AtomicU64::new(0), used_blocks: AtomicU64::new(0), held_bytes: AtomicU64::new(0) }
     }
 
@@ -148,14 +174,15 @@ impl Ail {
         self.held_bytes.load(Relaxed)
     }
 
-    /// The record joins writeback: one short hold of the AIL lock, whatever its size. Its
-    /// items enter writeback's map of the newest image of each home location only when a
-    /// writeback takes it in (`take_batch`), so a completing checkpoint (an fsync) never waits
-    /// behind per-item work.
-    pub fn mark_durable(&self, rec_seq: u64, cil_seq: u64, record: Vec<u8>) {
-        let items = item_offsets(&record).expect("a record this journal encoded parses");
-        self.held_bytes.fetch_add(record.len() as u64, Relaxed);
-        let written = Arc::new(Written { record, items });
+    /// The record joins writeback with its sealed images (sorted by home): one short hold of
+    /// the AIL lock, whatever its size. Its items enter writeback's map of the newest image
+    /// of each home location only when a writeback takes it in (`take_batch`), so a
+    /// completing checkpoint (an fsync) never waits behind per-item work.
+    pub fn mark_durable(&self, rec_seq: u64, cil_seq: u64, items: Vec<(ItemKey, Box<[u8]>)>) {
+        debug_assert!(items.windows(2).all(|w| home(w[0].0) < home(w[1].0)), "record items sorted by home");
+        let written = Written { items };
+        self.held_bytes.fetch_add(written.bytes(), Relaxed);
+        let written = Arc::new(written);
         let mut g = self.inner.lock();
         let e = g.entries.iter_mut().rev().find(|e| e.rec_seq == rec_seq).expect("reserved record is in the AIL");
         debug_assert!(e.durable.is_none());
@@ -187,34 +214,36 @@ impl Ail {
     }
 
     /// Write back oldest-first until `need_free` ring blocks are free (or nothing durable is
-    /// left), then move the tail. Returns (items written home, ring blocks freed). The freed
-    /// extents held back during the writeback go to `reuse` once it has written, before the
-    /// next writeback can start; after an I/O error they stay held: the journal has failed.
-    pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64, reuse: &dyn Fn(Vec<BusyExtent>)) -> io::Result<(u64, u64)> {
+    /// left), then move the tail. Returns (items written home, ring blocks freed, the block
+    /// images of the records retired, for reuse). The freed extents held back during the
+    /// writeback go to `reuse` once it has written, before the next writeback can start;
+    /// after an I/O error they stay held: the journal has failed.
+    pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64, reuse: &dyn Fn(Vec<BusyExtent>)) -> io::Result<(u64, u64, Vec<Box<[u8]>>)> {
         let mut wb = self.io.lock();
         let Taken { batch, freed, new } = self.take_batch(need_free, wb.indexed_below);
         if let Some((last, _)) = new.last() {
             wb.indexed_below = last + 1;
         }
-        for (rec_seq, w) in &new {
+        for (rec_seq, w) in new {
             for (k, _) in &w.items {
-                wb.latest.insert(home(*k), *rec_seq);
+                wb.latest.insert(home(*k), Newest { rec_seq, homed: false });
             }
+            wb.records.insert(rec_seq, w);
         }
-        drop(new);
         if batch.is_empty() {
-            return Ok((0, 0));
+            return Ok((0, 0, Vec::new()));
         }
         let homed_seq = batch.iter().map(|e| e.cil_seq).max().unwrap_or(0);
-        let writes = live_items(&mut wb.latest, &batch);
+        let Writeback { latest, records, .. } = &mut *wb;
+        let writes = live_items(latest, records, &batch);
         let mut homed: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len());
-        for &(k, w, at) in &writes {
+        for &(k, img) in &writes {
             let off = match k {
                 ItemKey::Block(b) => b * BLOCK_SIZE as u64,
                 ItemKey::Inode(ino) => geo.inode_offset(ino).map_err(io::Error::other)?,
                 ItemKey::Revoke(_) => unreachable!("revokes are never written home"),
             };
-            homed.push((off, &w.record[at..at + k.image_len()]));
+            homed.push((off, img));
         }
         homed.sort_unstable_by_key(|(off, _)| *off);
         write_coalesced(dev, &homed)?;
@@ -233,9 +262,16 @@ impl Ail {
         let (hdr, blkno) = self.advance_tail(freed);
         dev.write_at(&hdr.encode(blkno)[..], blkno * BLOCK_SIZE as u64)?;
         dev.flush()?;
-        let released: usize = batch.iter().filter_map(|e| e.durable.as_ref()).map(|w| w.record.len()).sum();
-        self.held_bytes.fetch_sub(released as u64, Relaxed);
-        Ok((writes.len() as u64, freed))
+        let written = writes.len() as u64;
+        drop(homed);
+        drop(writes);
+        for e in &batch {
+            records.remove(&e.rec_seq);
+        }
+        let retired: Vec<Written> = batch.into_iter().filter_map(|e| Arc::into_inner(e.durable?)).collect();
+        self.held_bytes.fetch_sub(retired.iter().map(Written::bytes).sum(), Relaxed);
+        let images = retired.into_iter().flat_map(|w| w.items).filter_map(|(k, img)| matches!(k, ItemKey::Block(_)).then_some(img)).collect();
+        Ok((written, freed, images))
     }
 
     /// Under one hold of the AIL lock: the durable records numbered from `indexed_below` on
@@ -278,20 +314,34 @@ impl Ail {
     }
 }
 
-/// The items of `batch` that no later record supersedes (revokes write nothing), as (item,
-/// its record, offset of its image there); they leave `latest`. A record that became durable
-/// after the batch was taken is not in `latest` yet: the batch may then write an older image
-/// of one of its items home, which that record's own writeback overwrites later (and a revoke
-/// among them is covered by `reusable`).
-fn live_items<'b>(latest: &mut FxHashMap<ItemKey, u64>, batch: &'b [Entry]) -> Vec<(ItemKey, &'b Written, usize)> {
+/// The images to write home for `batch`, as (item, image); revokes write nothing.
+///
+/// An item whose newest record is in the batch is written from it and leaves `latest`. A
+/// block that a later record (in `records`) logged again is written from that record now,
+/// once: that record may carry only the chunks changed since the batch's image, so the tail
+/// may pass the batch only once the block at home is at least as new (the rule that lets
+/// recovery lay chunks over the home block). An inode relogged later is skipped: its later
+/// image is whole. A record that became durable after the batch was taken is in neither map:
+/// the batch may then write an older image home, which that record's own writeback
+/// overwrites later (and a revoke among them is covered by `reusable`).
+fn live_items<'b>(latest: &mut FxHashMap<ItemKey, Newest>, records: &'b FxHashMap<u64, Arc<Written>>, batch: &'b [Entry]) -> Vec<(ItemKey, &'b [u8])> {
     let mut out = Vec::new();
     for e in batch {
         let w = e.durable.as_deref().expect("only durable records are taken");
-        for &(k, at) in &w.items {
-            if latest.get(&home(k)) == Some(&e.rec_seq) {
-                latest.remove(&home(k));
-                if !matches!(k, ItemKey::Revoke(_)) {
-                    out.push((k, w, at));
+        for (k, img) in &w.items {
+            let home_key = home(*k);
+            let Some(newest) = latest.get_mut(&home_key) else { continue };
+            if newest.rec_seq == e.rec_seq {
+                let homed = newest.homed;
+                latest.remove(&home_key);
+                if !homed && !matches!(k, ItemKey::Revoke(_)) {
+                    out.push((*k, &img[..]));
+                }
+            } else if matches!(home_key, ItemKey::Block(_)) && !newest.homed {
+                debug_assert!(newest.rec_seq > e.rec_seq, "{home_key:?}: newest record {} before {}", newest.rec_seq, e.rec_seq);
+                newest.homed = true;
+                if let Some(img) = records[&newest.rec_seq].image_of(home_key) {
+                    out.push((home_key, img));
                 }
             }
         }

@@ -20,7 +20,7 @@ pub use recover::{recover, RecoveryReport};
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::log::{encode_record, item_bytes, ItemKey, LogHeader, RECORD_HDR};
+use crate::format::log::{encode_record, item_bytes, logged_bytes, ChunkMask, ItemKey, LogHeader, ALL_CHUNKS, RECORD_HDR};
 use crate::format::{seal_block, DiskInode, Geometry, BLOCK_SIZE};
 use crate::lockstat::{Condvar, LockClass, Mutex, MutexGuard};
 use ail::Ail;
@@ -55,6 +55,9 @@ struct CilItem {
     version: u64,
     /// `None`: the block was freed in this sequence (logged as a revoke).
     image: Option<Box<[u8]>>,
+    /// A block's chunks changed since its image in an earlier sequence (all of them for an
+    /// inode): what the record must carry.
+    changed: ChunkMask,
 }
 
 /// What one shard holds of one CIL sequence.
@@ -74,12 +77,20 @@ struct CilBatch {
 /// its way up again. Freed when the journal goes idle.
 type SpareMaps = Vec<FxHashMap<ItemKey, CilItem>>;
 
-/// What a switch took out of the CIL: one sequence's merged items, sorted by home (`None`:
-/// the block was freed, logged as a revoke), its freed extents, and what it added to
-/// `Journal::in_flight_bytes` (given back once the checkpoint completes).
+/// One item of a checkpoint: its newest image (`None`: the block was freed, logged as a
+/// revoke) and the chunks of it that changed since its previous image in the log.
+struct Checkpointed {
+    key: ItemKey,
+    image: Option<Box<[u8]>>,
+    changed: ChunkMask,
+}
+
+/// What a switch took out of the CIL: one sequence's merged items, sorted by home, its freed
+/// extents, and what it added to `Journal::in_flight_bytes` (given back once the checkpoint
+/// completes).
 struct Switched {
     seq: u64,
-    items: Vec<(ItemKey, Option<Box<[u8]>>)>,
+    items: Vec<Checkpointed>,
     busy: Vec<BusyExtent>,
     in_flight: u64,
 }
@@ -109,9 +120,12 @@ pub struct CilWriter<'a> {
 
 impl CilWriter<'_> {
     /// Copy an item's current image into the CIL (replacing an older copy in this shard).
-    pub fn log(&mut self, key: ItemKey, version: u64, image: &[u8]) {
+    /// `changed`: the chunks of a block that this commit changed (`Buf::take_changed`);
+    /// `ALL_CHUNKS` for an inode.
+    pub fn log(&mut self, key: ItemKey, version: u64, image: &[u8], changed: ChunkMask) {
         debug_assert!(!matches!(key, ItemKey::Revoke(_)));
         debug_assert_eq!(image.len(), key.image_len());
+        debug_assert!(matches!(key, ItemKey::Block(_)) || changed == ALL_CHUNKS, "{key:?}: only blocks are logged in chunks");
         match self.batch.items.get_mut(&key) {
             Some(it) => {
                 // An item's versions are taken under its owner's lock, which is held through
@@ -120,6 +134,7 @@ impl CilWriter<'_> {
                 // increasing order. A lower one would lose this change at the checkpoint.
                 debug_assert!(it.version < version, "{key:?}: version {version} logged after {}", it.version);
                 it.version = version;
+                it.changed |= changed;
                 match &mut it.image {
                     Some(img) => img.copy_from_slice(image),
                     None => it.image = Some(copy_of(image, self.free, &mut self.batch.block_images)),
@@ -128,7 +143,7 @@ impl CilWriter<'_> {
             None => {
                 self.added_bytes += item_bytes(key) as u64;
                 let image = Some(copy_of(image, self.free, &mut self.batch.block_images));
-                self.batch.items.insert(key, CilItem { version, image });
+                self.batch.items.insert(key, CilItem { version, image, changed });
             }
         }
     }
@@ -136,7 +151,7 @@ impl CilWriter<'_> {
 
     /// The metadata block was freed: drop any logged image and revoke older ones.
     pub fn revoke(&mut self, blkno: u64, version: u64) {
-        let old = self.batch.items.insert(ItemKey::Block(blkno), CilItem { version, image: None });
+        let old = self.batch.items.insert(ItemKey::Block(blkno), CilItem { version, image: None, changed: 0 });
         debug_assert!(old.as_ref().is_none_or(|o| o.version < version), "block {blkno}: revoke version {version} not above the logged one");
         self.free.extend(old.and_then(|o| o.image));
         self.added_bytes += item_bytes(ItemKey::Revoke(blkno)) as u64;
@@ -624,7 +639,7 @@ impl Journal {
     /// joins the AIL as durable, its freed extents become reusable, and fsyncs waiting for it
     /// are woken. Whoever sees `durable_seq` past a checkpoint (a force, an ENOSPC retry)
     /// therefore finds its freed space back in the allocator.
-    fn complete(&self, seq: u64, record: Option<(u64, Vec<u8>)>, busy: Vec<BusyExtent>) -> Result<()> {
+    fn complete(&self, seq: u64, record: Option<(u64, Vec<(ItemKey, Box<[u8]>)>)>, busy: Vec<BusyExtent>) -> Result<()> {
         let mut done = self.done.lock();
         self.wait_durable_locked(&mut done, seq - 1)?;
         debug_assert_eq!(self.durable_seq() + 1, seq, "CIL sequences complete in order");
@@ -699,10 +714,19 @@ impl Journal {
         let mut busy = Vec::new();
         for mut shard in taken {
             busy.extend(shard.busy);
-            for (k, it) in shard.items.drain() {
-                match merged.get(&k) {
-                    Some(old) if old.version >= it.version => debug_assert_ne!(old.version, it.version, "{:?}: one version logged twice", k),
-                    _ => {
+            for (k, mut it) in shard.items.drain() {
+                // The newest image wins, carrying the changes of both shards' commits: all
+                // of them happened since the block's previous image in the log.
+                match merged.get_mut(&k) {
+                    Some(old) if old.version >= it.version => {
+                        debug_assert_ne!(old.version, it.version, "{:?}: one version logged twice", k);
+                        old.changed |= it.changed;
+                    }
+                    Some(old) => {
+                        it.changed |= old.changed;
+                        *old = it;
+                    }
+                    None => {
                         merged.insert(k, it);
                     }
                 }
@@ -711,34 +735,37 @@ impl Journal {
                 maps.push(shard.items);
             }
         }
-        let mut items: Vec<_> = merged.into_iter().map(|(k, it)| (k, it.image)).collect();
-        items.sort_unstable_by_key(|(k, _)| *k);
+        let mut items: Vec<_> = merged.into_iter().map(|(key, it)| Checkpointed { key, image: it.image, changed: it.changed }).collect();
+        items.sort_unstable_by_key(|it| it.key);
         Switched { seq, items, busy, in_flight }
     }
 
     /// Claim log space for the record of CIL sequence `seq` under the push lock, then build
-    /// and write it without the lock. The record's block images go to `spare` once written
-    /// (see `CilShard::free`). Returns the record's number and bytes, for the AIL.
-    fn write_checkpoint(&self, seq: u64, items: Vec<(ItemKey, Option<Box<[u8]>>)>, push: MutexGuard<'_, SpareMaps>) -> Result<(u64, Vec<u8>)> {
-        let bytes: usize = items.iter().map(|(k, img)| if img.is_some() { item_bytes(*k) } else { item_bytes(ItemKey::Revoke(0)) }).sum();
+    /// and write it without the lock. A block is logged as the chunks that changed since its
+    /// previous image in the log, and its header chunk (the seal's lsn and crc), unless all
+    /// of it changed. Returns the record's number and its sealed whole images, sorted by home,
+    /// for the AIL to write home.
+    fn write_checkpoint(&self, seq: u64, items: Vec<Checkpointed>, push: MutexGuard<'_, SpareMaps>) -> Result<(u64, Vec<(ItemKey, Box<[u8]>)>)> {
+        let logged = |it: &Checkpointed| if it.image.is_some() { logged_bytes(it.key, it.changed | 1) } else { item_bytes(ItemKey::Revoke(0)) };
+        let bytes: usize = items.iter().map(logged).sum();
         let blocks = (RECORD_HDR + bytes).div_ceil(BLOCK_SIZE) as u64;
         let (rec_seq, off, epoch) = self.reserve_log(seq, blocks)?;
         drop(push);
-        let sealed: Vec<(ItemKey, Box<[u8]>)> = items
+        let sealed: Vec<(ItemKey, Box<[u8]>, ChunkMask)> = items
             .into_iter()
-            .map(|(k, img)| match (k, img) {
-                (ItemKey::Block(b), None) => (ItemKey::Revoke(b), Box::default()),
+            .map(|Checkpointed { key, image, changed }| match (key, image) {
+                (ItemKey::Block(b), None) => (ItemKey::Revoke(b), Box::default(), ALL_CHUNKS),
                 (k, Some(mut img)) => {
                     match k {
                         ItemKey::Block(_) => seal_block(&mut img, rec_seq),
                         _ => DiskInode::seal(&mut img, rec_seq),
                     }
-                    (k, img)
+                    (k, img, changed | 1)
                 }
                 (k, None) => unreachable!("only blocks are revoked: {:?}", k),
             })
             .collect();
-        let record = encode_record(rec_seq, epoch, sealed.iter().map(|(k, i)| (*k, &i[..])));
+        let record = encode_record(rec_seq, epoch, sealed.iter().map(|(k, img, changed)| (*k, &img[..], *changed)));
         debug_assert_eq!(record.len() as u64, blocks * BLOCK_SIZE as u64);
         // Data noted before the switch is flushed before this record, or before an earlier
         // one (whichever took the note), without which this record is never replayed.
@@ -751,8 +778,12 @@ impl Journal {
         self.stats.checkpoints.fetch_add(1, Relaxed);
         self.stats.items_logged.fetch_add(sealed.len() as u64, Relaxed);
         self.stats.log_bytes.fetch_add(record.len() as u64, Relaxed);
-        // Sorted out and freed outside the lock, which the next switch waits for.
-        let mut images: Vec<Box<[u8]>> = sealed.into_iter().filter_map(|(k, img)| matches!(k, ItemKey::Block(_)).then_some(img)).collect();
+        Ok((rec_seq, sealed.into_iter().map(|(k, img, _)| (k, img)).collect()))
+    }
+
+    /// Block images of records written home, for the shards' next copies (handed out at the
+    /// next switch); what does not fit under `spare_max_bytes` is freed, outside the lock.
+    fn recycle(&self, mut images: Vec<Box<[u8]>>) {
         let surplus = {
             let mut spare = self.spare.lock();
             let room = (self.cfg.spare_max_bytes as usize / BLOCK_SIZE).saturating_sub(spare.len());
@@ -767,7 +798,6 @@ impl Journal {
             surplus
         };
         drop(surplus);
-        Ok((rec_seq, record))
     }
 
     /// Space for the record of CIL sequence `seq`, of `blocks`; when the log is full, write
@@ -808,8 +838,9 @@ impl Journal {
     /// Returns the ring blocks freed.
     fn push_ail(&self, need_free: u64) -> Result<u64> {
         self.stats.ail_pushes.fetch_add(1, Relaxed);
-        let (written, freed) = self.ail.push(&*self.dev, &self.geo, need_free, &*self.on_durable).or_else(|e| self.fail(e))?;
+        let (written, freed, images) = self.ail.push(&*self.dev, &self.geo, need_free, &*self.on_durable).or_else(|e| self.fail(e))?;
         self.stats.items_written_home.fetch_add(written, Relaxed);
+        self.recycle(images);
         Ok(freed)
     }
 
@@ -952,7 +983,7 @@ impl Journal {
     pub fn switch_for_model(&self) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>) {
         let Switched { seq, items, in_flight, .. } = self.switch(&mut SpareMaps::default());
         self.in_flight_bytes.fetch_sub(in_flight, Relaxed);
-        (seq, items)
+        (seq, items.into_iter().map(|it| (it.key, it.image)).collect())
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::log::{decode_record, record_head, ItemKey, LogHeader, LOG_HEADER_BLOCKS};
+use crate::format::log::{decode_record, record_head, LogHeader, LogItem, CHUNK, LOG_HEADER_BLOCKS};
 use crate::format::{Geometry, BLOCK_SIZE};
 use rustc_hash::FxHashMap;
 
@@ -48,21 +48,34 @@ pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<Rec
     let (records, end) = scan(dev, ring_start, ring, &h)?;
     let mut revoke: FxHashMap<u64, u64> = FxHashMap::default();
     for r in &records {
-        for (k, _) in decode_record(&r.bytes).expect("checked in scan")? {
-            if let ItemKey::Revoke(b) = k {
+        for item in decode_record(&r.bytes).expect("checked in scan")? {
+            if let LogItem::Revoke(b) = item {
                 revoke.insert(b, r.seq);
             }
         }
     }
     let mut report = RecoveryReport { records: records.len() as u64, items: 0, revoked: 0, header: h };
+    let mut block = vec![0u8; BLOCK_SIZE];
     for r in &records {
-        for (k, img) in decode_record(&r.bytes).expect("checked in scan")? {
+        for item in decode_record(&r.bytes).expect("checked in scan")? {
             report.items += 1;
-            match k {
-                ItemKey::Block(b) if revoke.get(&b).is_some_and(|&s| s > r.seq) => report.revoked += 1,
-                ItemKey::Block(b) => dev.write_at(img, checked_block(geo, b, r.seq)? * BLOCK_SIZE as u64)?,
-                ItemKey::Inode(ino) => dev.write_at(img, geo.inode_offset(ino)?)?,
-                ItemKey::Revoke(_) => {}
+            match item {
+                LogItem::Block(b, _) | LogItem::Chunks(b, ..) if revoke.get(&b).is_some_and(|&s| s > r.seq) => report.revoked += 1,
+                LogItem::Block(b, img) => dev.write_at(img, checked_block(geo, b, r.seq)? * BLOCK_SIZE as u64)?,
+                LogItem::Chunks(b, changed, chunks) => {
+                    // Laid over what is home: the block as an earlier record of this replay
+                    // left it, or as writeback last wrote it. Every byte that differs from
+                    // this record's image is in one of the chunks replayed from here on.
+                    let at = checked_block(geo, b, r.seq)? * BLOCK_SIZE as u64;
+                    dev.read_at(&mut block, at)?;
+                    let changed_at = (0..u32::BITS as usize).filter(|i| changed & (1 << i) != 0);
+                    for (i, chunk) in changed_at.zip(chunks.chunks_exact(CHUNK)) {
+                        block[i * CHUNK..(i + 1) * CHUNK].copy_from_slice(chunk);
+                    }
+                    dev.write_at(&block, at)?;
+                }
+                LogItem::Inode(ino, img) => dev.write_at(img, geo.inode_offset(ino)?)?,
+                LogItem::Revoke(_) => {}
             }
         }
     }
