@@ -3,7 +3,9 @@
 //! own lock only keeps readers from seeing a half-copied block.
 
 use crate::cache::Reclaimable;
-use crate::format::log::{ChunkMask, CHUNK};
+#[cfg(debug_assertions)]
+use crate::format::log::CHUNK;
+use crate::format::log::ChunkMask;
 use crate::format::BLOCK_SIZE;
 use parking_lot::{RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
