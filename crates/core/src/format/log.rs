@@ -23,6 +23,16 @@ pub type ChunkMask = u32;
 pub const ALL_CHUNKS: ChunkMask = ChunkMask::MAX;
 const _: () = assert!(BLOCK_SIZE / CHUNK == ChunkMask::BITS as usize);
 
+/// The chunk numbers set in `changed`, ascending (the order a chunks item stores them in).
+pub fn chunk_indices(changed: ChunkMask) -> impl Iterator<Item = usize> {
+    (0..ChunkMask::BITS as usize).filter(move |i| changed & (1 << i) != 0)
+}
+
+/// Whether a record carries this item as chunks (kind 4) rather than whole.
+fn in_chunks(key: ItemKey, changed: ChunkMask) -> bool {
+    matches!(key, ItemKey::Block(_)) && changed != ALL_CHUNKS
+}
+
 /// The chunks that bytes `range` of a block touch.
 pub fn chunks_of(range: std::ops::Range<usize>) -> ChunkMask {
     debug_assert!(range.end <= BLOCK_SIZE, "{range:?} outside a block");
@@ -124,9 +134,10 @@ pub fn item_bytes(key: ItemKey) -> usize {
 
 /// Bytes an item takes in a record when only the `changed` chunks of a block are logged.
 pub fn logged_bytes(key: ItemKey, changed: ChunkMask) -> usize {
-    match key {
-        ItemKey::Block(_) if changed != ALL_CHUNKS => ITEM_HDR + 4 + CHUNK * changed.count_ones() as usize,
-        _ => ITEM_HDR + key.image_len(),
+    if in_chunks(key, changed) {
+        ITEM_HDR + 4 + CHUNK * changed.count_ones() as usize
+    } else {
+        ITEM_HDR + key.image_len()
     }
 }
 
@@ -145,10 +156,10 @@ pub fn encode_record<'a>(seq: u64, epoch: u64, items: impl Iterator<Item = (Item
         out.resize(at + ITEM_HDR, 0);
         out[at] = key.kind();
         put_u64(&mut out, at + 8, key.key());
-        if matches!(key, ItemKey::Block(_)) && changed != ALL_CHUNKS {
+        if in_chunks(key, changed) {
             out[at] = KIND_CHUNKS;
             out.extend_from_slice(&changed.to_le_bytes());
-            for i in (0..ChunkMask::BITS as usize).filter(|i| changed & (1 << i) != 0) {
+            for i in chunk_indices(changed) {
                 out.extend_from_slice(&img[i * CHUNK..(i + 1) * CHUNK]);
             }
         } else {

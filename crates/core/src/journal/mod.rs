@@ -85,6 +85,18 @@ struct Checkpointed {
     changed: ChunkMask,
 }
 
+impl Checkpointed {
+    /// How the record carries the item: a freed block as its revoke, a block with its header
+    /// chunk among its changes (the seal writes the lsn and crc there).
+    fn logged(&self) -> (ItemKey, ChunkMask) {
+        debug_assert!(self.image.is_some() || matches!(self.key, ItemKey::Block(_)), "{:?}: only blocks are revoked", self.key);
+        match (self.key, &self.image) {
+            (ItemKey::Block(b), None) => (ItemKey::Revoke(b), ALL_CHUNKS),
+            (k, _) => (k, self.changed | 1),
+        }
+    }
+}
+
 /// What a switch took out of the CIL: one sequence's merged items, sorted by home, its freed
 /// extents, and what it added to `Journal::in_flight_bytes` (given back once the checkpoint
 /// completes).
@@ -103,9 +115,9 @@ struct CilShard {
     seq: u64,
     open: CilBatch,
     next: CilBatch,
-    /// Block-sized buffers of written records, for this shard's next copies (as many as
+    /// Block-sized buffers of records written home, for this shard's next copies (as many as
     /// its last batch used; none once the CIL is idle): a commit then copies into memory it
-    /// already has instead of allocating 4 KiB that the checkpoint thread frees (that
+    /// already has instead of allocating 4 KiB that another thread frees (that
     /// cross-thread malloc and free was 8% of the FUSE daemon's CPU in a 400,000-file
     /// `rm -rf`).
     free: Vec<Box<[u8]>>,
@@ -300,15 +312,15 @@ pub struct Journal {
     /// leaves it counted here as well as in `cil_bytes` until the next switch).
     recycled_bytes: AtomicU64,
     /// Twice the CIL bytes of the checkpoints between their switch and their completion: their
-    /// items, and then the record built from them, which the AIL counts once it is durable.
+    /// items, and then their sealed images and record; the AIL counts the images once durable.
     in_flight_bytes: AtomicU64,
     /// A background checkpoint was requested and has not started yet.
     push_pending: AtomicBool,
     /// Serialises switches and log space claims, so records are numbered and placed in CIL
     /// sequence order; not held while a record is built or written.
     push: Mutex<SpareMaps>,
-    /// Block images of written records, which the next switch hands back to the shards
-    /// (`CilShard::free`).
+    /// Block images of records written home (`recycle`), which the next switch hands back to
+    /// the shards (`CilShard::free`).
     spare: Mutex<Vec<Box<[u8]>>>,
     /// Taken to complete a checkpoint (in sequence order) and to wait for one; `done_cv` is
     /// signalled when `durable_seq` moves or the journal fails.
@@ -746,23 +758,21 @@ impl Journal {
     /// of it changed. Returns the record's number and its sealed whole images, sorted by home,
     /// for the AIL to write home.
     fn write_checkpoint(&self, seq: u64, items: Vec<Checkpointed>, push: MutexGuard<'_, SpareMaps>) -> Result<(u64, Vec<(ItemKey, Box<[u8]>)>)> {
-        let logged = |it: &Checkpointed| if it.image.is_some() { logged_bytes(it.key, it.changed | 1) } else { item_bytes(ItemKey::Revoke(0)) };
-        let bytes: usize = items.iter().map(logged).sum();
+        let bytes: usize = items.iter().map(|it| it.logged()).map(|(k, changed)| logged_bytes(k, changed)).sum();
         let blocks = (RECORD_HDR + bytes).div_ceil(BLOCK_SIZE) as u64;
         let (rec_seq, off, epoch) = self.reserve_log(seq, blocks)?;
         drop(push);
         let sealed: Vec<(ItemKey, Box<[u8]>, ChunkMask)> = items
             .into_iter()
-            .map(|Checkpointed { key, image, changed }| match (key, image) {
-                (ItemKey::Block(b), None) => (ItemKey::Revoke(b), Box::default(), ALL_CHUNKS),
-                (k, Some(mut img)) => {
-                    match k {
-                        ItemKey::Block(_) => seal_block(&mut img, rec_seq),
-                        _ => DiskInode::seal(&mut img, rec_seq),
-                    }
-                    (k, img, changed | 1)
+            .map(|it| {
+                let (k, changed) = it.logged();
+                let mut img = it.image.unwrap_or_default();
+                match k {
+                    ItemKey::Block(_) => seal_block(&mut img, rec_seq),
+                    ItemKey::Inode(_) => DiskInode::seal(&mut img, rec_seq),
+                    ItemKey::Revoke(_) => {}
                 }
-                (k, None) => unreachable!("only blocks are revoked: {:?}", k),
+                (k, img, changed)
             })
             .collect();
         let record = encode_record(rec_seq, epoch, sealed.iter().map(|(k, img, changed)| (*k, &img[..], *changed)));

@@ -4,7 +4,7 @@
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::log::{decode_record, record_head, LogHeader, LogItem, CHUNK, LOG_HEADER_BLOCKS};
+use crate::format::log::{chunk_indices, decode_record, record_head, LogHeader, LogItem, CHUNK, LOG_HEADER_BLOCKS};
 use crate::format::{Geometry, BLOCK_SIZE};
 use rustc_hash::FxHashMap;
 
@@ -68,8 +68,7 @@ pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<Rec
                     // this record's image is in one of the chunks replayed from here on.
                     let at = checked_block(geo, b, r.seq)? * BLOCK_SIZE as u64;
                     dev.read_at(&mut block, at)?;
-                    let changed_at = (0..u32::BITS as usize).filter(|i| changed & (1 << i) != 0);
-                    for (i, chunk) in changed_at.zip(chunks.chunks_exact(CHUNK)) {
+                    for (i, chunk) in chunk_indices(changed).zip(chunks.chunks_exact(CHUNK)) {
                         block[i * CHUNK..(i + 1) * CHUNK].copy_from_slice(chunk);
                     }
                     dev.write_at(&block, at)?;
