@@ -717,8 +717,8 @@ impl Journal {
             .filter_map(|slot| {
                 let mut g = slot.shard.lock();
                 if g.seq != seq {
-                    // Idle until a committer caught it up to the new sequence after this
-                    // switch read its flag: nothing in it belongs to `seq`.
+                    // Idle until a committer that read the new sequence brought it up to
+                    // that: nothing in it belongs to `seq`.
                     debug_assert!(g.seq > seq || (g.open.is_empty() && g.next.is_empty()), "shard at {} skipped by switch {seq}", g.seq);
                     kept += g.free.len();
                     return None;
