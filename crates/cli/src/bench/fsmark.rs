@@ -49,6 +49,12 @@ pub struct FsmarkArgs {
     /// for its `-o`); may be repeated. E.g. ferrofs:entry_timeout=60 or minifuse:default_permissions.
     #[arg(long = "mount-options", value_parser = parse_target_options)]
     pub mount_options: Vec<(Kind, String)>,
+    /// fsmark, fsync, scale, seeds: run every FUSE daemon in a session of its own, as mount(8)
+    /// and `ferrofs mount --daemon` start them, instead of in the benchmark's session beside
+    /// the workload. The kernel gives each session's threads a fair share as a group
+    /// (autogroup), which changes how the CPUs are split between a daemon and the workload.
+    #[arg(long)]
+    pub detached: bool,
 }
 
 /// Every figure of one target, one run, one thread count.
@@ -81,6 +87,8 @@ pub struct Report {
     pub remove_command: String,
     /// Extra mount options given per target.
     pub mount_options: Vec<(Kind, String)>,
+    /// FUSE daemons ran in sessions of their own (`--detached`), else in the benchmark's.
+    pub detached: bool,
     pub targets: Vec<TargetReport>,
     pub ratios: Vec<Ratio>,
     pub skipped: Vec<Skipped>,
@@ -146,7 +154,7 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
     let threads = args.threads_or(DEFAULT_THREADS)?;
     let files = args.files.unwrap_or(DEFAULT_FILES);
     let slow_files = f.slow_files.unwrap_or((files / SLOW_DIVISOR).max(1));
-    let env = Env::new(f.peers.clone(), f.mount_options.clone())?;
+    let env = Env::new(f)?;
     let mut wanted: Vec<Kind> = if f.targets.is_empty() {
         Kind::ALL.to_vec()
     } else {
@@ -243,6 +251,7 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
         ),
         remove_command: "rm -rf DIR/0 & ... & rm -rf DIR/T-1 (T processes at once)".into(),
         mount_options: f.mount_options.clone(),
+        detached: f.detached,
         targets,
         ratios,
         skipped,
@@ -488,6 +497,10 @@ impl Report {
         }
         for (k, o) in &self.mount_options {
             println!("  {} mounted with -o {o}", k.name());
+        }
+        match self.detached {
+            true => println!("  FUSE daemons: each in a session of its own (--detached)"),
+            false => println!("  FUSE daemons: in the benchmark's session, beside the workload (--detached: each in its own)"),
         }
         println!("  files/s = files / wall clock from the first process's start to the last one's exit: median [min-max]\n");
         println!(

@@ -160,7 +160,7 @@ fn mounted(
     if f.targets.is_empty() {
         return Ok(Vec::new());
     }
-    let env = Env::new(f.peers.clone(), f.mount_options.clone())?;
+    let env = Env::new(f)?;
     let size = Size {
         files: (files + creators * LOAD_BATCH) as u64,
         dirs: creators as u64 + 1,

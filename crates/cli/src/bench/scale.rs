@@ -266,7 +266,7 @@ fn mounted(args: &BenchArgs, plan: &Plan, live: usize) -> CliResult<Vec<MountedS
     if f.targets.is_empty() {
         return Ok(Vec::new());
     }
-    let env = Env::new(f.peers.clone(), f.mount_options.clone())?;
+    let env = Env::new(f)?;
     let max_threads = plan.threads.iter().copied().max().unwrap_or(1);
     let size = Size {
         files: live as u64,

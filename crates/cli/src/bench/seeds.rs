@@ -283,7 +283,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     let started = Instant::now();
     let sizes = Sizes::pick(&args.seeds);
     let loadavg_start = loadavg();
-    let env = Env::new(args.fsmark.peers.clone(), args.fsmark.mount_options.clone())?;
+    let env = Env::new(&args.fsmark)?;
     let mut wanted: Vec<Kind> = if args.fsmark.targets.is_empty() {
         Kind::ALL.to_vec()
     } else {

@@ -1,7 +1,16 @@
 //! File systems to measure side by side, each set up and torn down on this machine: ferrofs
-//! through FUSE (this binary's `mount --daemon`, a separate process as users run it),
-//! fuse2fs, kernel ext4, XFS and btrfs on loop images, tmpfs, and minifuse (the FUSE ceiling
-//! from the shared peers directory).
+//! through FUSE (this binary's `mount`, a separate process), fuse2fs, kernel ext4, XFS and
+//! btrfs on loop images, tmpfs, and minifuse (the FUSE ceiling from the shared peers
+//! directory).
+//!
+//! Every FUSE daemon runs the same way, a child of the benchmark in the foreground, so that
+//! the scheduler treats them alike: in the benchmark's session, beside the workload's
+//! processes, by default; each in a session of its own with [`Env::detached`]. The two
+//! differ where the kernel groups each session's threads for fair CPU shares (autogroup):
+//! a detached daemon gets about half of the machine against the workload's processes,
+//! whatever its thread count; an attached one competes thread by thread. minifuse removes
+//! files a third faster attached, ferrofs at the same rate either way, so a daemon started
+//! one way never stands against a peer started the other.
 //!
 //! A workload is a function over a mounted directory ([`Mounted::root`]); a benchmark walks
 //! a list of [`Kind`]s, asks each whether it can run here ([`Kind::unavailable`]: a reason to
@@ -11,6 +20,7 @@
 //! error half-way through a set-up, on a panic and (with [`super::shell::catch_interrupts`])
 //! on Ctrl-C.
 
+use super::fsmark::FsmarkArgs;
 use super::scratch;
 use super::shell::{self, check_interrupt, describe, run};
 use crate::failure::{CliResult, Context, Failure};
@@ -18,7 +28,6 @@ use clap::ValueEnum;
 use ferrofs::format::BLOCK_SIZE;
 use serde::Serialize;
 use std::cell::OnceCell;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -45,7 +54,7 @@ const MINIFUSE_SOURCE: &str = "minifuse.c";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
-    /// This binary's `mount --daemon` on a fresh image in /dev/shm.
+    /// This binary's `mount` on a fresh image in /dev/shm.
     Ferrofs,
     /// minifuse.c: in-memory libfuse3 low-level server, the FUSE ceiling.
     Minifuse,
@@ -86,7 +95,7 @@ impl Kind {
     /// What it is, for report headers.
     pub fn description(self) -> &'static str {
         match self {
-            Kind::Ferrofs => "ferrofs through FUSE (ferrofs mount --daemon), image in /dev/shm",
+            Kind::Ferrofs => "ferrofs through FUSE (ferrofs mount), image in /dev/shm",
             Kind::Minifuse => "minifuse, in-memory libfuse3 server (FUSE ceiling)",
             Kind::Fuse2fs => "fuse2fs, user-space ext4, image in /dev/shm",
             Kind::Ext4 => "kernel ext4, loop image in /dev/shm",
@@ -276,8 +285,11 @@ impl Size {
 }
 
 /// What all targets of one benchmark run share: a work directory (mount points, the
-/// compiled minifuse, daemon logs), where images go, how ferrofs is mounted.
+/// compiled minifuse, daemon logs), where images go, how ferrofs is mounted, how daemons run.
 pub struct Env {
+    /// FUSE daemons run in sessions of their own (as mount(8) starts them), not in the
+    /// benchmark's.
+    pub detached: bool,
     work: PathBuf,
     images: PathBuf,
     ferrofs: PathBuf,
@@ -289,9 +301,9 @@ pub struct Env {
 }
 
 impl Env {
-    /// `peers`: the directory holding minifuse.c (else $FERROFS_PEERS, else `shared/peers`
-    /// next to the repository this binary was built from or run in).
-    pub fn new(peers: Option<PathBuf>, mount_options: Vec<(Kind, String)>) -> CliResult<Env> {
+    /// `args.peers`: the directory holding minifuse.c (else $FERROFS_PEERS, else
+    /// `shared/peers` next to the repository this binary was built from or run in).
+    pub fn new(args: &FsmarkArgs) -> CliResult<Env> {
         let ferrofs = std::env::current_exe().context(|| "find this program's path".into())?;
         // Short: fs_mark takes directory names of under 40 bytes only.
         let work = std::env::temp_dir().join(format!("ffb.{}", std::process::id()));
@@ -303,11 +315,12 @@ impl Env {
             work.clone()
         };
         Ok(Env {
+            detached: args.detached,
             work,
             images,
             ferrofs,
-            mount_options,
-            peers: peers.or_else(|| std::env::var_os(PEERS_ENV).map(PathBuf::from)),
+            mount_options: args.mount_options.clone(),
+            peers: args.peers.clone().or_else(|| std::env::var_os(PEERS_ENV).map(PathBuf::from)),
             minifuse: OnceCell::new(),
             counter: std::cell::Cell::new(0),
         })
@@ -476,11 +489,6 @@ enum Undo {
         what: String,
         log: PathBuf,
     },
-    /// A ferrofs daemon (not our child): after its unmount it must let go of its image.
-    ImageLock {
-        image: PathBuf,
-        id: FileId,
-    },
 }
 
 impl Mounted {
@@ -567,37 +575,15 @@ impl Mounted {
                 .arg((log * BLOCK_SIZE as u64).to_string());
         }
         run(&mut mkfs)?;
-        let id = FileId::of(&image)?;
         let mut mount = Command::new(&env.ferrofs);
-        mount
-            .arg("mount")
-            .arg("--daemon")
-            .arg(&image)
-            .arg(&self.root);
+        mount.arg("mount").arg(&image).arg(&self.root);
         env.push_options(Kind::Ferrofs, &mut mount);
-        // The daemon is only known by the lock it holds on the image; wait for it to let go
-        // on every way out, even if the mount command itself failed half-way.
-        self.undo.push(Undo::ImageLock {
-            image: image.clone(),
-            id,
-        });
-        let mounted = run(&mut mount);
-        if is_mounted(&self.root) {
-            self.undo.push(Undo::Mount(self.root.clone()));
-        }
-        mounted?;
-        if !is_mounted(&self.root) {
-            return Err(Failure::new(
-                describe(&mount),
-                "returned success but nothing is mounted",
-            ));
-        }
-        self.daemon = id.lock_holder();
-        Ok(())
+        self.start_daemon(env, mount)
     }
 
-    /// Start a FUSE daemon in the foreground (its own process group, so a Ctrl-C at the
-    /// terminal reaches us, not it: we unmount it) and wait until its mount is there.
+    /// Start a FUSE daemon in the foreground and wait until its mount is there. It runs in a
+    /// process group of its own (a Ctrl-C at the terminal reaches us, not it: we unmount it),
+    /// and in a session of its own if the daemons are [`Env::detached`].
     fn start_daemon(&mut self, env: &Env, mut cmd: Command) -> CliResult<()> {
         let line = describe(&cmd);
         let log = env.unique(&env.work, self.kind.name(), ".log");
@@ -606,11 +592,20 @@ impl Mounted {
         let err_file = log_file
             .try_clone()
             .context(|| format!("open {}", log.display()))?;
+        cmd.stdin(Stdio::null()).stdout(log_file).stderr(err_file);
+        if env.detached {
+            // SAFETY: setsid is async-signal-safe, touches no memory of the parent, and
+            // cannot fail in a freshly forked child (it is no process group leader yet).
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+        } else {
+            cmd.process_group(0);
+        }
         let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log_file)
-            .stderr(err_file)
-            .process_group(0)
             .spawn()
             .context(|| format!("run `{line}`"))?;
         self.daemon = Some(child.id());
@@ -689,22 +684,6 @@ impl Undo {
                     ),
                 ))
             }
-            Undo::ImageLock { image, id } => {
-                let started = Instant::now();
-                while id.lock_holder().is_some() {
-                    if started.elapsed() > DAEMON_WAIT {
-                        return Err(Failure::new(
-                            format!("ferrofs daemon of {}", image.display()),
-                            format!(
-                                "still holds the image {} s after its unmount",
-                                DAEMON_WAIT.as_secs()
-                            ),
-                        ));
-                    }
-                    std::thread::sleep(POLL);
-                }
-                Ok(())
-            }
         }
     }
 }
@@ -761,49 +740,6 @@ fn unescape(s: &str) -> String {
     out + rest
 }
 
-/// A file's identity as /proc/locks shows it.
-#[derive(Clone, Copy, Debug)]
-struct FileId {
-    major: u64,
-    minor: u64,
-    ino: u64,
-}
-
-impl FileId {
-    fn of(path: &Path) -> CliResult<FileId> {
-        let m = std::fs::metadata(path).context(|| format!("stat {}", path.display()))?;
-        let dev = m.dev();
-        Ok(FileId {
-            major: libc::major(dev) as u64,
-            minor: libc::minor(dev) as u64,
-            ino: m.ino(),
-        })
-    }
-
-    /// The process holding a lock on the file (`/proc/locks`: `1: FLOCK ADVISORY WRITE
-    /// <pid> <major>:<minor>:<inode> 0 EOF`, major and minor in hex).
-    fn lock_holder(&self) -> Option<u32> {
-        let locks = std::fs::read_to_string("/proc/locks").ok()?;
-        locks.lines().find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // "->" marks a waiter, which shifts the fields.
-            let f = if f.get(1) == Some(&"->") {
-                &f[1..]
-            } else {
-                &f[..]
-            };
-            let (pid, id) = (f.get(4)?, f.get(5)?);
-            let mut p = id.split(':');
-            let major = u64::from_str_radix(p.next()?, 16).ok()?;
-            let minor = u64::from_str_radix(p.next()?, 16).ok()?;
-            let ino: u64 = p.next()?.parse().ok()?;
-            (major == self.major && minor == self.minor && ino == self.ino)
-                .then(|| pid.parse().ok())
-                .flatten()
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -813,20 +749,6 @@ mod tests {
         assert_eq!(unescape(r"/tmp/a\040b"), "/tmp/a b");
         assert_eq!(unescape(r"/x\\y"), r"/x\\y");
         assert_eq!(unescape("/plain"), "/plain");
-    }
-
-    #[test]
-    fn lock_holder_finds_this_process() {
-        let dir = std::env::temp_dir().join(format!("ferrofs-locktest-{}", std::process::id()));
-        let f = std::fs::File::create(&dir).unwrap();
-        let id = FileId::of(&dir).unwrap();
-        assert_eq!(id.lock_holder(), None);
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock on a descriptor we own.
-        assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
-        assert_eq!(id.lock_holder(), Some(std::process::id()));
-        drop(f);
-        std::fs::remove_file(&dir).unwrap();
     }
 
     #[test]
