@@ -239,6 +239,8 @@ pub struct Results {
     pub command: String,
     pub sizes: Sizes,
     pub runs: usize,
+    /// FUSE daemons ran each in a session of its own (`--detached`), else in the benchmark's.
+    pub detached: bool,
     pub machine: Machine,
     pub wall_seconds: f64,
     /// Targets in report order.
@@ -354,6 +356,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
             .join(" "),
         sizes: cx.sizes.clone(),
         runs,
+        detached: args.fsmark.detached,
         machine: Machine {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory_bytes: mem_total(),

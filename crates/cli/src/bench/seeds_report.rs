@@ -77,6 +77,13 @@ pub fn markdown(r: &Results, with_plots: bool) -> String {
         let _ = writeln!(o, "| {n} | {d} |");
     }
     let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "FUSE daemons (ferrofs, minifuse, fuse2fs) ran {}: every one alike, since the kernel \
+         schedules each session's threads as one group (autogroup) and the arrangement moves some \
+         daemons' rates by a third (docs/bench-fsmark.md).\n",
+        if r.detached { "each in a session of its own (`--detached`)" } else { "in the benchmark's session, beside the workload" }
+    );
     sizes(&mut o, &r.sizes);
     let plots = plots(r);
     let plot_links = |o: &mut String, prefix: &str| {
