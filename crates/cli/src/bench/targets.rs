@@ -289,7 +289,7 @@ impl Size {
 pub struct Env {
     /// FUSE daemons run in sessions of their own (as mount(8) starts them), not in the
     /// benchmark's.
-    pub detached: bool,
+    detached: bool,
     work: PathBuf,
     images: PathBuf,
     ferrofs: PathBuf,
