@@ -20,7 +20,7 @@ pub use recover::{recover, RecoveryReport};
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::log::{encode_record, item_bytes, logged_bytes, ChunkMask, ItemKey, LogHeader, ALL_CHUNKS, RECORD_HDR};
+use crate::format::log::{encode_record, item_bytes, logged_bytes, ChunkMask, ItemKey, LogHeader, ALL_CHUNKS, CHUNK, RECORD_HDR};
 use crate::format::{seal_block, DiskInode, Geometry, BLOCK_SIZE};
 use crate::lockstat::{Condvar, LockClass, Mutex, MutexGuard};
 use ail::Ail;
@@ -166,9 +166,17 @@ impl CilWriter<'_> {
                 // floor; cached buffers live as long as the mount): they reach a shard in
                 // increasing order. A lower one would lose this change at the checkpoint.
                 debug_assert!(it.version < version, "{key:?}: version {version} logged after {}", it.version);
+                // This shard holds the version just before, so only the chunks this commit
+                // changed differ from its copy (`Buf::take_changed` checks the mask against
+                // the last logged image in debug builds): copy those, not the whole block.
+                let relogged = it.version + 1 == version;
                 it.version = version;
                 it.changed |= changed;
                 match &mut it.image {
+                    Some(img) if relogged && img.len() == BLOCK_SIZE => {
+                        copy_chunks(img, image, changed);
+                        debug_assert!(img[..] == image[..], "{key:?}: version {version} differs outside its changed chunks {changed:#x}");
+                    }
                     Some(img) => img.copy_from_slice(image),
                     None => it.image = Some(copy_of(image, self.free, &mut self.batch.block_images)),
                 }
@@ -192,6 +200,17 @@ impl CilWriter<'_> {
 
     pub fn busy(&mut self, e: BusyExtent) {
         self.batch.busy.push(e);
+    }
+}
+
+/// Copy the chunks of `changed` from `image` into `img`, each run of adjacent chunks at once.
+fn copy_chunks(img: &mut [u8], image: &[u8], mut changed: ChunkMask) {
+    while changed != 0 {
+        let first = changed.trailing_zeros() as usize;
+        let run = (changed >> first).trailing_ones() as usize;
+        let (lo, hi) = (first * CHUNK, (first + run) * CHUNK);
+        img[lo..hi].copy_from_slice(&image[lo..hi]);
+        changed &= !(ChunkMask::MAX >> (ChunkMask::BITS as usize - run) << first);
     }
 }
 
@@ -1044,6 +1063,20 @@ impl Journal {
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_chunks_copies_exactly_the_masked_chunks() {
+        let new: Vec<u8> = (0..BLOCK_SIZE).map(|i| (i % 251) as u8 + 1).collect();
+        for mask in [0, 1, 1 << 31, ALL_CHUNKS, 0b1011_0110, 0x8000_0001, 0x7fff_fffe, 0x5555_5555] {
+            let mut img = vec![0u8; BLOCK_SIZE];
+            copy_chunks(&mut img, &new, mask);
+            for c in 0..ChunkMask::BITS as usize {
+                let r = c * CHUNK..(c + 1) * CHUNK;
+                let want: &[u8] = if mask & (1 << c) != 0 { &new[r.clone()] } else { &[0; CHUNK] };
+                assert_eq!(&img[r], want, "mask {mask:#x}, chunk {c}");
+            }
+        }
+    }
 
     #[test]
     fn counters_lists_every_counter() {
