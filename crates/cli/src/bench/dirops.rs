@@ -39,6 +39,10 @@ pub trait DirOps: Sync {
     fn settle(&self) -> CliResult<()>;
     /// The engine's counters so far (zero for a mount: not visible).
     fn counters(&self) -> EngineCounters;
+    /// Whether this process's lock statistics are this file system's: the engine's are not a
+    /// mount's (whose engine, if any, runs in its daemon), and an engine of this process may
+    /// still take its locks (a checkpoint on its timer) while a mount's phase runs.
+    fn shows_locks(&self) -> bool;
 }
 
 /// What the engine counts that a phase reports besides lock waits.
@@ -126,6 +130,10 @@ impl DirOps for FileSystem {
             throttle_wait_ns: m.journal.stats.throttle_wait_ns.load(Relaxed)
                 + m.icache.budget().stats.throttle_wait_ns.load(Relaxed),
         }
+    }
+
+    fn shows_locks(&self) -> bool {
+        true
     }
 }
 
@@ -273,5 +281,9 @@ impl DirOps for Syscalls {
 
     fn counters(&self) -> EngineCounters {
         EngineCounters::default()
+    }
+
+    fn shows_locks(&self) -> bool {
+        false
     }
 }

@@ -579,6 +579,7 @@ fn measured<O: DirOps + ?Sized>(
     phase: impl FnOnce() -> CliResult<(Timing, u64)>,
 ) -> CliResult<Sample> {
     fs.settle()?;
+    let lock_waits = || if fs.shows_locks() { lock_waits() } else { HashMap::new() };
     let (locks, counters) = (lock_waits(), fs.counters());
     let (timing, ops) = phase()?;
     let mut after = lock_waits();
