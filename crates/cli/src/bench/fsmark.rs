@@ -7,7 +7,7 @@
 use super::phase::Timing;
 use super::report::{median, rate_cell, sorted, PhaseStats};
 use super::shell::{self, check_interrupt, run_timed};
-use super::targets::{Env, Kind, Mounted, Size};
+use super::targets::{daemons_ran, Env, Kind, Mounted, Size};
 use super::BenchArgs;
 use crate::failure::{CliResult, Context, Failure};
 use crate::units::{grouped, human_bytes};
@@ -498,10 +498,7 @@ impl Report {
         for (k, o) in &self.mount_options {
             println!("  {} mounted with -o {o}", k.name());
         }
-        match self.detached {
-            true => println!("  FUSE daemons: each in a session of its own (--detached)"),
-            false => println!("  FUSE daemons: in the benchmark's session, beside the workload (--detached: each in its own)"),
-        }
+        println!("  FUSE daemons: {}", daemons_ran(self.detached));
         println!("  files/s = files / wall clock from the first process's start to the last one's exit: median [min-max]\n");
         println!(
             "{:<9} {:>7} {:>27} {:>27} {:>12} {:>17}",

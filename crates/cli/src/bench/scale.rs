@@ -579,10 +579,10 @@ fn measured<O: DirOps + ?Sized>(
     phase: impl FnOnce() -> CliResult<(Timing, u64)>,
 ) -> CliResult<Sample> {
     fs.settle()?;
-    let lock_waits = || if fs.shows_locks() { lock_waits() } else { HashMap::new() };
-    let (locks, counters) = (lock_waits(), fs.counters());
+    let waits = || if fs.shows_locks() { lock_waits() } else { HashMap::new() };
+    let (locks, counters) = (waits(), fs.counters());
     let (timing, ops) = phase()?;
-    let mut after = lock_waits();
+    let mut after = waits();
     for (class, before) in locks {
         if let Some(a) = after.get_mut(class) {
             for (x, b) in a.iter_mut().zip(before) {

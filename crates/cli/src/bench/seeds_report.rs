@@ -2,6 +2,7 @@
 
 use super::plot::Plot;
 use super::seeds::{Results, Sizes};
+use super::targets::daemons_ran;
 use crate::units::{grouped, human_bytes};
 use std::fmt::Write;
 
@@ -82,7 +83,7 @@ pub fn markdown(r: &Results, with_plots: bool) -> String {
         "FUSE daemons (ferrofs, minifuse, fuse2fs) ran {}: every one alike, since the kernel \
          schedules each session's threads as one group (autogroup) and the arrangement moves some \
          daemons' rates by a third (docs/bench-fsmark.md).\n",
-        if r.detached { "each in a session of its own (`--detached`)" } else { "in the benchmark's session, beside the workload" }
+        daemons_ran(r.detached)
     );
     sizes(&mut o, &r.sizes);
     let plots = plots(r);

@@ -284,6 +284,14 @@ impl Size {
     }
 }
 
+/// How the FUSE daemons of a run were started, for report headers.
+pub fn daemons_ran(detached: bool) -> &'static str {
+    match detached {
+        true => "each in a session of its own (--detached)",
+        false => "in the benchmark's session, beside the workload",
+    }
+}
+
 /// What all targets of one benchmark run share: a work directory (mount points, the
 /// compiled minifuse, daemon logs), where images go, how ferrofs is mounted, how daemons run.
 pub struct Env {

@@ -20,7 +20,7 @@ pub use recover::{recover, RecoveryReport};
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::log::{encode_record, item_bytes, logged_bytes, ChunkMask, ItemKey, LogHeader, ALL_CHUNKS, CHUNK, RECORD_HDR};
+use crate::format::log::{chunks_of, encode_record, item_bytes, logged_bytes, ChunkMask, ItemKey, LogHeader, ALL_CHUNKS, CHUNK, RECORD_HDR};
 use crate::format::{seal_block, DiskInode, Geometry, BLOCK_SIZE};
 use crate::lockstat::{Condvar, LockClass, Mutex, MutexGuard};
 use ail::Ail;
@@ -210,7 +210,7 @@ fn copy_chunks(img: &mut [u8], image: &[u8], mut changed: ChunkMask) {
         let run = (changed >> first).trailing_ones() as usize;
         let (lo, hi) = (first * CHUNK, (first + run) * CHUNK);
         img[lo..hi].copy_from_slice(&image[lo..hi]);
-        changed &= !(ChunkMask::MAX >> (ChunkMask::BITS as usize - run) << first);
+        changed &= !chunks_of(lo..hi);
     }
 }
 
