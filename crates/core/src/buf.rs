@@ -13,29 +13,35 @@ use std::sync::Arc;
 
 pub type Block = [u8; BLOCK_SIZE];
 
+/// Laid out (`repr(C)`) with what a cache hit and a node check touch first, so that behind
+/// `Arc`'s counts they share its first cache line (as for `Inode`).
+#[repr(C)]
 pub struct Buf {
+    /// Looked up since the last reclaim scan.
+    referenced: AtomicBool,
+    /// The block's structure (not just its checksum) was validated since it was read or
+    /// reinitialised. Later changes keep it valid (asserted where they are made), so a
+    /// structure is validated once, not on every access.
+    verified: AtomicBool,
+    /// Chunks changed since the last commit logged this buffer: what the log must carry of
+    /// it. Whoever changes the buffer says what it changed (`change`), under the owner's
+    /// lock that the committing transaction holds too.
+    changed: AtomicU32,
     pub blkno: u64,
     data: RwLock<Box<Block>>,
     /// Bumped each time a transaction formats this buffer into the CIL; a checkpoint that
     /// finds the same buffer in two per-CPU CIL shards keeps the higher version.
     pub log_version: AtomicU64,
-    /// The block's structure (not just its checksum) was validated since it was read or
-    /// reinitialised. Later changes keep it valid (asserted where they are made), so a
-    /// structure is validated once, not on every access.
-    verified: AtomicBool,
     /// CIL sequence of the last commit that logged this block (0: never logged since read).
     pub last_seq: AtomicU64,
-    /// Looked up since the last reclaim scan.
-    referenced: AtomicBool,
-    /// Chunks changed since the last commit logged this buffer: what the log must carry of
-    /// it. Whoever changes the buffer says what it changed (`change`), under the owner's
-    /// lock that the committing transaction holds too.
-    changed: AtomicU32,
     /// Debug builds: the block as last logged (or read), to check at each commit that every
     /// change was marked. An unmarked change would be lost by a crash.
     #[cfg(debug_assertions)]
     logged: parking_lot::Mutex<Box<Block>>,
 }
+
+// Right behind `Arc`'s two counts, in the line a hit increments.
+const _: () = assert!(std::mem::offset_of!(Buf, referenced) == 0);
 
 pub type BufRef = Arc<Buf>;
 

@@ -15,21 +15,27 @@ use std::sync::Arc;
 pub static INODE_LOCK: LockClass = LockClass::new("inode");
 static ICACHE: LockClass = LockClass::ranked("icache", 70);
 
+/// Laid out (`repr(C)`) with the flags a cache hit touches first, so that behind `Arc`'s
+/// counts they share its first cache line: a lookup of a cold inode misses one line less.
+#[repr(C)]
 pub struct Inode {
+    /// Looked up since the last reclaim scan.
+    referenced: AtomicBool,
+    /// File data was written in place since the last fsync.
+    pub data_dirty: AtomicBool,
+    /// Open handles; an unlinked inode is freed when the last one closes.
+    pub open_count: AtomicU32,
     pub ino: u64,
-    pub core: RwLock<DiskInode>,
     log_version: AtomicU64,
     /// CIL sequence of the last committed change (fsync forces the log up to it).
     pub last_seq: AtomicU64,
     /// CIL sequence of the last change fdatasync must make durable (size, extents).
     pub last_data_seq: AtomicU64,
-    /// File data was written in place since the last fsync.
-    pub data_dirty: AtomicBool,
-    /// Open handles; an unlinked inode is freed when the last one closes.
-    pub open_count: AtomicU32,
-    /// Looked up since the last reclaim scan.
-    referenced: AtomicBool,
+    pub core: RwLock<DiskInode>,
 }
+
+// Right behind `Arc`'s two counts, in the line a hit increments.
+const _: () = assert!(std::mem::offset_of!(Inode, referenced) == 0);
 
 pub type InodeRef = Arc<Inode>;
 
