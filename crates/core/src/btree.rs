@@ -163,8 +163,8 @@ pub fn floor(store: &mut dyn NodeStore, root: u64, key: u64) -> Result<Option<(u
     find_leaf(store, root, before, |b, n, _| Ok(Some(leaf_entry(b, n - 1))))
 }
 
-/// Insert `key` or replace its value; returns the value it replaced.
-pub fn insert(store: &mut dyn NodeStore, root: &mut u64, key: u64, value: &[u8]) -> Result<Option<Vec<u8>>> {
+/// Insert `key` or replace its value; returns whether it replaced one.
+pub fn insert(store: &mut dyn NodeStore, root: &mut u64, key: u64, value: &[u8]) -> Result<bool> {
     if value.len() > MAX_VALUE {
         return Err(Error::Invalid("btree value longer than MAX_VALUE"));
     }
@@ -173,36 +173,35 @@ pub fn insert(store: &mut dyn NodeStore, root: &mut u64, key: u64, value: &[u8])
         leaf.change(|b| build_leaf(b, [(key, value)]));
         finish(store, &leaf, 0, ALL_KEYS);
         *root = leaf.blkno;
-        return Ok(None);
+        return Ok(false);
     }
     let mut path = Path::new();
-    let (pos, old, fits) = descend(store, &mut path, *root, key, |b, n, _| {
+    let (pos, replace, fits) = descend(store, &mut path, *root, key, |b, n, _| {
         Ok(match leaf_search(b, n, key) {
-            Ok(i) => (i, Some(leaf_value(b, i).to_vec()), replace_fits(b, n, i, value.len())),
-            Err(i) => (i, None, put_fits(b, n, value.len())),
+            Ok(i) => (i, true, replace_fits(b, n, i, value.len())),
+            Err(i) => (i, false, put_fits(b, n, value.len())),
         })
     })?;
     if fits {
         let leaf = path.leaf();
-        leaf.buf.change(|b| if old.is_some() { leaf_replace(b, leaf.nkeys, pos, value) } else { leaf_put(b, leaf.nkeys, pos, key, value) });
+        leaf.buf.change(|b| if replace { leaf_replace(b, leaf.nkeys, pos, value) } else { leaf_put(b, leaf.nkeys, pos, key, value) });
         finish(store, &leaf.buf, 0, leaf.bounds);
     } else {
-        insert_splitting(store, root, &path, Placement { pos, replace: old.is_some(), key, value })?;
+        insert_splitting(store, root, &path, Placement { pos, replace, key, value })?;
     }
-    Ok(old)
+    Ok(replace)
 }
 
-/// Remove `key`; returns its value. See the module doc for what happens to emptied nodes.
-pub fn remove(store: &mut dyn NodeStore, root: &mut u64, key: u64) -> Result<Option<Vec<u8>>> {
+/// Remove `key`; returns whether it was there. See the module doc for what happens to
+/// emptied nodes.
+pub fn remove(store: &mut dyn NodeStore, root: &mut u64, key: u64) -> Result<bool> {
     if *root == 0 {
-        return Ok(None);
+        return Ok(false);
     }
     let mut path = Path::new();
-    let found = descend(store, &mut path, *root, key, |b, n, _| {
-        Ok(leaf_search(b, n, key).ok().map(|i| (i, leaf_value(b, i).to_vec())))
-    })?;
-    let Some((pos, old)) = found else {
-        return Ok(None);
+    let found = descend(store, &mut path, *root, key, |b, n, _| Ok(leaf_search(b, n, key).ok()))?;
+    let Some(pos) = found else {
+        return Ok(false);
     };
     let leaf = path.leaf();
     if leaf.nkeys > 1 {
@@ -211,7 +210,7 @@ pub fn remove(store: &mut dyn NodeStore, root: &mut u64, key: u64) -> Result<Opt
     } else {
         unlink_empty_leaf(store, root, &path)?;
     }
-    Ok(Some(old))
+    Ok(true)
 }
 
 /// Call `f` on every entry with key `>= from`, in ascending key order, until it returns false
@@ -1242,7 +1241,7 @@ mod tests {
         for _ in 0..n {
             let key = rng.gen_range(0..1_000_000);
             let v = value(key, 1, rng.gen_range(0..=max_len));
-            assert_eq!(insert(&mut store, &mut root, key, &v).unwrap(), model.insert(key, v));
+            assert_eq!(insert(&mut store, &mut root, key, &v).unwrap(), model.insert(key, v).is_some());
         }
         (store, root, model)
     }
@@ -1257,7 +1256,7 @@ mod tests {
         let mut root = 0;
         assert_eq!(lookup(&mut store, root, 5).unwrap(), None);
         assert_eq!(floor(&mut store, root, u64::MAX).unwrap(), None);
-        assert_eq!(remove(&mut store, &mut root, 5).unwrap(), None);
+        assert!(!remove(&mut store, &mut root, 5).unwrap());
         assert!(collect_range(&mut store, root, 0, 10).unwrap().is_empty());
         assert_eq!(check(&mut store, root, &mut |_| panic!("no nodes")).unwrap(), CheckStats::default());
         destroy(&mut store, root).unwrap();
@@ -1268,12 +1267,12 @@ mod tests {
     fn single_entry_round_trip() {
         let mut store = MemStore::default();
         let mut root = 0;
-        assert_eq!(insert(&mut store, &mut root, 42, b"hello").unwrap(), None);
+        assert!(!insert(&mut store, &mut root, 42, b"hello").unwrap());
         assert_ne!(root, 0);
-        assert_eq!(insert(&mut store, &mut root, 42, b"world").unwrap(), Some(b"hello".to_vec()));
+        assert!(insert(&mut store, &mut root, 42, b"world").unwrap());
         assert_eq!(lookup(&mut store, root, 42).unwrap(), Some(b"world".to_vec()));
         assert_eq!(lookup(&mut store, root, 41).unwrap(), None);
-        assert_eq!(remove(&mut store, &mut root, 42).unwrap(), Some(b"world".to_vec()));
+        assert!(remove(&mut store, &mut root, 42).unwrap());
         assert_eq!((root, store.live()), (0, 0));
     }
 
@@ -1370,7 +1369,7 @@ mod tests {
         }
         assert_eq!(check(&mut store, root, &mut |_| ()).unwrap().depth, 1);
         let big = value(1, 9, MAX_VALUE);
-        assert_eq!(insert(&mut store, &mut root, 1, &big).unwrap(), model.insert(1, big));
+        assert_eq!(insert(&mut store, &mut root, 1, &big).unwrap(), model.insert(1, big).is_some());
         assert_eq!(assert_matches(&mut store, root, &model).depth, 2);
     }
 
@@ -1395,8 +1394,8 @@ mod tests {
         let mut keys: Vec<u64> = model.keys().copied().collect();
         keys.sort_by_key(|k| k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         for (i, key) in keys.into_iter().enumerate() {
-            assert_eq!(remove(&mut store, &mut root, key).unwrap(), model.remove(&key));
-            assert_eq!(remove(&mut store, &mut root, key).unwrap(), None);
+            assert_eq!(remove(&mut store, &mut root, key).unwrap(), model.remove(&key).is_some());
+            assert!(!remove(&mut store, &mut root, key).unwrap());
             if i % 200 == 0 {
                 assert_matches(&mut store, root, &model);
             }
@@ -1594,10 +1593,10 @@ mod tests {
                     let v = value(k, seed, len);
                     let levels = if root == 0 { 0 } else { usize::from(root_level(&mut store, root)) + 1 };
                     store.allocs = 0;
-                    assert_eq!(insert(&mut store, &mut root, k, &v).unwrap(), model.insert(k, v));
+                    assert_eq!(insert(&mut store, &mut root, k, &v).unwrap(), model.insert(k, v).is_some());
                     assert!(store.allocs <= (levels + 1).min(MAX_NEW_NODES_PER_INSERT));
                 }
-                Op::Remove(k) => assert_eq!(remove(&mut store, &mut root, k).unwrap(), model.remove(&k)),
+                Op::Remove(k) => assert_eq!(remove(&mut store, &mut root, k).unwrap(), model.remove(&k).is_some()),
                 Op::Lookup(k) => assert_eq!(lookup(&mut store, root, k).unwrap().as_ref(), model.get(&k)),
                 Op::Floor(k) => {
                     let want = model.range(..=k).next_back().map(|(k, v)| (*k, v.clone()));

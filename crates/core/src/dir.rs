@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::format::{get_u64, Fork, DiskInode, NAME_MAX};
 use crate::store::{ReadStore, TxStore};
 use crate::mount::Mount;
+use smallvec::SmallVec;
 
 /// Worst-case blocks an insert can allocate (a split at every level plus a new root).
 pub const INSERT_RESERVE: u64 = 8;
@@ -63,8 +64,9 @@ fn decode(key: u64, v: &[u8], dir: u64) -> Result<(Entry, &[u8])> {
     Ok((Entry { key, ino: get_u64(v, 0), ftype: v[8] }, name))
 }
 
-fn encode(ino: u64, ftype: u8, name: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(9 + name.len());
+/// An entry's value, on the stack: a create or rename encodes one.
+fn encode(ino: u64, ftype: u8, name: &[u8]) -> SmallVec<[u8; 9 + NAME_MAX]> {
+    let mut v = SmallVec::new();
     v.extend_from_slice(&ino.to_le_bytes());
     v.push(ftype);
     v.extend_from_slice(name);
@@ -144,7 +146,9 @@ pub fn insert(s: &mut TxStore, dir: u64, di: &mut DiskInode, name: &[u8], ino: u
 /// still holds, so the name's collision range is not probed a second time.
 pub fn remove(s: &mut TxStore, di: &mut DiskInode, e: &Entry) -> Result<()> {
     let mut root = root_of(di);
-    btree::remove(s, &mut root, e.key)?.ok_or(Error::NotFound)?;
+    if !btree::remove(s, &mut root, e.key)? {
+        return Err(Error::NotFound);
+    }
     set_root(di, root);
     di.size = di.size.saturating_sub(1);
     Ok(())

@@ -741,9 +741,8 @@ impl FileSystem {
         if dst_ino == Some(src_ino) {
             return Ok(None);
         }
-        let mut children = vec![&src];
-        children.extend(dst.as_ref());
-        if !l.add(&children) {
+        let children = std::iter::once(&src).chain(dst.as_ref());
+        if !l.add(&children.collect::<SmallVec<[&InodeRef; 2]>>()) {
             return Ok(Some(tx));
         }
         if oldparent != newparent && (l.get(src_ino).is_dir() || dst_ino.is_some_and(|d| l.get(d).is_dir())) {
