@@ -741,8 +741,11 @@ impl FileSystem {
         if dst_ino == Some(src_ino) {
             return Ok(None);
         }
-        let children = std::iter::once(&src).chain(dst.as_ref());
-        if !l.add(&children.collect::<SmallVec<[&InodeRef; 2]>>()) {
+        let children: &[&InodeRef] = match &dst {
+            Some(d) => &[&src, d],
+            None => &[&src],
+        };
+        if !l.add(children) {
             return Ok(Some(tx));
         }
         if oldparent != newparent && (l.get(src_ino).is_dir() || dst_ino.is_some_and(|d| l.get(d).is_dir())) {
