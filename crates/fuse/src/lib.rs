@@ -152,9 +152,10 @@ pub struct MountConfig {
     pub fs_name: Option<String>,
     /// Worker threads, each with its own cloned /dev/fuse descriptor; 0 = one per CPU, at
     /// least 2. All descriptors share the connection's one request queue. fsync and fsyncdir,
-    /// which wait on the device, run on a pool of their own, so workers beyond the CPUs would
-    /// only add idle readers for the kernel to wake: measured with fs_mark, 8 threads, on
-    /// 2 CPUs, 8 workers removed 0.69x as fast as minifuse and 2 workers 0.91x.
+    /// which wait on the device, run on a pool of their own. Workers beyond the CPUs are idle
+    /// readers for the kernel to wake while few clients are active, and hands that take over
+    /// from a preempted worker while many are: on 2 CPUs 8 workers served 8 fs_mark clients
+    /// faster than 2 did and 1 or 2 clients 27-42% slower (DESIGN, "Mounting through FUSE").
     pub threads: usize,
     /// How long the kernel may trust a name lookup (positive or negative).
     pub entry_timeout: Duration,
