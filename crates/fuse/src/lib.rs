@@ -104,6 +104,7 @@ mod access;
 mod control;
 mod ops;
 mod options;
+mod pinning;
 mod seek;
 mod sync_pool;
 
@@ -156,6 +157,7 @@ pub struct MountConfig {
     /// readers for the kernel to wake while few clients are active, and hands that take over
     /// from a preempted worker while many are: on 2 CPUs 8 workers served 8 fs_mark clients
     /// faster than 2 did and 1 or 2 clients 27-42% slower (DESIGN, "Mounting through FUSE").
+    /// While there are no more workers than CPUs, each is kept on a CPU of its own.
     pub threads: usize,
     /// How long the kernel may trust a name lookup (positive or negative).
     pub entry_timeout: Duration,

@@ -10,6 +10,7 @@
 
 use crate::access::{searchable_by_all, Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
 use crate::seek::{self, Whence};
+use crate::pinning::Pinning;
 use crate::sync_pool::{SyncPool, SYNC_THREADS};
 use crate::{MountConfig, MAX_WRITE};
 use ferrofs::format::inode::Timespec;
@@ -40,6 +41,8 @@ pub struct FerroFuse {
     notifier: Arc<OnceLock<Notifier>>,
     /// Runs fsync and fsyncdir, which wait on the device, off the workers.
     syncs: SyncPool,
+    /// Keeps each worker on a CPU of its own, when there are no more workers than CPUs.
+    pinning: Option<Pinning>,
 }
 
 type Res<T> = std::result::Result<T, Errno>;
@@ -54,6 +57,7 @@ impl FerroFuse {
             checks: !opts.default_permissions,
             notifier: Arc::new(OnceLock::new()),
             syncs: SyncPool::start(SYNC_THREADS)?,
+            pinning: Pinning::for_workers(opts.thread_count()),
         })
     }
 
@@ -63,6 +67,9 @@ impl FerroFuse {
     }
 
     fn call<T>(&self, op: &'static str, f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>) -> Res<T> {
+        if let Some(p) = &self.pinning {
+            p.pin_me();
+        }
         call_engine(&self.fs, op, f)
     }
 
