@@ -1,17 +1,21 @@
 //! One worker per CPU, each kept on its own CPU.
 //!
-//! With the default one worker per CPU, the scheduler moved the workers about: the client a
-//! reply wakes pulls the worker that woke it, and two workers ended up sharing one CPU while
-//! the other ran the client. Measured on 2 CPUs, one fs_mark client creating 40,000 files
-//! through the mount: 13,060-13,537 creates/s unpinned, 18,175-18,362 with each worker on a CPU
-//! of its own; 8 `rm -rf` at once: 73,785-76,733 removals/s pinned against 69,509-73,225. With more
+//! With the default one worker per CPU, each worker kept to a CPU of its own served a single
+//! client much faster. Why is not established: unpinned, the two workers rarely moved (0.9-1.3
+//! thousand migrations in 40,000 creates). Measured on 2 CPUs before this module, pinning the running
+//! daemon's workers with `taskset`: one fs_mark client creating 40,000 files through the mount
+//! did 13,060-13,537 creates/s unpinned, 18,175-18,362 with each worker on a CPU of its own;
+//! 8 `rm -rf` at once, 73,785-76,733 removals/s pinned against 69,509-73,225. With more
 //! workers than CPUs pinning did not help (8 workers pinned: 9,710-10,800 creates/s), so a
-//! mount that asks for more workers than it may use CPUs is left to the scheduler.
+//! mount that asks for more workers than it may use CPUs is left to the scheduler. DESIGN
+//! ("Mounting through FUSE") has `ferrofs bench fsmark` with this module.
 //!
 //! A worker pins itself when it first calls the engine, to the next CPU the process may use
-//! (its affinity mask at mount time: cgroup and `taskset` limits are kept). Only fuser's
-//! workers (threads named `fuser-N`) pin themselves: an adapter called from another thread
-//! (a test's) leaves it alone.
+//! (its affinity mask at mount time: cgroup and `taskset` limits are kept): fuser has no hook
+//! at a worker's start. Only fuser's workers (threads named `fuser-N`) pin themselves: an
+//! adapter called from another thread (a test's) leaves it alone. The mount tests check that
+//! a mount's workers do end up pinned, so a change of fuser's thread names cannot pass
+//! unnoticed.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -50,9 +54,13 @@ impl Pinning {
     }
 }
 
-fn allowed_cpus() -> Option<Vec<usize>> {
+fn empty_set() -> libc::cpu_set_t {
     // SAFETY: `cpu_set_t` is a plain bit set; all zeroes is a valid (empty) value.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { std::mem::zeroed() }
+}
+
+fn allowed_cpus() -> Option<Vec<usize>> {
+    let mut set = empty_set();
     // SAFETY: `set` is a valid, writable `cpu_set_t` of the size passed.
     if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
         return None;
@@ -64,8 +72,7 @@ fn allowed_cpus() -> Option<Vec<usize>> {
 
 /// Keep the calling thread on `cpu`.
 fn set_cpu(cpu: usize) -> std::io::Result<()> {
-    // SAFETY: as in `allowed_cpus`.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let mut set = empty_set();
     // SAFETY: `cpu` < CPU_SETSIZE: it came from `allowed_cpus`.
     unsafe { libc::CPU_SET(cpu, &mut set) };
     // SAFETY: `set` is a valid `cpu_set_t` of the size passed; 0 is the calling thread.

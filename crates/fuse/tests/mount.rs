@@ -606,6 +606,35 @@ fn mount_options_reach_the_kernel() {
     assert!(!super_opts.contains("allow_other"), "{line}");
 }
 
+/// With no more workers than CPUs, each worker keeps to one CPU once it has served a request
+/// (the adapter's `pinning.rs`, which recognises fuser's workers by their thread names).
+#[test]
+fn workers_keep_to_one_cpu_each() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        return skip("workers_keep_to_one_cpu_each", "one CPU: every thread keeps to it anyway");
+    }
+    let Some(fx) = Fixture::new("pinning", |c| c.threads = 1) else { return };
+    for i in 0..20 {
+        fs::write(fx.path(&format!("f{i}")), b"x").unwrap();
+    }
+    // The test process's fuser threads (those of other tests' mounts among them) and their
+    // allowed CPUs; at least this mount's one worker is down to a single CPU.
+    let mut pinned = 0;
+    for task in fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("fuser-") {
+            continue;
+        }
+        let status = fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or("").trim().to_string();
+        if !allowed.is_empty() && !allowed.contains([',', '-']) {
+            pinned += 1;
+        }
+    }
+    assert!(pinned >= 1, "no fuser worker keeps to one CPU");
+}
+
 #[test]
 fn external_unmount_ends_the_session_cleanly() {
     let Some(mut fx) = Fixture::new("extumount", |_| {}) else { return };
