@@ -15,7 +15,6 @@ use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::*};
-use std::sync::Arc;
 
 static AIL: LockClass = LockClass::ranked("ail", 50);
 static AIL_IO: LockClass = LockClass::ranked("ail-io", 20);
@@ -27,8 +26,16 @@ struct Entry {
     off: u64,
     /// Ring blocks this record accounts for, including any wasted run before a wrap.
     span: u64,
-    /// The record once it is durable; `None` while it is being written.
-    durable: Option<Arc<Written>>,
+    durable: Durability,
+}
+
+enum Durability {
+    /// The record is being written.
+    Writing,
+    /// Durable, with its images, which writeback has not taken in yet.
+    Durable(Written),
+    /// Durable and taken in: writeback holds its images (`Writeback::records`).
+    TakenIn,
 }
 
 /// A durable record's items with their whole sealed images (a revoke's is empty), sorted by
@@ -40,6 +47,13 @@ struct Written {
 impl Written {
     fn bytes(&self) -> u64 {
         self.items.iter().map(|(_, img)| img.len() as u64).sum()
+    }
+
+    /// Give up the image of `home_key`, which a newer durable record has superseded.
+    fn take_image(&mut self, home_key: ItemKey) -> Option<(ItemKey, Box<[u8]>)> {
+        let at = self.items.binary_search_by_key(&home_key, |(k, _)| home(*k)).ok()?;
+        let (k, img) = &mut self.items[at];
+        (!img.is_empty()).then(|| (*k, std::mem::take(img)))
     }
 
     /// The image this record holds for home location `home` (`None`: it revokes it).
@@ -75,7 +89,7 @@ struct Taken {
     /// Ring blocks they free.
     freed: u64,
     /// The records durable since the last writeback, numbered, for its map.
-    new: Vec<(u64, Arc<Written>)>,
+    new: Vec<(u64, Written)>,
 }
 
 /// Writeback's own state, under the `ail-io` lock that one writeback at a time holds; the
@@ -87,8 +101,10 @@ struct Writeback {
     /// Records numbered below this one are in `latest`.
     indexed_below: u64,
     /// The records taken in and not yet retired, by number: where a superseded block's newest
-    /// image is found.
-    records: FxHashMap<u64, Arc<Written>>,
+    /// image is found. A superseded image itself is dropped when the record that supersedes
+    /// it is taken in: nothing reads it again (`live_items`), and a block relogged at every
+    /// checkpoint would otherwise be held once per record until writeback.
+    records: FxHashMap<u64, Written>,
 }
 
 /// The newest record that logged a home location, and whether that image is home already.
@@ -162,7 +178,7 @@ impl Ail {
         g.next_rec_seq += 1;
         self.used_blocks.store(used + waste + blocks, Relaxed);
         g.head = (off + blocks) % self.ring_blocks;
-        g.entries.push_back(Entry { rec_seq, cil_seq: 0, off, span: waste + blocks, durable: None });
+        g.entries.push_back(Entry { rec_seq, cil_seq: 0, off, span: waste + blocks, durable: Durability::Writing });
         Ok((rec_seq, off, g.epoch))
     }
 
@@ -182,12 +198,11 @@ impl Ail {
         debug_assert!(items.windows(2).all(|w| home(w[0].0) < home(w[1].0)), "record items sorted by home");
         let written = Written { items };
         self.held_bytes.fetch_add(written.bytes(), Relaxed);
-        let written = Arc::new(written);
         let mut g = self.inner.lock();
         let e = g.entries.iter_mut().rev().find(|e| e.rec_seq == rec_seq).expect("reserved record is in the AIL");
-        debug_assert!(e.durable.is_none());
+        debug_assert!(matches!(e.durable, Durability::Writing));
         e.cil_seq = cil_seq;
-        e.durable = Some(written);
+        e.durable = Durability::Durable(written);
     }
 
     /// Freed extents of a checkpoint that has just become durable: those that may be reused
@@ -213,9 +228,10 @@ impl Ail {
         drop(self.io.lock());
     }
 
-    /// Write back oldest-first until `need_free` ring blocks are free (or nothing durable is
-    /// left), then move the tail. Returns (items written home, ring blocks freed, the block
-    /// images of the records retired, for reuse). The freed extents held back during the
+    /// Take in the records durable since the last call, then write back oldest-first until
+    /// `need_free` ring blocks are free (or nothing durable is left; 0: take in only), then
+    /// move the tail. Returns (items written home, ring blocks freed, the block images of
+    /// the records retired and of those superseded, for reuse). The freed extents held back during the
     /// writeback go to `reuse` once it has written, before the next writeback can start;
     /// after an I/O error they stay held: the journal has failed.
     pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64, reuse: &dyn Fn(Vec<BusyExtent>)) -> io::Result<(u64, u64, Vec<Box<[u8]>>)> {
@@ -224,17 +240,21 @@ impl Ail {
         if let Some((last, _)) = new.last() {
             wb.indexed_below = last + 1;
         }
+        let Writeback { latest, records, .. } = &mut *wb;
+        let mut superseded = Vec::new();
         for (rec_seq, w) in new {
             for (k, _) in &w.items {
-                wb.latest.insert(home(*k), Newest { rec_seq, homed: false });
+                let Some(old) = latest.insert(home(*k), Newest { rec_seq, homed: false }) else { continue };
+                superseded.extend(records.get_mut(&old.rec_seq).and_then(|o| o.take_image(home(*k))));
             }
-            wb.records.insert(rec_seq, w);
+            records.insert(rec_seq, w);
         }
+        self.held_bytes.fetch_sub(superseded.iter().map(|(_, img)| img.len() as u64).sum(), Relaxed);
+        let mut images: Vec<Box<[u8]>> = superseded.into_iter().filter_map(|(k, img)| matches!(k, ItemKey::Block(_)).then_some(img)).collect();
         if batch.is_empty() {
-            return Ok((0, 0, Vec::new()));
+            return Ok((0, 0, images));
         }
         let homed_seq = batch.iter().map(|e| e.cil_seq).max().unwrap_or(0);
-        let Writeback { latest, records, .. } = &mut *wb;
         let writes = live_items(latest, records, &batch);
         let mut homed: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len());
         for &(k, img) in &writes {
@@ -265,12 +285,9 @@ impl Ail {
         let written = writes.len() as u64;
         drop(homed);
         drop(writes);
-        for e in &batch {
-            records.remove(&e.rec_seq);
-        }
-        let retired: Vec<Written> = batch.into_iter().filter_map(|e| Arc::into_inner(e.durable?)).collect();
+        let retired: Vec<Written> = batch.iter().map(|e| records.remove(&e.rec_seq).expect("a record in the batch was taken in")).collect();
         self.held_bytes.fetch_sub(retired.iter().map(Written::bytes).sum(), Relaxed);
-        let images = retired.into_iter().flat_map(|w| w.items).filter_map(|(k, img)| matches!(k, ItemKey::Block(_)).then_some(img)).collect();
+        images.extend(retired.into_iter().flat_map(|w| w.items).filter_map(|(k, img)| (matches!(k, ItemKey::Block(_)) && !img.is_empty()).then_some(img)));
         Ok((written, freed, images))
     }
 
@@ -283,17 +300,21 @@ impl Ail {
         let mut g = self.inner.lock();
         // The list is numbered consecutively, and records leave it only once taken in.
         let taken_in = indexed_below.saturating_sub(g.entries.front().map_or(indexed_below, |e| e.rec_seq)) as usize;
-        debug_assert!(g.entries.iter().take(taken_in).all(|e| e.durable.is_some()), "a record taken in is not durable");
-        let new: Vec<(u64, Arc<Written>)> = g
-            .entries
-            .iter()
-            .skip(taken_in)
-            .map_while(|e| Some((e.rec_seq, Arc::clone(e.durable.as_ref()?))))
-            .collect();
+        debug_assert!(g.entries.iter().take(taken_in).all(|e| matches!(e.durable, Durability::TakenIn)), "a record below the index is not taken in");
+        let mut new: Vec<(u64, Written)> = Vec::new();
+        for e in g.entries.iter_mut().skip(taken_in) {
+            match std::mem::replace(&mut e.durable, Durability::TakenIn) {
+                Durability::Durable(w) => new.push((e.rec_seq, w)),
+                other => {
+                    e.durable = other;
+                    break;
+                }
+            }
+        }
         let free = self.ring_blocks - self.used_blocks.load(Relaxed);
         let (mut n, mut freed) = (0, 0);
         for e in &g.entries {
-            if e.durable.is_none() || free + freed >= need_free {
+            if matches!(e.durable, Durability::Writing) || free + freed >= need_free {
                 break;
             }
             n += 1;
@@ -324,10 +345,10 @@ impl Ail {
 /// image is whole. A record that became durable after the batch was taken is in neither map:
 /// the batch may then write an older image home, which that record's own writeback
 /// overwrites later (and a revoke among them is covered by `reusable`).
-fn live_items<'b>(latest: &mut FxHashMap<ItemKey, Newest>, records: &'b FxHashMap<u64, Arc<Written>>, batch: &'b [Entry]) -> Vec<(ItemKey, &'b [u8])> {
+fn live_items<'b>(latest: &mut FxHashMap<ItemKey, Newest>, records: &'b FxHashMap<u64, Written>, batch: &[Entry]) -> Vec<(ItemKey, &'b [u8])> {
     let mut out = Vec::new();
     for e in batch {
-        let w = e.durable.as_deref().expect("only durable records are taken");
+        let w = &records[&e.rec_seq];
         for (k, img) in &w.items {
             let home_key = home(*k);
             let Some(newest) = latest.get_mut(&home_key) else { continue };
@@ -376,4 +397,43 @@ fn write_coalesced(dev: &dyn BlockDevice, pieces: &[(u64, &[u8])]) -> io::Result
         dev.write_at(&run, run_off)?;
     }
     Ok(())
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+    use crate::dev::MemDevice;
+    use crate::mkfs::{self, MkfsOptions};
+
+    const DEV_BYTES: u64 = 64 << 20;
+
+    /// Three records log block 100 (versions 1-3) and the first also block 101. Taking them
+    /// in keeps only the newest image of 100; writing back writes each block once, newest.
+    #[test]
+    fn superseded_images_are_dropped_when_taken_in_and_never_written() {
+        let geo = mkfs::plan(DEV_BYTES, &MkfsOptions { ag_count: Some(1), ..MkfsOptions::default() }).expect("geometry");
+        let dev = MemDevice::new(DEV_BYTES);
+        let ail = Ail::new(geo.ag_layout(0).log, 64, LogHeader { gen: 0, epoch: 1, tail_off: 0, tail_seq: 1 });
+        let block = |v: u8| vec![v; BLOCK_SIZE].into_boxed_slice();
+        for v in 1..=3u8 {
+            let (rec_seq, _, _) = ail.reserve(2).expect("room");
+            let mut items = vec![(ItemKey::Block(100), block(v))];
+            if v == 1 {
+                items.push((ItemKey::Block(101), block(9)));
+            }
+            ail.mark_durable(rec_seq, u64::from(v), items);
+        }
+        assert_eq!(ail.held_bytes(), 4 * BLOCK_SIZE as u64);
+        let (written, freed, images) = ail.push(&dev, &geo, 0, &|_| {}).expect("take in");
+        assert_eq!((written, freed), (0, 0), "taking in writes nothing");
+        assert_eq!(images.len(), 2, "the two older images of block 100 are handed back");
+        assert_eq!(ail.held_bytes(), 2 * BLOCK_SIZE as u64);
+        let (written, freed, _) = ail.push(&dev, &geo, 64, &|_| {}).expect("writeback");
+        assert_eq!((written, freed), (2, 6));
+        assert_eq!(ail.held_bytes(), 0);
+        let mut home = vec![0u8; 2 * BLOCK_SIZE];
+        dev.read_at(&mut home, 100 * BLOCK_SIZE as u64).expect("read home");
+        assert!(home[..BLOCK_SIZE].iter().all(|&b| b == 3), "block 100 holds the newest image");
+        assert!(home[BLOCK_SIZE..].iter().all(|&b| b == 9));
+    }
 }

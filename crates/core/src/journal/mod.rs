@@ -288,6 +288,9 @@ pub struct JournalConfig {
     pub push_interval: Duration,
     /// Start background writeback when the log is this full (fraction in percent).
     pub ail_push_percent: u64,
+    /// Write everything home when the durable records' images held for writeback pass this
+    /// many bytes (a block relogged by many records is held once: the newest image).
+    pub ail_held_max_bytes: u64,
     /// Most bytes of block images written records keep for the shards' next copies: what
     /// reuse may hold back from the allocator.
     pub spare_max_bytes: u64,
@@ -303,6 +306,7 @@ impl JournalConfig {
             cil_max_bytes: (ring_bytes / 4).min(128 << 20),
             push_interval: Duration::from_secs(1),
             ail_push_percent: 50,
+            ail_held_max_bytes: (ring_bytes / 4).min(64 << 20),
             spare_max_bytes: 32 << 20,
             background: true,
         }
@@ -310,8 +314,8 @@ impl JournalConfig {
 
     /// Fit the journal's memory into the cache budget that counts it (`limit` bytes): the
     /// CIL pushes at a sixteenth of the budget and holds commits at a quarter, recycled
-    /// images take at most an eighth, and writeback starts once the durable records kept in
-    /// memory for it (as many bytes as the log in use) pass a quarter. The default budget
+    /// images take at most an eighth, writeback starts once the log in use passes a quarter
+    /// and writes everything once the newest images it holds pass a sixteenth. The default budget
     /// keeps a 128 MiB log's own thresholds; with them a 64 MiB budget was overrun by the
     /// journal alone, and reclaim emptied the caches around it. (Holding commits at an
     /// eighth halved a 256 MiB log's limit under the default budget and multiplied commit
@@ -322,6 +326,7 @@ impl JournalConfig {
         self.cil_push_bytes = self.cil_push_bytes.min((limit / 16).max(JOURNAL_MIN_BYTES));
         self.cil_max_bytes = self.cil_max_bytes.min((limit / 4).max(2 * JOURNAL_MIN_BYTES));
         self.ail_push_percent = self.ail_push_percent.min((limit / 4 * 100 / ring_bytes.max(1)).max(AIL_PUSH_PERCENT_MIN));
+        self.ail_held_max_bytes = self.ail_held_max_bytes.min((limit / 16).max(JOURNAL_MIN_BYTES));
         self.spare_max_bytes = self.spare_max_bytes.min(limit / 8);
         self
     }
@@ -396,6 +401,9 @@ struct WorkerState {
     ail_requested: bool,
     /// Write the whole log home, not just enough to make room.
     ail_all_requested: bool,
+    /// A CIL push was requested: the writer takes in the records durable since its last
+    /// wake (dropping the images they supersede) and writes only if memory asks for it.
+    ail_take_in_requested: bool,
     stop: bool,
 }
 
@@ -597,7 +605,8 @@ impl Journal {
         if !w.push_requested {
             w.push_requested = true;
             self.worker_cv.notify_one();
-            // The writer too: it writes everything home at every push request (`ail_worker`).
+            // The writer too, to take in what the last checkpoints made durable (`ail_worker`).
+            w.ail_take_in_requested = true;
             self.ail_cv.notify_one();
         }
     }
@@ -906,11 +915,14 @@ impl Journal {
         self.ail_cv.notify_one();
     }
 
-    /// Write back the oldest durable checkpoints until `need_free` blocks of log are free
-    /// (0: everything), then move the tail.
+    /// Take in the records durable since the last call, then write back the oldest durable
+    /// checkpoints until `need_free` blocks of log are free (0: take in only), then move the
+    /// tail.
     /// Returns the ring blocks freed.
     fn push_ail(&self, need_free: u64) -> Result<u64> {
-        self.stats.ail_pushes.fetch_add(1, Relaxed);
+        if need_free > 0 {
+            self.stats.ail_pushes.fetch_add(1, Relaxed);
+        }
         let (written, freed, images) = self.ail.push(&*self.dev, &self.geo, need_free, &*self.on_durable).or_else(|e| self.fail(e))?;
         self.stats.items_written_home.fetch_add(written, Relaxed);
         self.recycle(images);
@@ -964,31 +976,38 @@ impl Journal {
 
     fn ail_worker(&self) {
         loop {
-            let all = {
+            let (asked, all) = {
                 let mut w = self.worker.lock();
-                // Any wake, not only a request of its own: see below.
-                if !w.ail_requested && !w.stop {
-                    self.ail_cv.wait_for(&mut w, self.cfg.push_interval * 5);
+                let mut timer = false;
+                if !w.ail_requested && !w.ail_take_in_requested && !w.stop {
+                    timer = self.ail_cv.wait_for(&mut w, self.cfg.push_interval * 5).timed_out();
                 }
                 if w.stop {
                     return;
                 }
                 let (asked, all) = (std::mem::take(&mut w.ail_requested), std::mem::take(&mut w.ail_all_requested));
+                w.ail_take_in_requested = false;
                 // Taken: a checkpoint past the trigger from now on asks again (one that asked
                 // between the take and this store is served by the writeback about to run).
                 self.ail_pending.store(false, Release);
-                !asked || all
+                (asked, all || timer)
             };
-            let pct = self.ail.used_percent();
-            // Asked because the log passed its trigger: write back to half the trigger level.
-            // Otherwise everything: on the timer, so a crash after a quiet period replays
-            // almost nothing; for a cache that wants to drop objects; and at every CIL push
-            // request, which wakes this worker too. That last keeps the records held for
-            // writeback small: waiting for the trigger instead (half the log) left the
-            // FUSE daemon's peak RSS in a 400,000-file fs_mark at 311-335 MiB against
-            // 234-242 under the default 256 MiB budget, and no rate moved.
-            let target = if all { self.ail.ring_blocks() } else { self.ail.ring_blocks() * (100 - self.cfg.ail_push_percent / 2) / 100 };
-            if (pct > 0 || all) && self.push_ail(target).is_err() {
+            // Everything on the timer, so a crash after a quiet period replays almost
+            // nothing, and for a cache that wants to drop objects. Asked because the log
+            // passed its trigger: back to half the trigger level. Woken by a CIL push: take
+            // in the new records only, which drops the images they supersede, and write
+            // everything only once the newest images held pass their bound.
+            let target = if all {
+                self.ail.ring_blocks()
+            } else if asked {
+                self.ail.ring_blocks() * (100 - self.cfg.ail_push_percent / 2) / 100
+            } else {
+                0
+            };
+            if self.push_ail(target).is_err() {
+                return;
+            }
+            if !all && self.ail.held_bytes() >= self.cfg.ail_held_max_bytes && self.push_ail(self.ail.ring_blocks()).is_err() {
                 return;
             }
         }
