@@ -814,7 +814,7 @@ fn crash_random_workload_with_unlinked_open_files() {
 
 /// The random workloads with the journal's background threads on and pushed hard: a
 /// checkpoint requested by every commit that logs a block and at least every 2 ms,
-/// writeback from 5% of the log. Checkpoints and writeback then run beside the calls, at
+/// writeback from 5% of the log or once 16 KiB of newest images are held. Checkpoints and writeback then run beside the calls, at
 /// points the calls do not choose (the other crash tests run without those threads, for a
 /// recorded order that a seed replays exactly; here the order is the scheduler's, so a
 /// failing seed may not fail again: its message has the calls and the crash point).
@@ -826,6 +826,7 @@ fn crash_random_workload_with_background_checkpoints() {
         cfg.cil_push_bytes = 4 << 10;
         cfg.push_interval = std::time::Duration::from_millis(2);
         cfg.ail_push_percent = 5;
+        cfg.ail_held_max_bytes = 16 << 10;
         MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }
     }
     random_workloads(base_image(), 0xb9_0001, background_pushed_hard);
