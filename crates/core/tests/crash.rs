@@ -814,8 +814,8 @@ fn crash_random_workload_with_unlinked_open_files() {
 
 /// The random workloads with the journal's background threads on and pushed hard: a
 /// checkpoint requested by every commit that logs a block and at least every 2 ms,
-/// writeback from 5% of the log or once 16 KiB of newest images are held. Checkpoints and writeback then run beside the calls, at
-/// points the calls do not choose (the other crash tests run without those threads, for a
+/// writeback from 5% of the log or once 16 KiB of newest images are held. Checkpoints and
+/// writeback then run beside the calls, at points the calls do not choose (the other crash tests run without those threads, for a
 /// recorded order that a seed replays exactly; here the order is the scheduler's, so a
 /// failing seed may not fail again: its message has the calls and the crash point).
 /// Environment as above.

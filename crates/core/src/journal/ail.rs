@@ -231,9 +231,9 @@ impl Ail {
     /// Take in the records durable since the last call, then write back oldest-first until
     /// `need_free` ring blocks are free (or nothing durable is left; 0: take in only), then
     /// move the tail. Returns (items written home, ring blocks freed, the block images of
-    /// the records retired and of those superseded, for reuse). The freed extents held back during the
-    /// writeback go to `reuse` once it has written, before the next writeback can start;
-    /// after an I/O error they stay held: the journal has failed.
+    /// the records retired and of those superseded, for reuse). The freed extents held back
+    /// during the writeback go to `reuse` once it has written, before the next writeback can
+    /// start; after an I/O error they stay held: the journal has failed.
     pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64, reuse: &dyn Fn(Vec<BusyExtent>)) -> io::Result<(u64, u64, Vec<Box<[u8]>>)> {
         let mut wb = self.io.lock();
         let Taken { batch, freed, new } = self.take_batch(need_free, wb.indexed_below);
