@@ -141,13 +141,15 @@ pub fn logged_bytes(key: ItemKey, changed: ChunkMask) -> usize {
     }
 }
 
-/// Build a record: header, then `ITEM_HDR`-prefixed images, zero-padded to whole blocks. A
-/// block whose mask is not `ALL_CHUNKS` is logged as its changed chunks (kind 4).
-pub fn encode_record<'a>(seq: u64, epoch: u64, items: impl Iterator<Item = (ItemKey, &'a [u8], ChunkMask)> + Clone) -> Vec<u8> {
-    // One allocation of the final size: a record of a busy checkpoint is hundreds of KiB,
+/// Build a record into `out` (emptied first; its capacity is reused): header, then
+/// `ITEM_HDR`-prefixed images, zero-padded to whole blocks. A block whose mask is not
+/// `ALL_CHUNKS` is logged as its changed chunks (kind 4).
+pub fn encode_record<'a>(out: &mut Vec<u8>, seq: u64, epoch: u64, items: impl Iterator<Item = (ItemKey, &'a [u8], ChunkMask)> + Clone) {
+    // Room for the final size at once: a record of a busy checkpoint is hundreds of KiB,
     // and growing it by doubling copied it several times inside fsync's latency.
     let len = items.clone().map(|(k, _, changed)| logged_bytes(k, changed)).sum::<usize>();
-    let mut out = Vec::with_capacity((RECORD_HDR + len).next_multiple_of(BLOCK_SIZE));
+    out.clear();
+    out.reserve((RECORD_HDR + len).next_multiple_of(BLOCK_SIZE));
     out.resize(RECORD_HDR, 0);
     let mut n = 0u32;
     for (key, img, changed) in items {
@@ -155,7 +157,7 @@ pub fn encode_record<'a>(seq: u64, epoch: u64, items: impl Iterator<Item = (Item
         let at = out.len();
         out.resize(at + ITEM_HDR, 0);
         out[at] = key.kind();
-        put_u64(&mut out, at + 8, key.key());
+        put_u64(out, at + 8, key.key());
         if in_chunks(key, changed) {
             out[at] = KIND_CHUNKS;
             out.extend_from_slice(&changed.to_le_bytes());
@@ -166,20 +168,19 @@ pub fn encode_record<'a>(seq: u64, epoch: u64, items: impl Iterator<Item = (Item
             out.extend_from_slice(img);
         }
         let image_len = (out.len() - at - ITEM_HDR) as u32;
-        put_u32(&mut out, at + 4, image_len);
+        put_u32(out, at + 4, image_len);
         n += 1;
     }
     debug_assert_eq!(out.len(), RECORD_HDR + len);
     out.resize(out.len().next_multiple_of(BLOCK_SIZE), 0);
-    put_u32(&mut out, 0, MAGIC_RECORD);
-    put_u64(&mut out, 8, seq);
-    put_u64(&mut out, 16, epoch);
+    put_u32(out, 0, MAGIC_RECORD);
+    put_u64(out, 8, seq);
+    put_u64(out, 16, epoch);
     let len_blocks = (out.len() / BLOCK_SIZE) as u32;
-    put_u32(&mut out, 24, len_blocks);
-    put_u32(&mut out, 28, n);
-    let crc = crc_with_hole(&out, 4);
-    put_u32(&mut out, 4, crc);
-    out
+    put_u32(out, 24, len_blocks);
+    put_u32(out, 28, n);
+    let crc = crc_with_hole(out, 4);
+    put_u32(out, 4, crc);
 }
 
 /// The fields of a record's first block, read before the rest of the record.
@@ -272,7 +273,9 @@ mod tests {
         let inode = [7u8; INODE_SIZE];
         let changed = 0b1000_0000_0000_0000_0000_0000_0000_0101;
         let items = [(ItemKey::Block(10), &block[..], ALL_CHUNKS), (ItemKey::Block(11), &block[..], changed), (ItemKey::Inode(3), &inode[..], ALL_CHUNKS), (ItemKey::Revoke(12), &[][..], ALL_CHUNKS)];
-        let rec = encode_record(5, 2, items.iter().copied());
+        // Into a buffer that held a larger record: nothing of it may show through.
+        let mut rec = vec![0xa5; 8 * BLOCK_SIZE + 100];
+        encode_record(&mut rec, 5, 2, items.iter().copied());
         assert_eq!(rec.len(), (RECORD_HDR + items.iter().map(|&(k, _, c)| logged_bytes(k, c)).sum::<usize>()).next_multiple_of(BLOCK_SIZE));
         let got = decode_record(&rec).expect("crc").expect("items");
         let chunks: Vec<u8> = [0usize, 2, 31].iter().flat_map(|&i| block[i * CHUNK..(i + 1) * CHUNK].to_vec()).collect();
@@ -282,7 +285,8 @@ mod tests {
     #[test]
     fn a_chunk_item_without_its_header_chunk_is_corrupt() {
         let block = [0u8; BLOCK_SIZE];
-        let mut rec = encode_record(1, 1, [(ItemKey::Block(10), &block[..], 0b11)].into_iter());
+        let mut rec = Vec::new();
+        encode_record(&mut rec, 1, 1, [(ItemKey::Block(10), &block[..], 0b11)].into_iter());
         put_u32(&mut rec, RECORD_HDR + ITEM_HDR, 0b10);
         let crc = crc_with_hole(&rec, 4);
         put_u32(&mut rec, 4, crc);

@@ -105,6 +105,13 @@ struct Writeback {
     /// it is taken in: nothing reads it again (`live_items`), and a block relogged at every
     /// checkpoint would otherwise be held once per record until writeback.
     records: FxHashMap<u64, Written>,
+    /// Scratch kept from one writeback to the next (empty between them), sized by the
+    /// largest: what to write home, and the run of contiguous images being gathered. A busy
+    /// log's writeback needs megabytes of both; allocated afresh by whichever thread wrote
+    /// back (the writer, a checkpoint short of log space, a throttled committer), they left
+    /// holes of that size in every thread's malloc arena.
+    homed: Vec<(u64, &'static [u8])>,
+    run: Vec<u8>,
 }
 
 /// The newest record that logged a home location, and whether that image is home already.
@@ -146,7 +153,7 @@ impl Ail {
             writing_back: false,
             held: Vec::new(),
         };
-        let writeback = Writeback { latest: FxHashMap::default(), indexed_below: h.tail_seq, records: FxHashMap::default() };
+        let writeback = Writeback { latest: FxHashMap::default(), indexed_below: h.tail_seq, records: FxHashMap::default(), homed: Vec::new(), run: Vec::new() };
         Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, writeback), home_seq: AtomicU64::new(0), used_blocks: AtomicU64::new(0), held_bytes: AtomicU64::new(0) }
     }
 
@@ -240,7 +247,7 @@ impl Ail {
         if let Some((last, _)) = new.last() {
             wb.indexed_below = last + 1;
         }
-        let Writeback { latest, records, .. } = &mut *wb;
+        let Writeback { latest, records, homed: homed_kept, run, .. } = &mut *wb;
         let mut superseded = Vec::new();
         for (rec_seq, w) in new {
             for (k, _) in &w.items {
@@ -255,18 +262,10 @@ impl Ail {
             return Ok((0, 0, images));
         }
         let homed_seq = batch.iter().map(|e| e.cil_seq).max().unwrap_or(0);
-        let writes = live_items(latest, records, &batch);
-        let mut homed: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len());
-        for &(k, img) in &writes {
-            let off = match k {
-                ItemKey::Block(b) => b * BLOCK_SIZE as u64,
-                ItemKey::Inode(ino) => geo.inode_offset(ino).map_err(io::Error::other)?,
-                ItemKey::Revoke(_) => unreachable!("revokes are never written home"),
-            };
-            homed.push((off, img));
-        }
+        let mut homed = reuse_empty(std::mem::take(homed_kept));
+        live_items(latest, records, &batch, geo, &mut homed)?;
         homed.sort_unstable_by_key(|(off, _)| *off);
-        write_coalesced(dev, &homed)?;
+        write_coalesced(dev, &homed, run)?;
         dev.flush()?;
         let held = {
             let mut g = self.inner.lock();
@@ -282,9 +281,8 @@ impl Ail {
         let (hdr, blkno) = self.advance_tail(freed);
         dev.write_at(&hdr.encode(blkno)[..], blkno * BLOCK_SIZE as u64)?;
         dev.flush()?;
-        let written = writes.len() as u64;
-        drop(homed);
-        drop(writes);
+        let written = homed.len() as u64;
+        *homed_kept = reuse_empty(homed);
         let retired: Vec<Written> = batch.iter().map(|e| records.remove(&e.rec_seq).expect("a record in the batch was taken in")).collect();
         self.held_bytes.fetch_sub(retired.iter().map(Written::bytes).sum(), Relaxed);
         images.extend(retired.into_iter().flat_map(|w| w.items).filter_map(|(k, img)| (matches!(k, ItemKey::Block(_)) && !img.is_empty()).then_some(img)));
@@ -335,7 +333,8 @@ impl Ail {
     }
 }
 
-/// The images to write home for `batch`, as (item, image); revokes write nothing.
+/// The images to write home for `batch`, as (home offset, image) into `out`; revokes write
+/// nothing.
 ///
 /// An item whose newest record is in the batch is written from it and leaves `latest`. A
 /// block that a later record (in `records`) logged again is written from that record now,
@@ -345,8 +344,12 @@ impl Ail {
 /// image is whole. A record that became durable after the batch was taken is in neither map:
 /// the batch may then write an older image home, which that record's own writeback
 /// overwrites later (and a revoke among them is covered by `reusable`).
-fn live_items<'b>(latest: &mut FxHashMap<ItemKey, Newest>, records: &'b FxHashMap<u64, Written>, batch: &[Entry]) -> Vec<(ItemKey, &'b [u8])> {
-    let mut out = Vec::new();
+fn live_items<'b>(latest: &mut FxHashMap<ItemKey, Newest>, records: &'b FxHashMap<u64, Written>, batch: &[Entry], geo: &Geometry, out: &mut Vec<(u64, &'b [u8])>) -> io::Result<()> {
+    let home_off = |k: ItemKey| match k {
+        ItemKey::Block(b) => Ok(b * BLOCK_SIZE as u64),
+        ItemKey::Inode(ino) => geo.inode_offset(ino).map_err(io::Error::other),
+        ItemKey::Revoke(_) => unreachable!("revokes are never written home"),
+    };
     for e in batch {
         let w = &records[&e.rec_seq];
         for (k, img) in &w.items {
@@ -356,13 +359,13 @@ fn live_items<'b>(latest: &mut FxHashMap<ItemKey, Newest>, records: &'b FxHashMa
                 let homed = newest.homed;
                 latest.remove(&home_key);
                 if !homed && !matches!(k, ItemKey::Revoke(_)) {
-                    out.push((*k, &img[..]));
+                    out.push((home_off(*k)?, &img[..]));
                 }
             } else if matches!(home_key, ItemKey::Block(_)) && !newest.homed {
                 debug_assert!(newest.rec_seq > e.rec_seq, "{home_key:?}: newest record {} before {}", newest.rec_seq, e.rec_seq);
                 newest.homed = true;
                 if let Some(img) = records[&newest.rec_seq].image_of(home_key) {
-                    out.push((home_key, img));
+                    out.push((home_off(home_key)?, img));
                 }
             }
         }
@@ -372,20 +375,28 @@ fn live_items<'b>(latest: &mut FxHashMap<ItemKey, Newest>, records: &'b FxHashMa
     if latest.capacity() > 4 * latest.len().max(1024) {
         latest.shrink_to_fit();
     }
-    out
+    Ok(())
+}
+
+/// `v` emptied, as a vector of another element type of the same size and alignment with its
+/// allocation kept (the standard library collects in place then): writeback's scratch holds
+/// slices of one writeback's records, and is kept between writebacks without them.
+fn reuse_empty<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().map(|_| -> U { unreachable!("emptied") }).collect()
 }
 
 /// Largest single write writeback issues.
 const COALESCE_MAX: usize = 1 << 20;
 
 /// Write sorted `(offset, bytes)` pieces, merging runs that are contiguous on disk (inodes of
-/// one table block, neighbouring bitmap blocks) into one write each.
-fn write_coalesced(dev: &dyn BlockDevice, pieces: &[(u64, &[u8])]) -> io::Result<()> {
-    let mut run: Vec<u8> = Vec::new();
+/// one table block, neighbouring bitmap blocks) into one write each, gathered in `run`.
+fn write_coalesced(dev: &dyn BlockDevice, pieces: &[(u64, &[u8])], run: &mut Vec<u8>) -> io::Result<()> {
+    run.clear();
     let mut run_off = 0;
     for &(off, bytes) in pieces {
         if !run.is_empty() && (run_off + run.len() as u64 != off || run.len() + bytes.len() > COALESCE_MAX) {
-            dev.write_at(&run, run_off)?;
+            dev.write_at(run, run_off)?;
             run.clear();
         }
         if run.is_empty() {
@@ -394,8 +405,9 @@ fn write_coalesced(dev: &dyn BlockDevice, pieces: &[(u64, &[u8])]) -> io::Result
         run.extend_from_slice(bytes);
     }
     if !run.is_empty() {
-        dev.write_at(&run, run_off)?;
+        dev.write_at(run, run_off)?;
     }
+    run.clear();
     Ok(())
 }
 
@@ -435,5 +447,19 @@ mod tests {
         dev.read_at(&mut home, 100 * BLOCK_SIZE as u64).expect("read home");
         assert!(home[..BLOCK_SIZE].iter().all(|&b| b == 3), "block 100 holds the newest image");
         assert!(home[BLOCK_SIZE..].iter().all(|&b| b == 9));
+    }
+
+    /// Writeback's scratch outlives the records its slices point into only through
+    /// `reuse_empty`, which must keep the allocation (or the scratch is new memory each time).
+    #[test]
+    fn writeback_scratch_keeps_its_allocation_between_writebacks() {
+        let image = [7u8; 16];
+        let mut homed: Vec<(u64, &[u8])> = Vec::with_capacity(1000);
+        homed.push((0, &image[..]));
+        let kept: Vec<(u64, &'static [u8])> = reuse_empty(homed);
+        assert!(kept.is_empty());
+        assert_eq!(kept.capacity(), 1000);
+        let again: Vec<(u64, &[u8])> = reuse_empty(kept);
+        assert_eq!(again.capacity(), 1000);
     }
 }

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 static CIL_SHARD: LockClass = LockClass::ranked("cil-shard", 30);
 static LOG_PUSH: LockClass = LockClass::ranked("log-push", 10);
 static CIL_SPARE: LockClass = LockClass::ranked("cil-spare", 15);
+static LOG_RECORD_BUF: LockClass = LockClass::ranked("log-record-buf", 16);
 static LOG_DONE: LockClass = LockClass::ranked("log-done", 22);
 static LOG_WORKER: LockClass = LockClass::ranked("log-worker", 40);
 /// CIL shards (`cil-shard` locks): see `Journal::start`.
@@ -78,10 +79,16 @@ impl CilBatch {
     }
 }
 
-/// The merged batches' item maps, emptied with their capacity kept (guarded by the push
-/// lock): a shard's new batch starts at the size its last one grew to instead of rehashing
-/// its way up again. Freed when the journal goes idle.
-type SpareMaps = Vec<FxHashMap<ItemKey, CilItem>>;
+/// What the push lock keeps from one switch to the next, emptied with its capacity kept: the
+/// merged batches' item maps (a shard's new batch starts at the size its last one grew to
+/// instead of rehashing its way up again), and the map a switch merges them into (megabytes
+/// for a busy checkpoint: allocated afresh by whichever thread checkpointed, it left holes of
+/// that size in every thread's malloc arena). Freed when the journal goes idle.
+#[derive(Default)]
+struct PushState {
+    maps: Vec<FxHashMap<ItemKey, CilItem>>,
+    merged: FxHashMap<ItemKey, CilItem>,
+}
 
 /// One item of a checkpoint: its newest image (`None`: the block was freed, logged as a
 /// revoke) and the chunks of it that changed since its previous image in the log.
@@ -363,10 +370,17 @@ pub struct Journal {
     push_pending: AtomicBool,
     /// Serialises switches and log space claims, so records are numbered and placed in CIL
     /// sequence order; not held while a record is built or written.
-    push: Mutex<SpareMaps>,
+    push: Mutex<PushState>,
     /// Block images of records written home (`recycle`), which the next switch hands back to
     /// the shards (`CilShard::free`).
     spare: Mutex<Vec<Box<[u8]>>>,
+    /// The buffer of the last record written (the largest, when several were in flight), for
+    /// the next one to be built in (empty: none). A record of a busy checkpoint is megabytes;
+    /// allocated afresh each time, by whichever thread checkpoints (the CIL worker, an fsync,
+    /// a throttled committer), it left holes of that size in every thread's malloc arena.
+    record_buf: Mutex<Vec<u8>>,
+    /// The capacity of `record_buf`, for the cache budget.
+    record_buf_bytes: AtomicU64,
     /// Taken to complete a checkpoint (in sequence order) and to wait for one; `done_cv` is
     /// signalled when `durable_seq` moves or the journal fails.
     done: Mutex<()>,
@@ -450,8 +464,10 @@ impl Journal {
             recycled_bytes: AtomicU64::new(0),
             in_flight_bytes: AtomicU64::new(0),
             push_pending: AtomicBool::new(false),
-            push: Mutex::new(&LOG_PUSH, Vec::new()),
+            push: Mutex::new(&LOG_PUSH, PushState::default()),
             spare: Mutex::new(&CIL_SPARE, Vec::new()),
+            record_buf: Mutex::new(&LOG_RECORD_BUF, Vec::new()),
+            record_buf_bytes: AtomicU64::new(0),
             done: Mutex::new(&LOG_DONE, ()),
             done_cv: Condvar::new(),
             data_dirty: AtomicBool::new(false),
@@ -681,7 +697,7 @@ impl Journal {
     /// record only if every earlier one is intact, so a later record that reaches the disk
     /// first is never replayed without them. `cil_full` (a throttled committer's) is let go
     /// once the switch has emptied the CIL.
-    fn checkpoint_locked(&self, mut push: MutexGuard<'_, SpareMaps>, cil_full: Option<RwLockWriteGuard<'_, ()>>) -> Result<()> {
+    fn checkpoint_locked(&self, mut push: MutexGuard<'_, PushState>, cil_full: Option<RwLockWriteGuard<'_, ()>>) -> Result<()> {
         self.alive()?;
         let Switched { seq, items, busy, in_flight } = self.switch(&mut push);
         drop(cil_full);
@@ -733,7 +749,8 @@ impl Journal {
     /// Each shard gets back as many recycled images as it copied blocks in the batch taken
     /// (what is left over is freed) and an emptied map for its new batch; this switch's maps
     /// are recycled in turn.
-    fn switch(&self, maps: &mut SpareMaps) -> Switched {
+    fn switch(&self, state: &mut PushState) -> Switched {
+        let PushState { maps, merged } = state;
         let mut spare = std::mem::take(&mut *self.spare.lock());
         let seq = self.open_seq.fetch_add(1, SeqCst);
         let mut kept = 0;
@@ -794,7 +811,8 @@ impl Journal {
         self.recycled_bytes.store(((kept + parked.len()) * BLOCK_SIZE) as u64, Relaxed);
         drop(parked);
         let total = taken.iter().map(|b| b.items.len()).sum();
-        let mut merged: FxHashMap<ItemKey, CilItem> = FxHashMap::with_capacity_and_hasher(total, Default::default());
+        debug_assert!(merged.is_empty());
+        merged.reserve(total);
         let mut busy = Vec::new();
         for mut shard in taken {
             busy.extend(shard.busy);
@@ -819,7 +837,7 @@ impl Journal {
                 maps.push(shard.items);
             }
         }
-        let mut items: Vec<_> = merged.into_iter().map(|(key, it)| Checkpointed { key, image: it.image, changed: it.changed }).collect();
+        let mut items: Vec<_> = merged.drain().map(|(key, it)| Checkpointed { key, image: it.image, changed: it.changed }).collect();
         items.sort_unstable_by_key(|it| it.key);
         Switched { seq, items, busy, in_flight }
     }
@@ -829,7 +847,7 @@ impl Journal {
     /// previous image in the log, and its header chunk (the seal's lsn and crc), unless all
     /// of it changed. Returns the record's number and its sealed whole images, sorted by home,
     /// for the AIL to write home.
-    fn write_checkpoint(&self, seq: u64, items: Vec<Checkpointed>, push: MutexGuard<'_, SpareMaps>) -> Result<(u64, Vec<(ItemKey, Box<[u8]>)>)> {
+    fn write_checkpoint(&self, seq: u64, items: Vec<Checkpointed>, push: MutexGuard<'_, PushState>) -> Result<(u64, Vec<(ItemKey, Box<[u8]>)>)> {
         let bytes: usize = items.iter().map(|it| it.logged()).map(|(k, changed)| logged_bytes(k, changed)).sum();
         let blocks = (RECORD_HDR + bytes).div_ceil(BLOCK_SIZE) as u64;
         let (rec_seq, off, epoch) = self.reserve_log(seq, blocks)?;
@@ -847,7 +865,8 @@ impl Journal {
                 (k, img, changed)
             })
             .collect();
-        let record = encode_record(rec_seq, epoch, sealed.iter().map(|(k, img, changed)| (*k, &img[..], *changed)));
+        let mut record = self.take_record_buf();
+        encode_record(&mut record, rec_seq, epoch, sealed.iter().map(|(k, img, changed)| (*k, &img[..], *changed)));
         debug_assert_eq!(record.len() as u64, blocks * BLOCK_SIZE as u64);
         // Data noted before the switch is flushed before this record, or before an earlier
         // one (whichever took the note), without which this record is never replayed.
@@ -860,7 +879,25 @@ impl Journal {
         self.stats.checkpoints.fetch_add(1, Relaxed);
         self.stats.items_logged.fetch_add(sealed.len() as u64, Relaxed);
         self.stats.log_bytes.fetch_add(record.len() as u64, Relaxed);
+        self.give_record_buf(record);
         Ok((rec_seq, sealed.into_iter().map(|(k, img, _)| (k, img)).collect()))
+    }
+
+    fn take_record_buf(&self) -> Vec<u8> {
+        let mut kept = self.record_buf.lock();
+        self.record_buf_bytes.store(0, Relaxed);
+        std::mem::take(&mut *kept)
+    }
+
+    /// Keep the larger of `buf` and the buffer kept; the other is freed outside the lock.
+    fn give_record_buf(&self, mut buf: Vec<u8>) {
+        let mut kept = self.record_buf.lock();
+        if buf.capacity() > kept.capacity() {
+            std::mem::swap(&mut *kept, &mut buf);
+            self.record_buf_bytes.store(kept.capacity() as u64, Relaxed);
+        }
+        drop(kept);
+        drop(buf);
     }
 
     /// Block images of records written home, for the shards' next copies (handed out at the
@@ -959,11 +996,12 @@ impl Journal {
                 if self.checkpoint().is_ok() {
                     self.stats.background_checkpoints.fetch_add(1, Relaxed);
                 }
-            } else if let Some(mut maps) = self.push.try_lock() {
+            } else if let Some(mut state) = self.push.try_lock() {
                 // Idle: no switch will come to hand the memory out or trim the shards' buffers.
-                *maps = SpareMaps::default();
+                *state = PushState::default();
                 let spare = std::mem::take(&mut *self.spare.lock());
                 drop(spare);
+                drop(self.take_record_buf());
                 for s in self.shards.iter() {
                     // Taken under the lock, freed after it.
                     let free = std::mem::take(&mut s.shard.lock().free);
@@ -1052,9 +1090,9 @@ impl Journal {
     }
 
     /// Bytes the journal holds in memory: the CIL's items, the checkpoints in flight, the
-    /// recycled block images and the durable records not yet written home.
+    /// recycled block images and record buffer, and the durable records not yet written home.
     pub fn memory_bytes(&self) -> u64 {
-        self.cil_bytes.load(Relaxed) + self.in_flight_bytes.load(Relaxed) + self.recycled_bytes.load(Relaxed) + self.ail.held_bytes()
+        self.cil_bytes.load(Relaxed) + self.in_flight_bytes.load(Relaxed) + self.recycled_bytes.load(Relaxed) + self.record_buf_bytes.load(Relaxed) + self.ail.held_bytes()
     }
 
     /// Bytes of the items the CIL holds (what its bounds are measured against).
@@ -1073,7 +1111,7 @@ impl Journal {
 impl Journal {
     /// Close the open sequence as a checkpoint would; returns it and its merged items.
     pub fn switch_for_model(&self) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>) {
-        let Switched { seq, items, in_flight, .. } = self.switch(&mut SpareMaps::default());
+        let Switched { seq, items, in_flight, .. } = self.switch(&mut PushState::default());
         self.in_flight_bytes.fetch_sub(in_flight, Relaxed);
         (seq, items.into_iter().map(|it| (it.key, it.image)).collect())
     }
