@@ -23,6 +23,7 @@
 //!    read-only mount (log replayed in memory) shows the same tree as the recovered one.
 
 use ferrofs::dev::{crash_image_torn, crash_points, keep_sets, unflushed_epoch, BlockDevice, CrashDevice, MemDevice, Op as DevOp, Tear};
+use ferrofs::format::BLOCK_SIZE;
 use ferrofs::journal::JournalConfig;
 use ferrofs::xattr::XATTR_CREATE;
 use ferrofs::*;
@@ -55,6 +56,8 @@ fn mount_options() -> MountOptions {
     // Without background threads the recorded write/flush sequence is deterministic: the
     // workload's own syncs, and the throttle when the CIL is full, write the checkpoints.
     cfg.background = false;
+    // Every record of more than a block is then written in pieces, its first block last.
+    cfg.record_piece_bytes = BLOCK_SIZE;
     MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }
 }
 
@@ -827,6 +830,7 @@ fn crash_random_workload_with_background_checkpoints() {
         cfg.push_interval = std::time::Duration::from_millis(2);
         cfg.ail_push_percent = 5;
         cfg.ail_held_max_bytes = 16 << 10;
+        cfg.record_piece_bytes = BLOCK_SIZE;
         MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }
     }
     random_workloads(base_image(), 0xb9_0001, background_pushed_hard);

@@ -141,46 +141,77 @@ pub fn logged_bytes(key: ItemKey, changed: ChunkMask) -> usize {
     }
 }
 
-/// Build a record into `out` (emptied first; its capacity is reused): header, then
-/// `ITEM_HDR`-prefixed images, zero-padded to whole blocks. A block whose mask is not
-/// `ALL_CHUNKS` is logged as its changed chunks (kind 4).
-pub fn encode_record<'a>(out: &mut Vec<u8>, seq: u64, epoch: u64, items: impl Iterator<Item = (ItemKey, &'a [u8], ChunkMask)> + Clone) {
-    // Room for the final size at once: a record of a busy checkpoint is hundreds of KiB,
-    // and growing it by doubling copied it several times inside fsync's latency.
-    let len = items.clone().map(|(k, _, changed)| logged_bytes(k, changed)).sum::<usize>();
-    out.clear();
-    out.reserve((RECORD_HDR + len).next_multiple_of(BLOCK_SIZE));
-    out.resize(RECORD_HDR, 0);
-    let mut n = 0u32;
+/// Bytes of a record built in memory at a time: a larger record is written in pieces of about
+/// this size from one buffer, as XFS writes a checkpoint through in-core log buffers of at most
+/// 256 KiB.
+pub const RECORD_PIECE: usize = 256 << 10;
+
+/// Build a record in `buf` (emptied first; its capacity is reused) and hand it to `write` as
+/// (offset in the record, bytes): header, then `ITEM_HDR`-prefixed images, zero-padded to
+/// whole blocks; a block whose mask is not `ALL_CHUNKS` is logged as its changed chunks (kind
+/// 4). A record of at most `piece` bytes goes in one write. A larger one goes in block-aligned
+/// pieces of about `piece` bytes, its first block with a zero crc, then that block again with
+/// the crc of the whole: until the device is flushed it is valid entirely or not at all, as a
+/// torn single write is, and the buffer stays near `piece` bytes however large the record.
+/// Returns the record's length in bytes.
+pub fn write_record<'a, E>(buf: &mut Vec<u8>, piece: usize, seq: u64, epoch: u64, items: impl Iterator<Item = (ItemKey, &'a [u8], ChunkMask)> + Clone, mut write: impl FnMut(u64, &[u8]) -> std::result::Result<(), E>) -> std::result::Result<u64, E> {
+    debug_assert!(piece >= BLOCK_SIZE && piece % BLOCK_SIZE == 0, "record piece of {piece} bytes");
+    let len = RECORD_HDR + items.clone().map(|(k, _, changed)| logged_bytes(k, changed)).sum::<usize>();
+    let total = len.next_multiple_of(BLOCK_SIZE);
+    let split = total > piece;
+    buf.clear();
+    // Room for the whole record, or for a piece and the item that crosses its end.
+    buf.reserve(if split { piece + BLOCK_SIZE + ITEM_HDR + 4 } else { total });
+    buf.resize(RECORD_HDR, 0);
+    put_u32(buf, 0, MAGIC_RECORD);
+    put_u64(buf, 8, seq);
+    put_u64(buf, 16, epoch);
+    put_u32(buf, 24, (total / BLOCK_SIZE) as u32);
+    put_u32(buf, 28, items.clone().count() as u32);
+    // The crc (bytes 4..8) stays zero until the end, so the running crc is that of the record
+    // with its crc field taken as zero (`crc_with_hole`).
+    let (mut crc, mut done) = (0u32, 0usize);
+    let mut head = [0u8; BLOCK_SIZE];
     for (key, img, changed) in items {
         debug_assert_eq!(img.len(), key.image_len());
-        let at = out.len();
-        out.resize(at + ITEM_HDR, 0);
-        out[at] = key.kind();
-        put_u64(out, at + 8, key.key());
+        let at = buf.len();
+        buf.resize(at + ITEM_HDR, 0);
+        buf[at] = key.kind();
+        put_u64(buf, at + 8, key.key());
         if in_chunks(key, changed) {
-            out[at] = KIND_CHUNKS;
-            out.extend_from_slice(&changed.to_le_bytes());
+            buf[at] = KIND_CHUNKS;
+            buf.extend_from_slice(&changed.to_le_bytes());
             for i in chunk_indices(changed) {
-                out.extend_from_slice(&img[i * CHUNK..(i + 1) * CHUNK]);
+                buf.extend_from_slice(&img[i * CHUNK..(i + 1) * CHUNK]);
             }
         } else {
-            out.extend_from_slice(img);
+            buf.extend_from_slice(img);
         }
-        let image_len = (out.len() - at - ITEM_HDR) as u32;
-        put_u32(out, at + 4, image_len);
-        n += 1;
+        let image_len = (buf.len() - at - ITEM_HDR) as u32;
+        put_u32(buf, at + 4, image_len);
+        if split && buf.len() >= piece {
+            if done == 0 {
+                head.copy_from_slice(&buf[..BLOCK_SIZE]);
+            }
+            let cut = buf.len() / BLOCK_SIZE * BLOCK_SIZE;
+            crc = crc32c::crc32c_append(crc, &buf[..cut]);
+            write(done as u64, &buf[..cut])?;
+            buf.drain(..cut);
+            done += cut;
+        }
     }
-    debug_assert_eq!(out.len(), RECORD_HDR + len);
-    out.resize(out.len().next_multiple_of(BLOCK_SIZE), 0);
-    put_u32(out, 0, MAGIC_RECORD);
-    put_u64(out, 8, seq);
-    put_u64(out, 16, epoch);
-    let len_blocks = (out.len() / BLOCK_SIZE) as u32;
-    put_u32(out, 24, len_blocks);
-    put_u32(out, 28, n);
-    let crc = crc_with_hole(out, 4);
-    put_u32(out, 4, crc);
+    debug_assert_eq!(done + buf.len(), len);
+    buf.resize(total - done, 0);
+    crc = crc32c::crc32c_append(crc, buf);
+    if done == 0 {
+        put_u32(buf, 4, crc);
+        write(0, buf)?;
+    } else {
+        write(done as u64, buf)?;
+        put_u32(&mut head, 4, crc);
+        write(0, &head)?;
+    }
+    Ok(total as u64)
 }
 
 /// The fields of a record's first block, read before the rest of the record.
@@ -267,15 +298,58 @@ mod tests {
         assert_eq!(chunks_of(300..BLOCK_SIZE), ALL_CHUNKS & !0b11);
     }
 
+    /// The record `write_record` writes with pieces of `piece` bytes (record number 5, epoch
+    /// 2), built in a buffer that held other bytes, and the (offset, length) of its writes.
+    fn encode(piece: usize, items: &[(ItemKey, &[u8], ChunkMask)]) -> (Vec<u8>, Vec<(u64, usize)>) {
+        let mut buf = vec![0xa5; BLOCK_SIZE + 100];
+        let (mut rec, mut writes) = (Vec::new(), Vec::new());
+        let len = write_record(&mut buf, piece, 5, 2, items.iter().copied(), |off, bytes| {
+            let end = off as usize + bytes.len();
+            rec.resize(rec.len().max(end), 0);
+            rec[off as usize..end].copy_from_slice(bytes);
+            writes.push((off, bytes.len()));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert_eq!(len as usize, rec.len());
+        assert!(buf.capacity() < piece + 2 * BLOCK_SIZE || writes.len() == 1, "a buffer of {} bytes for pieces of {piece}", buf.capacity());
+        (rec, writes)
+    }
+
+    #[test]
+    fn a_record_in_pieces_is_the_same_record_valid_only_once_its_first_block_is_rewritten() {
+        let block: Vec<u8> = (0..BLOCK_SIZE).map(|i| (i % 253) as u8).collect();
+        let inode = [3u8; INODE_SIZE];
+        let items: Vec<(ItemKey, &[u8], ChunkMask)> = (0..9u64).flat_map(|b| [(ItemKey::Block(100 + b), &block[..], if b % 2 == 0 { ALL_CHUNKS } else { 0b1001 }), (ItemKey::Inode(b + 1), &inode[..], ALL_CHUNKS)]).collect();
+        let (whole, one) = encode(RECORD_PIECE, &items);
+        assert_eq!(one, vec![(0, whole.len())], "a record that fits a piece is one write");
+        for piece in [BLOCK_SIZE, 2 * BLOCK_SIZE, 3 * BLOCK_SIZE] {
+            let (rec, writes) = encode(piece, &items);
+            assert_eq!(rec, whole, "pieces of {piece} bytes");
+            assert!(writes.len() > 2, "pieces of {piece} bytes: {writes:?}");
+            assert_eq!(*writes.last().unwrap(), (0, BLOCK_SIZE), "the first block goes last");
+            // Every write but the last, in order: the pieces cover the record contiguously.
+            let mut at = 0;
+            for &(off, len) in &writes[..writes.len() - 1] {
+                assert_eq!((off as usize, off as usize % BLOCK_SIZE, len % BLOCK_SIZE), (at, 0, 0), "pieces of {piece} bytes: {writes:?}");
+                at += len;
+            }
+            assert_eq!(at, whole.len());
+            // Until the first block is written again, its crc is zero: the record is invalid.
+            let mut torn = rec.clone();
+            put_u32(&mut torn, 4, 0);
+            assert!(decode_record(&torn).is_none());
+        }
+        assert!(decode_record(&whole).expect("crc").is_ok());
+    }
+
     #[test]
     fn a_record_round_trips_whole_and_chunked_blocks() {
         let block: Vec<u8> = (0..BLOCK_SIZE).map(|i| (i / CHUNK) as u8).collect();
         let inode = [7u8; INODE_SIZE];
         let changed = 0b1000_0000_0000_0000_0000_0000_0000_0101;
         let items = [(ItemKey::Block(10), &block[..], ALL_CHUNKS), (ItemKey::Block(11), &block[..], changed), (ItemKey::Inode(3), &inode[..], ALL_CHUNKS), (ItemKey::Revoke(12), &[][..], ALL_CHUNKS)];
-        // Into a buffer that held a larger record: nothing of it may show through.
-        let mut rec = vec![0xa5; 8 * BLOCK_SIZE + 100];
-        encode_record(&mut rec, 5, 2, items.iter().copied());
+        let rec = encode(RECORD_PIECE, &items).0;
         assert_eq!(rec.len(), (RECORD_HDR + items.iter().map(|&(k, _, c)| logged_bytes(k, c)).sum::<usize>()).next_multiple_of(BLOCK_SIZE));
         let got = decode_record(&rec).expect("crc").expect("items");
         let chunks: Vec<u8> = [0usize, 2, 31].iter().flat_map(|&i| block[i * CHUNK..(i + 1) * CHUNK].to_vec()).collect();
@@ -285,8 +359,7 @@ mod tests {
     #[test]
     fn a_chunk_item_without_its_header_chunk_is_corrupt() {
         let block = [0u8; BLOCK_SIZE];
-        let mut rec = Vec::new();
-        encode_record(&mut rec, 1, 1, [(ItemKey::Block(10), &block[..], 0b11)].into_iter());
+        let mut rec = encode(RECORD_PIECE, &[(ItemKey::Block(10), &block[..], 0b11)]).0;
         put_u32(&mut rec, RECORD_HDR + ITEM_HDR, 0b10);
         let crc = crc_with_hole(&rec, 4);
         put_u32(&mut rec, 4, crc);

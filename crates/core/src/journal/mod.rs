@@ -20,7 +20,7 @@ pub use recover::{recover, RecoveryReport};
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::log::{chunks_of, encode_record, item_bytes, logged_bytes, ChunkMask, ItemKey, LogHeader, ALL_CHUNKS, CHUNK, RECORD_HDR};
+use crate::format::log::{chunks_of, item_bytes, logged_bytes, write_record, ChunkMask, ItemKey, LogHeader, ALL_CHUNKS, CHUNK, RECORD_HDR, RECORD_PIECE};
 use crate::format::{seal_block, DiskInode, Geometry, BLOCK_SIZE};
 use crate::lockstat::{Condvar, LockClass, Mutex, MutexGuard};
 use ail::Ail;
@@ -301,6 +301,9 @@ pub struct JournalConfig {
     /// Most bytes of block images written records keep for the shards' next copies: what
     /// reuse may hold back from the allocator.
     pub spare_max_bytes: u64,
+    /// A record larger than this is built and written in pieces of about this size (a
+    /// multiple of the block size; crash tests make it one block).
+    pub record_piece_bytes: usize,
     /// Run background threads (tests that drive checkpoints by hand turn them off).
     pub background: bool,
 }
@@ -315,6 +318,7 @@ impl JournalConfig {
             ail_push_percent: 50,
             ail_held_max_bytes: (ring_bytes / 4).min(64 << 20),
             spare_max_bytes: 32 << 20,
+            record_piece_bytes: RECORD_PIECE,
             background: true,
         }
     }
@@ -374,10 +378,11 @@ pub struct Journal {
     /// Block images of records written home (`recycle`), which the next switch hands back to
     /// the shards (`CilShard::free`).
     spare: Mutex<Vec<Box<[u8]>>>,
-    /// The buffer of the last record written (the largest, when several were in flight), for
-    /// the next one to be built in (empty: none). A record of a busy checkpoint is megabytes;
-    /// allocated afresh each time, by whichever thread checkpoints (the CIL worker, an fsync,
-    /// a throttled committer), it left holes of that size in every thread's malloc arena.
+    /// The buffer the last record was built in, for the next one (empty: none). A record is
+    /// built and written a piece at a time (`record_piece_bytes`): a busy checkpoint's record
+    /// is megabytes, and allocated whole and afresh by whichever thread checkpointed (the
+    /// CIL worker, an fsync, a throttled committer) it left holes of that size in every
+    /// thread's malloc arena.
     record_buf: Mutex<Vec<u8>>,
     /// The capacity of `record_buf`, for the cache budget.
     record_buf_bytes: AtomicU64,
@@ -865,21 +870,22 @@ impl Journal {
                 (k, img, changed)
             })
             .collect();
-        let mut record = self.take_record_buf();
-        encode_record(&mut record, rec_seq, epoch, sealed.iter().map(|(k, img, changed)| (*k, &img[..], *changed)));
-        debug_assert_eq!(record.len() as u64, blocks * BLOCK_SIZE as u64);
         // Data noted before the switch is flushed before this record, or before an earlier
         // one (whichever took the note), without which this record is never replayed.
         if self.data_dirty.swap(false, Relaxed) {
             self.dev.flush().or_else(|e| self.fail(e))?;
         }
         let at = (self.ail.ring_start() + off) * BLOCK_SIZE as u64;
-        self.dev.write_at(&record, at).or_else(|e| self.fail(e))?;
+        let mut buf = self.take_record_buf();
+        let logged = sealed.iter().map(|(k, img, changed)| (*k, &img[..], *changed));
+        let written = write_record(&mut buf, self.cfg.record_piece_bytes, rec_seq, epoch, logged, |pos, bytes| self.dev.write_at(bytes, at + pos));
+        self.give_record_buf(buf);
+        let record_bytes = written.or_else(|e| self.fail(e))?;
+        debug_assert_eq!(record_bytes, blocks * BLOCK_SIZE as u64);
         self.dev.flush().or_else(|e| self.fail(e))?;
         self.stats.checkpoints.fetch_add(1, Relaxed);
         self.stats.items_logged.fetch_add(sealed.len() as u64, Relaxed);
-        self.stats.log_bytes.fetch_add(record.len() as u64, Relaxed);
-        self.give_record_buf(record);
+        self.stats.log_bytes.fetch_add(record_bytes, Relaxed);
         Ok((rec_seq, sealed.into_iter().map(|(k, img, _)| (k, img)).collect()))
     }
 
@@ -889,7 +895,8 @@ impl Journal {
         std::mem::take(&mut *kept)
     }
 
-    /// Keep the larger of `buf` and the buffer kept; the other is freed outside the lock.
+    /// Keep the larger of `buf` and the buffer kept (a record of one piece sizes its buffer
+    /// to fit); the other is freed outside the lock.
     fn give_record_buf(&self, mut buf: Vec<u8>) {
         let mut kept = self.record_buf.lock();
         if buf.capacity() > kept.capacity() {
