@@ -10,10 +10,11 @@
 //! |----------------|--------|
 //! | `table N`      | the top N lock classes by wait time, as a lockstat-like table |
 //! | `json`         | every class's counters as JSON |
-//! | `journal`      | this mount's journal counters as JSON (commits, checkpoints, bytes logged, items written home, ...), and its cache budget's (`cache_`: reclaim, stalls, throttled transactions) |
+//! | `journal`      | this mount's journal counters as JSON (commits, checkpoints, bytes logged, items written home, ...), its cache budget's (`cache_`: reclaim, stalls, throttled transactions) and its FUSE workers' (`workers_`: in all, always reading, parked now, woken, parks) |
 //! | `reset`        | zero the counters (to measure one workload); answers `ok` |
 //! | `timing on`/`timing off` | switch hold-time measurement at run time; answers `ok` |
 
+use crate::workers::Workers;
 use ferrofs::{lockstat, FileSystem};
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -54,7 +55,7 @@ pub(crate) struct ControlServer {
 }
 
 impl ControlServer {
-    pub(crate) fn start(mountpoint: &Path, engine: Weak<FileSystem>) -> io::Result<ControlServer> {
+    pub(crate) fn start(mountpoint: &Path, engine: Weak<FileSystem>, workers: Arc<Workers>) -> io::Result<ControlServer> {
         let path = socket_path(mountpoint)?;
         let dir = path.parent().expect("socket path has a directory");
         std::fs::create_dir_all(dir)?;
@@ -73,7 +74,7 @@ impl ControlServer {
                 }
                 if let Ok(conn) = conn {
                     // A misbehaving client only gets its own connection closed.
-                    let _ = serve(conn, &engine);
+                    let _ = serve(conn, &engine, &workers);
                 }
             }
         })?;
@@ -93,15 +94,15 @@ impl Drop for ControlServer {
     }
 }
 
-fn serve(conn: UnixStream, engine: &Weak<FileSystem>) -> io::Result<()> {
+fn serve(conn: UnixStream, engine: &Weak<FileSystem>, workers: &Workers) -> io::Result<()> {
     conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(io::Read::take(&conn, COMMAND_MAX)).read_line(&mut line)?;
-    let answer = answer(line.trim(), engine);
+    let answer = answer(line.trim(), engine, workers);
     (&conn).write_all(answer.as_bytes())
 }
 
-fn answer(command: &str, engine: &Weak<FileSystem>) -> String {
+fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String {
     let mut words = command.split_whitespace();
     match (words.next(), words.next(), words.next()) {
         (Some("table"), n, None) => match n.map_or(Ok(10), str::parse::<usize>) {
@@ -112,7 +113,8 @@ fn answer(command: &str, engine: &Weak<FileSystem>) -> String {
         (Some("journal"), None, None) => match engine.upgrade() {
             Some(fs) => {
                 let m = fs.mount();
-                let counters: std::collections::BTreeMap<_, _> = m.journal.stats.counters().into_iter().chain(m.icache.budget().stats.counters()).collect();
+                let counters: std::collections::BTreeMap<_, _> =
+                    m.journal.stats.counters().into_iter().chain(m.icache.budget().stats.counters()).chain(workers.stats().counters()).collect();
                 serde_json::to_string_pretty(&counters).unwrap_or_else(|e| format!("error: {e}\n")) + "\n"
             }
             None => "error: the file system is being unmounted\n".into(),
@@ -149,13 +151,13 @@ mod tests {
 
     #[test]
     fn commands() {
-        let gone = Weak::new();
-        assert!(answer("table 3", &gone).starts_with("class"));
-        assert!(answer("json", &gone).trim_start().starts_with('['));
-        assert_eq!(answer("timing off", &gone), "ok\n");
-        assert!(answer("table many", &gone).starts_with("error: "));
-        assert!(answer("frobnicate", &gone).starts_with("error: unknown command"));
-        assert!(answer("journal", &gone).starts_with("error: "));
+        let (gone, w) = (Weak::new(), Workers::new(4));
+        assert!(answer("table 3", &gone, &w).starts_with("class"));
+        assert!(answer("json", &gone, &w).trim_start().starts_with('['));
+        assert_eq!(answer("timing off", &gone, &w), "ok\n");
+        assert!(answer("table many", &gone, &w).starts_with("error: "));
+        assert!(answer("frobnicate", &gone, &w).starts_with("error: unknown command"));
+        assert!(answer("journal", &gone, &w).starts_with("error: "));
     }
 
     #[test]
@@ -164,11 +166,12 @@ mod tests {
         FileSystem::mkfs(&*dev, &ferrofs::MkfsOptions::default()).unwrap();
         let fs = Arc::new(FileSystem::mount_device(dev, &ferrofs::MountOptions::default()).unwrap());
         fs.create(1, b"f", 0o644, ferrofs::Cred { uid: 0, gid: 0 }).unwrap();
-        let j: serde_json::Value = serde_json::from_str(&answer("journal", &Arc::downgrade(&fs))).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&answer("journal", &Arc::downgrade(&fs), &Workers::new(5))).unwrap();
         let commits = fs.mount().journal.stats.commits.load(Relaxed);
         assert!(commits >= 1);
         assert_eq!(j["commits"].as_u64(), Some(commits));
         assert_eq!(j["cache_throttles"].as_u64(), Some(0), "the cache budget's counters are there too");
+        assert_eq!(j["workers_total"].as_u64(), Some(5), "and the FUSE workers'");
     }
 
     #[test]

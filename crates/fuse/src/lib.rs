@@ -13,10 +13,11 @@
 //! Each worker thread reads requests from its own `/dev/fuse` descriptor, cloned from the
 //! session's with `FUSE_DEV_IOC_CLONE`, like libfuse's `clone_fd=1` loop that `minifuse.c`
 //! (the FUSE ceiling we measure against) runs. The clones share the connection's one input
-//! queue (each has its own list of requests being processed), so every worker is one more
-//! reader for the kernel to wake: the default is one worker per CPU, and fsync and fsyncdir,
-//! which wait on the device, run on a pool of their own (`sync_pool.rs`) so that the few
-//! workers are never all stuck in a flush.
+//! queue (each has its own list of requests being processed), so every worker reading is one
+//! more reader for the kernel to wake: one worker per CPU reads always, the others only while
+//! many clients are active (`workers.rs`), and fsync and fsyncdir, which wait on the device,
+//! run on a pool of their own (`sync_pool.rs`) so that the workers are never all stuck in a
+//! flush.
 //! `fuser` 0.16 had a single-threaded loop and a `&mut self` trait, so multi-threading would
 //! have meant our own read loop over a cloned descriptor plus a copy of fuser's request
 //! parser. From 0.17 on, fuser does exactly what we need itself: `Config::n_threads` event
@@ -104,15 +105,16 @@ mod access;
 mod control;
 mod ops;
 mod options;
-mod pinning;
 mod seek;
 mod sync_pool;
+mod workers;
 
 use ferrofs::cache::{CacheBudget, CacheOwner};
 use ferrofs::dev::FileDevice;
 use ferrofs::{FileSystem, MountOptions};
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use std::io;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
@@ -126,6 +128,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Largest write request the kernel sends (and the read-ahead window it may use).
 pub const MAX_WRITE: u32 = 1 << 20;
+/// Default worker threads per CPU, at most (`MountConfig::threads`): on 2 CPUs, 8 fixed
+/// workers served 8 fs_mark clients best (6 and 12 were slower).
+pub const WORKERS_PER_CPU: usize = 4;
 /// Upper bound on worker threads. Each has its own request buffer (fuser allocates 16 MiB of
 /// address space; with `max_write` = 1 MiB at most 1 MiB + a page of it is ever touched).
 pub const THREADS_MAX: usize = 64;
@@ -151,13 +156,13 @@ pub struct MountConfig {
     pub default_permissions: bool,
     /// Source name shown in /proc/mounts; default `ferrofs:<image path>`.
     pub fs_name: Option<String>,
-    /// Worker threads, each with its own cloned /dev/fuse descriptor; 0 = one per CPU, at
-    /// least 2. All descriptors share the connection's one request queue. fsync and fsyncdir,
-    /// which wait on the device, run on a pool of their own. Workers beyond the CPUs are idle
-    /// readers for the kernel to wake while few clients are active, and hands that take over
-    /// from a preempted worker while many are: on 2 CPUs 8 workers served 8 fs_mark clients
-    /// faster than 2 did and 1 or 2 clients 27-42% slower (DESIGN, "Mounting through FUSE").
-    /// While there are no more workers than CPUs, each is kept on a CPU of its own.
+    /// Worker threads at most, each with its own cloned /dev/fuse descriptor; 0 =
+    /// [`WORKERS_PER_CPU`] per CPU. All descriptors share the connection's one request
+    /// queue. One worker per CPU (at least 2) always reads, each kept on a CPU of its own;
+    /// the others read only while requests queue in the kernel behind busy workers
+    /// (`workers.rs`): idle readers cost every request a colder thread to wake, while many
+    /// clients are served faster by more workers (DESIGN, "Mounting through FUSE"). fsync and
+    /// fsyncdir, which wait on the device, run on a pool of their own.
     pub threads: usize,
     /// How long the kernel may trust a name lookup (positive or negative).
     pub entry_timeout: Duration,
@@ -205,7 +210,7 @@ impl MountConfig {
     /// The worker count [`MountConfig::threads`] resolves to.
     pub fn thread_count(&self) -> usize {
         match self.threads {
-            0 => std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, THREADS_MAX),
+            0 => (WORKERS_PER_CPU * std::thread::available_parallelism().map_or(2, |n| n.get())).clamp(2, THREADS_MAX),
             n => n.min(THREADS_MAX),
         }
     }
@@ -322,16 +327,22 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     };
     let adapter = ops::FerroFuse::new(fs.clone(), opts).map_err(|source| abandon(MountError::Session { path: opts.mountpoint.clone(), source }))?;
     let notifier = adapter.notifier_slot();
+    let workers = adapter.workers();
     let mut session = Session::new(adapter, &opts.mountpoint, &opts.fuser_config()).map_err(|source| abandon(MountError::Fuse { path: opts.mountpoint.clone(), source }))?;
     // Before any request is served: the session's threads start only in `run`.
     let _ = notifier.set(session.notifier());
+    // Without it a parked worker could not tell that the connection has ended, so none parks.
+    match session.as_fd().try_clone_to_owned() {
+        Ok(conn) => workers.attach(conn),
+        Err(e) => eprintln!("ferrofs: cannot watch the connection of {} (its extra workers will not park): {e}", opts.mountpoint.display()),
+    }
     let unmounter = session.unmount_callable();
     let mountpoint = opts.mountpoint.clone();
     // Weak: the handle reads the cache usage while the session lives, but must not keep the
     // engine (and its caches, counted against a shared budget) alive after it has ended.
     let engine = Arc::downgrade(&fs);
     // Statistics are a diagnostic: a mount without its control socket still serves files.
-    let control = control::ControlServer::start(&opts.mountpoint, engine.clone())
+    let control = control::ControlServer::start(&opts.mountpoint, engine.clone(), workers)
         .inspect_err(|e| eprintln!("ferrofs: no control socket for {} (ferrofs lockstat will not reach it): {e}", opts.mountpoint.display()))
         .ok();
     let thread = std::thread::Builder::new()

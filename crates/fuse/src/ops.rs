@@ -10,8 +10,8 @@
 
 use crate::access::{searchable_by_all, Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
 use crate::seek::{self, Whence};
-use crate::pinning::Pinning;
 use crate::sync_pool::{SyncPool, SYNC_THREADS};
+use crate::workers::Workers;
 use crate::{MountConfig, MAX_WRITE};
 use ferrofs::format::inode::Timespec;
 use ferrofs::{Attr, Cred, DirEntry, FileSystem, SetAttr};
@@ -41,8 +41,8 @@ pub struct FerroFuse {
     notifier: Arc<OnceLock<Notifier>>,
     /// Runs fsync and fsyncdir, which wait on the device, off the workers.
     syncs: SyncPool,
-    /// Keeps each worker on a CPU of its own, when there are no more workers than CPUs.
-    pinning: Option<Pinning>,
+    /// How many workers read `/dev/fuse`, and where they run.
+    workers: Arc<Workers>,
 }
 
 type Res<T> = std::result::Result<T, Errno>;
@@ -57,7 +57,7 @@ impl FerroFuse {
             checks: !opts.default_permissions,
             notifier: Arc::new(OnceLock::new()),
             syncs: SyncPool::start(SYNC_THREADS)?,
-            pinning: Pinning::for_workers(opts.thread_count()),
+            workers: Arc::new(Workers::new(opts.thread_count())),
         })
     }
 
@@ -66,10 +66,12 @@ impl FerroFuse {
         self.notifier.clone()
     }
 
+    /// The worker pool, which needs the session's descriptor once the session exists.
+    pub fn workers(&self) -> Arc<Workers> {
+        self.workers.clone()
+    }
+
     fn call<T>(&self, op: &'static str, f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>) -> Res<T> {
-        if let Some(p) = &self.pinning {
-            p.pin_me();
-        }
         call_engine(&self.fs, op, f)
     }
 
@@ -445,6 +447,7 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _serving = self.workers.serving(req.pid());
         let ttl = match self.enter_dir(req, "lookup", parent.0, MAY_EXEC) {
             Ok(ttl) => ttl,
             Err(e) => return reply.error(e),
@@ -455,7 +458,8 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _serving = self.workers.serving(req.pid());
         match self.call("getattr", |fs| fs.getattr(ino.0)) {
             Ok(a) => reply.attr(&self.attr_ttl, &file_attr(&a)),
             Err(e) => reply.error(e),
@@ -480,6 +484,7 @@ impl fuser::Filesystem for FerroFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _serving = self.workers.serving(req.pid());
         let mut sa = SetAttr {
             mode: mode.map(|m| (m & 0o7777) as u16),
             uid,
@@ -510,7 +515,8 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _serving = self.workers.serving(req.pid());
         match self.call("readlink", |fs| fs.readlink(ino.0)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(e),
@@ -518,34 +524,41 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let _serving = self.workers.serving(req.pid());
         self.make_entry(req, "mknod", parent.0, reply, |fs| fs.mknod(parent.0, name.as_bytes(), masked(mode, umask), rdev as u64, cred(req)));
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let _serving = self.workers.serving(req.pid());
         self.make_entry(req, "mkdir", parent.0, reply, |fs| fs.mkdir(parent.0, name.as_bytes(), masked(mode & 0o7777, umask), cred(req)));
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         let res = self.may_remove(req, "unlink", parent.0, name.as_bytes()).and_then(|()| self.call("unlink", |fs| fs.unlink(parent.0, name.as_bytes())));
         reply_empty(reply, res);
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         let res = self.may_remove(req, "rmdir", parent.0, name.as_bytes()).and_then(|()| self.call("rmdir", |fs| fs.rmdir(parent.0, name.as_bytes())));
         reply_empty(reply, res);
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let _serving = self.workers.serving(req.pid());
         self.make_entry(req, "symlink", parent.0, reply, |fs| fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), cred(req)));
     }
 
     fn rename(&self, req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         let (from, to) = ((parent.0, name.as_bytes()), (newparent.0, newname.as_bytes()));
         let res = self.may_rename(req, from, to, flags.bits()).and_then(|()| self.call("rename", |fs| fs.rename(from.0, from.1, to.0, to.1, flags.bits())));
         reply_empty(reply, res);
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let _serving = self.workers.serving(req.pid());
         if self.checks {
             if let Err(e) = self.getattr("link", ino.0).and_then(|a| caller(req).may_link(&a)) {
                 return reply.error(e);
@@ -555,6 +568,7 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _serving = self.workers.serving(req.pid());
         if self.checks {
             if let Err(e) = self.getattr("open", ino.0).and_then(|a| caller(req).may_open(&a, flags.0)) {
                 return reply.error(e);
@@ -567,7 +581,8 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, reply: ReplyData) {
+    fn read(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, reply: ReplyData) {
+        let _serving = self.workers.serving(req.pid());
         match self.call("read", |fs| fs.read(ino.0, offset, size as usize)) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(e),
@@ -576,7 +591,7 @@ impl fuser::Filesystem for FerroFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -586,6 +601,7 @@ impl fuser::Filesystem for FerroFuse {
         _lock: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _serving = self.workers.serving(req.pid());
         match self.call("write", |fs| fs.write(ino.0, offset, data)) {
             // At most max_write (1 MiB) bytes arrive at once, so the count fits.
             Ok(n) => reply.written(n as u32),
@@ -598,22 +614,26 @@ impl fuser::Filesystem for FerroFuse {
     /// does without it), and POSIX locks stay the kernel's (`FUSE_POSIX_LOCKS` is not
     /// negotiated). ENOSYS tells the kernel so, and it sends no FLUSH again on this mount:
     /// a close costs one request (RELEASE) instead of two, a fifth of an fs_mark create's.
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock: fuser::LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, _ino: INodeNo, _fh: FileHandle, _lock: fuser::LockOwner, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         reply.error(Errno::ENOSYS);
     }
 
-    fn release(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, _flush: bool, reply: ReplyEmpty) {
+    fn release(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, _flush: bool, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         match self.call("release", |fs| fs.release(ino.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(&self, req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         self.sync("fsync", ino.0, datasync, reply);
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _serving = self.workers.serving(req.pid());
         if self.checks {
             if let Err(e) = self.getattr("opendir", ino.0).and_then(|a| caller(req).check(&a, MAY_READ)) {
                 return reply.error(e);
@@ -625,7 +645,8 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let _serving = self.workers.serving(req.pid());
         let res = self.fill_dir(ino.0, offset, |e| reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), OsStr::from_bytes(&e.name)));
         match res {
             Ok(()) => reply.ok(),
@@ -633,7 +654,8 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let _serving = self.workers.serving(req.pid());
         // Opening the directory was the check; the mode decides how long names may be cached.
         let ttl = match self.checks.then(|| self.getattr("readdirplus", ino.0)).transpose() {
             Ok(dir) => dir.map_or(self.entry_ttl, |d| self.entry_ttl_in(&d)),
@@ -653,18 +675,21 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn releasedir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         match self.call("releasedir", |fs| fs.release(ino.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         self.sync("fsyncdir", ino.0, datasync, reply);
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _serving = self.workers.serving(req.pid());
         match self.call("statfs", |fs| Ok(fs.statfs())) {
             Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
             Err(e) => reply.error(e),
@@ -672,6 +697,7 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn setxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         let name = name.as_bytes();
         let res = check_xattr_name(name)
             .and_then(|()| self.may_xattr(req, "setxattr", ino.0, name, MAY_WRITE))
@@ -680,12 +706,14 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _serving = self.workers.serving(req.pid());
         let name = name.as_bytes();
         let res = check_xattr_name(name).and_then(|()| self.may_xattr(req, "getxattr", ino.0, name, MAY_READ)).and_then(|()| self.call("getxattr", |fs| fs.getxattr(ino.0, name)));
         reply_xattr(reply, size, res);
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _serving = self.workers.serving(req.pid());
         let names = self.call("listxattr", |fs| fs.listxattr(ino.0)).map(|names| {
             names.into_iter().flat_map(|mut n| {
                 n.push(0);
@@ -697,6 +725,7 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         let name = name.as_bytes();
         let res = check_xattr_name(name)
             .and_then(|()| self.may_xattr(req, "removexattr", ino.0, name, MAY_WRITE))
@@ -705,6 +734,7 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         // F_OK: the inode exists, or the kernel would not have asked.
         let res = self.getattr("access", ino.0).and_then(|a| match (mask & (AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK)).bits() {
             0 => Ok(()),
@@ -714,6 +744,7 @@ impl fuser::Filesystem for FerroFuse {
     }
 
     fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let _serving = self.workers.serving(req.pid());
         let ttl = match self.enter_dir(req, "create", parent.0, MAY_WRITE | MAY_EXEC) {
             Ok(ttl) => ttl,
             Err(e) => return reply.error(e),
@@ -737,7 +768,8 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        let _serving = self.workers.serving(req.pid());
         // The kernel has checked the arguments (EINVAL, EFBIG, file type); the engine refuses
         // the modes it does not implement with EOPNOTSUPP. Linux's mode bits are the engine's.
         match self.call("fallocate", |fs| fs.fallocate(ino.0, offset, length, mode as u32)) {
@@ -746,7 +778,8 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+    fn lseek(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let _serving = self.workers.serving(req.pid());
         let whence = match whence {
             libc::SEEK_DATA => Whence::Data,
             libc::SEEK_HOLE => Whence::Hole,

@@ -1,7 +1,8 @@
 //! Threads for the requests that wait on the device: fsync and fsyncdir force the log and
 //! flush, which on a disk takes milliseconds. They run here, not on a worker reading
-//! `/dev/fuse`, so the workers can stay few (one per CPU: fewer idle readers for the kernel to
-//! wake per request) and never all sit in a flush while other requests queue in the kernel.
+//! `/dev/fuse`, so the workers reading can stay few (one per CPU while few clients are active:
+//! fewer idle readers for the kernel to wake per request) and never all sit in a flush while
+//! other requests queue in the kernel.
 //! Concurrent fsyncs here still share one log write (the journal's group commit). The reply
 //! travels with the job: fuser's replies may be sent from any thread.
 

@@ -606,8 +606,9 @@ fn mount_options_reach_the_kernel() {
     assert!(!super_opts.contains("allow_other"), "{line}");
 }
 
-/// With no more workers than CPUs, each worker keeps to one CPU once it has served a request
-/// (the adapter's `pinning.rs`, which recognises fuser's workers by their thread names).
+/// A mount's core workers (here its only one) each keep to one CPU once they have served a
+/// request (the adapter's `workers.rs`, which recognises fuser's workers by their thread
+/// names).
 #[test]
 fn workers_keep_to_one_cpu_each() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -633,6 +634,64 @@ fn workers_keep_to_one_cpu_each() {
         }
     }
     assert!(pinned >= 1, "no fuser worker keeps to one CPU");
+}
+
+/// The mount's journal counters (its control socket's `journal` answer).
+fn mount_counters(fx: &Fixture) -> serde_json::Value {
+    serde_json::from_str(&ferrofs_fuse::control_request(&fx.mnt, "journal").expect("control socket")).unwrap()
+}
+
+/// Workers beyond one per CPU read only while many clients are active: they wake for many
+/// client threads and park again once one is left (`workers.rs`).
+#[test]
+fn extra_workers_follow_the_clients() {
+    let Some(fx) = Fixture::new("workers", |c| c.threads = ferrofs_fuse::THREADS_MAX) else { return };
+    let c = mount_counters(&fx);
+    let (total, core) = (c["workers_total"].as_u64().unwrap(), c["workers_core"].as_u64().unwrap());
+    // One client: each extra serves a request or so, then parks.
+    let mut n = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while mount_counters(&fx)["workers_parked"].as_u64() != Some(total - core) {
+        assert!(Instant::now() < deadline, "extras still reading with one client: {}", mount_counters(&fx));
+        fs::write(fx.path(&format!("one{n}")), b"").unwrap();
+        n += 1;
+    }
+    assert_eq!(mount_counters(&fx)["workers_woken"].as_u64(), Some(0), "one client woke extras");
+    // Many clients (a thread each; 4 per CPU is more than the core workers serve alone).
+    let clients = 4 * core as usize + 2;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let woken = std::thread::scope(|s| {
+        for t in 0..clients {
+            let (fx, stop) = (&fx, &stop);
+            // Each a thousand files at most: the image has room for all of them.
+            s.spawn(move || {
+                for i in 0..1000 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    fs::write(fx.path(&format!("c{t}-{i}")), b"").unwrap();
+                }
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let woken = loop {
+            let c = mount_counters(&fx);
+            if c["workers_woken"].as_u64().unwrap() > 0 || Instant::now() > deadline {
+                break c;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        woken
+    });
+    assert!(woken["workers_woken"].as_u64().unwrap() > 0, "{clients} clients woke no extra: {woken}");
+    // One client again: past the clients' window, the extras park as their requests end.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while mount_counters(&fx)["workers_parked"].as_u64() != Some(total - core) {
+        assert!(Instant::now() < deadline, "extras still reading after the clients left: {}", mount_counters(&fx));
+        fs::write(fx.path(&format!("one{n}")), b"").unwrap();
+        n += 1;
+    }
 }
 
 #[test]
