@@ -1,5 +1,5 @@
 //! `ferrofs lockstat MOUNTPOINT`: the lock statistics (or, with `--journal`, the journal
-//! counters) of a running mount, read through its control socket (see ferrofs_fuse's control
+//! counters, with `--memory` its memory against its cache budget) of a running mount, read through its control socket (see ferrofs_fuse's control
 //! module).
 
 use crate::failure::{CliResult, Context};
@@ -18,6 +18,10 @@ pub struct LockstatArgs {
     /// (reclaim, stalls, transactions throttled to write home), as JSON with --json.
     #[arg(long)]
     pub journal: bool,
+    /// Print the daemon's memory instead: its cache budget's limit and estimated use beside
+    /// the heap in use and held free, RSS and peak RSS, in bytes (as JSON with --json).
+    #[arg(long, conflicts_with = "journal")]
+    pub memory: bool,
     /// Rows of the table: the classes with the most wait time.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -35,8 +39,8 @@ pub fn run(args: &LockstatArgs) -> CliResult<()> {
     if let Some(on) = &args.timing {
         ask(&format!("timing {on}"))?;
     }
-    if args.journal {
-        let answer = ask("journal")?;
+    if args.journal || args.memory {
+        let answer = ask(if args.memory { "memory" } else { "journal" })?;
         if args.json {
             print!("{answer}");
         } else {
@@ -51,12 +55,12 @@ pub fn run(args: &LockstatArgs) -> CliResult<()> {
     Ok(())
 }
 
-/// The journal counters (a JSON object of numbers), one per line, grouped by thousands.
+/// Named counters (a JSON object of numbers), one per line, grouped by thousands.
 fn print_counters(json: &str) -> std::io::Result<()> {
     let counters: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json).map_err(std::io::Error::other)?;
     let width = counters.keys().map(String::len).max().unwrap_or(0);
     for (name, value) in &counters {
-        let n = value.as_u64().ok_or_else(|| std::io::Error::other(format!("journal counter {name} is not a number: {value}")))?;
+        let n = value.as_u64().ok_or_else(|| std::io::Error::other(format!("counter {name} is not a number: {value}")))?;
         println!("{name:<width$}  {}", crate::units::grouped(n));
     }
     Ok(())

@@ -283,7 +283,7 @@ fn daemon_main(cfg: &MountConfig, mut daemon: Daemon, report: OwnedFd) -> i32 {
 impl Daemon {
     fn new(listener: UnixListener, socket: &Path, lock: File, cfg: &MountConfig) -> Daemon {
         let limit = cfg.cache_bytes.unwrap_or(DEFAULT_CACHE_BYTES);
-        Daemon { listener, socket: socket.to_path_buf(), _lock: lock, budget: CacheBudget::new(limit), mounts: Vec::new() }
+        Daemon { listener, socket: socket.to_path_buf(), _lock: lock, budget: CacheBudget::for_process(limit), mounts: Vec::new() }
     }
 
     fn mount(&mut self, mut cfg: MountConfig) -> Result<(), String> {

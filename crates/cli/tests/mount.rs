@@ -69,10 +69,20 @@ fn daemon_mount_serves_until_umount_and_one_writer_per_image() {
         return eprintln!("SKIPPED daemon_mount: {why}");
     }
     let s = Scratch::new("daemon");
-    let o = s.mount(&["--mkfs", "128M", "-o", "noatime,threads=4"]);
+    let o = s.mount(&["--mkfs", "128M", "-o", "noatime,threads=4,cache_size=32M"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(is_mounted(&s.mnt), "ready when the command returns");
     std::fs::write(s.mnt.join("f"), b"daemon").unwrap();
+    // The cache size bounds the daemon's memory: once the caches have grown enough to check
+    // the budget, the rest of the process has been sampled and leaves them less room.
+    std::fs::create_dir(s.mnt.join("many")).unwrap();
+    for i in 0..3000 {
+        std::fs::File::create(s.mnt.join("many").join(i.to_string())).unwrap();
+    }
+    let o = run(Command::new(BIN).arg("lockstat").arg(&s.mnt).args(["--memory", "--json"]));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("lockstat --memory --json is JSON");
+    assert_eq!(json["cache_limit_bytes"].as_u64(), Some(32 << 20), "{json}");
+    assert!(json["cache_process_other_bytes"].as_u64().is_some_and(|b| b > 0 && b <= 16 << 20), "{json}");
     // The image's path is the mount's source, as df and mount show it.
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let canon = s.image.canonicalize().unwrap();

@@ -263,8 +263,15 @@ pub trait CacheOwner: Send + Sync {
 /// that dirties too much wait in the same way). Transactions begin holding no lock, so the
 /// throttle can write home there even with the journal's background threads off; inserts
 /// may hold locks, so they never wait.
+///
+/// A budget made with [`CacheBudget::for_process`] bounds its whole process (a mount
+/// daemon's), not only the caches: what the process holds besides what the budget counts
+/// (code, stacks, request buffers, and memory the allocator keeps free but has not handed
+/// back) is sampled from its RSS and leaves the caches that much less room.
 pub struct CacheBudget {
     limit: u64,
+    /// Set for a budget that bounds its process.
+    process: Option<ProcessMemory>,
     members: RwLock<Vec<Weak<dyn CacheOwner>>>,
     /// Position in the round-robin order over every member's AGs.
     cursor: AtomicUsize,
@@ -284,6 +291,36 @@ pub struct CacheBudget {
 }
 
 const NOT_STALLED: u64 = u64::MAX;
+
+/// How a budget that bounds its process sees the memory it does not count.
+struct ProcessMemory {
+    /// RSS minus the budget's count at the last sample, at most half the limit: the
+    /// caches always keep half of it, however fragmented the heap is.
+    other: AtomicU64,
+    /// When to sample next, in nanoseconds from `epoch`.
+    next_sample: AtomicU64,
+    epoch: std::time::Instant,
+}
+
+/// A budget that bounds its process samples the RSS at most this often. Between samples the
+/// process is taken to grow as the count does: at 100,000 creates a second the caches grow
+/// by about 1 MiB in this time.
+const PROCESS_SAMPLE_NS: u64 = 10_000_000;
+
+impl ProcessMemory {
+    /// The process's memory besides `used` bytes counted, sampled again if that is due.
+    fn other(&self, used: u64, limit: u64) -> u64 {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let due = self.next_sample.load(Relaxed);
+        if now >= due && self.next_sample.compare_exchange(due, now + PROCESS_SAMPLE_NS, Relaxed, Relaxed).is_ok() {
+            let rss = crate::memory::rss_bytes();
+            // Without /proc there is nothing to go on: the budget then counts the caches only.
+            self.other.store(rss.saturating_sub(used).min(limit / 2), Relaxed);
+        }
+        self.other.load(Relaxed)
+    }
+}
+
 /// A stalled budget sweeps again at an insert once usage has grown by this share of the
 /// limit: objects also become clean without writeback (a file closed, a lookup's reference
 /// dropped), and lookups alone, which begin no transaction, are never throttled.
@@ -328,9 +365,24 @@ impl std::fmt::Debug for CacheBudget {
 pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
 
 impl CacheBudget {
+    /// A budget for the caches and journals of the file systems that join it.
     pub fn new(limit: u64) -> Arc<CacheBudget> {
+        Self::with_process(limit, None)
+    }
+
+    /// A budget that bounds its whole process: the caches get `limit` less whatever else the
+    /// process's RSS holds (but at least half of `limit`). For a process that does little
+    /// besides serving its file systems, such as a mount daemon; an application that embeds
+    /// ferrofs would squeeze the caches with its own memory.
+    pub fn for_process(limit: u64) -> Arc<CacheBudget> {
+        let process = ProcessMemory { other: AtomicU64::new(0), next_sample: AtomicU64::new(0), epoch: std::time::Instant::now() };
+        Self::with_process(limit, Some(process))
+    }
+
+    fn with_process(limit: u64, process: Option<ProcessMemory>) -> Arc<CacheBudget> {
         Arc::new(CacheBudget {
             limit,
+            process,
             members: RwLock::new(&BUDGET, Vec::new()),
             cursor: AtomicUsize::new(0),
             over: AtomicBool::new(false),
@@ -360,6 +412,18 @@ impl CacheBudget {
         covered(&self.live_members())
     }
 
+    /// Bytes of the process besides those the budget covers, as last sampled (RSS less the
+    /// count, at most half the limit): 0 unless the budget bounds its process.
+    pub fn process_other_bytes(&self) -> u64 {
+        self.process.as_ref().map_or(0, |p| p.other.load(Relaxed))
+    }
+
+    /// The bytes the caches and journals may hold now: the limit, less the rest of the
+    /// process if the budget bounds it (sampled again if that is due).
+    fn room(&self, used: u64) -> u64 {
+        self.limit - self.process.as_ref().map_or(0, |p| p.other(used, self.limit))
+    }
+
     /// Whether the next transaction to begin will be throttled.
     pub fn is_over(&self) -> bool {
         self.over.load(Relaxed)
@@ -373,7 +437,8 @@ impl CacheBudget {
     pub fn check(&self) {
         let members = self.live_members();
         let used = covered(&members);
-        if used <= self.limit {
+        let room = self.room(used);
+        if used <= room {
             return;
         }
         if !self.over.load(Relaxed) {
@@ -382,7 +447,7 @@ impl CacheBudget {
         let home = home_sum(&members);
         if self.stalled_home.load(Relaxed) == home && used < self.stalled_used.load(Relaxed) + self.limit / RESWEEP_GROWTH {
             self.stats.stalled_checks.fetch_add(1, Relaxed);
-        } else if self.sweep(&members, used) {
+        } else if self.sweep(&members, used, room) {
             self.stalled_home.store(NOT_STALLED, Relaxed);
         } else {
             self.stall(&members, home);
@@ -416,10 +481,11 @@ impl CacheBudget {
     fn reclaim_throttled(&self) {
         let members = self.live_members();
         let used = covered(&members);
+        let room = self.room(used);
         let stalled = self.stalled_home.load(Relaxed) == home_sum(&members);
-        if used > self.limit && (stalled || !self.sweep(&members, used)) {
+        if used > room && (stalled || !self.sweep(&members, used, room)) {
             members.iter().for_each(|m| m.write_home());
-            if self.sweep(&members, covered(&members)) {
+            if self.sweep(&members, covered(&members), room) {
                 self.stalled_home.store(NOT_STALLED, Relaxed);
             } else {
                 self.stall(&members, home_sum(&members));
@@ -434,9 +500,9 @@ impl CacheBudget {
         self.stalled_home.store(home, Relaxed);
     }
 
-    /// Reclaim `members` from `used` bytes down to 7/8 of the limit; whether it got there.
-    fn sweep(&self, members: &[Arc<dyn CacheOwner>], mut used: u64) -> bool {
-        let target = self.limit / 8 * 7;
+    /// Reclaim `members` from `used` bytes down to 7/8 of `room`; whether it got there.
+    fn sweep(&self, members: &[Arc<dyn CacheOwner>], mut used: u64, room: u64) -> bool {
+        let target = room / 8 * 7;
         if used <= target {
             return true;
         }

@@ -17,6 +17,7 @@ pub mod fsck;
 pub mod inode;
 pub mod journal;
 pub mod lockstat;
+pub mod memory;
 pub mod mkfs;
 pub mod mount;
 pub mod store;

@@ -319,3 +319,29 @@ fn caches_respect_a_shared_budget() {
     a.unmount().unwrap();
     b.unmount().unwrap();
 }
+
+/// A budget that bounds its process leaves the caches only what the rest of the process
+/// does not hold: here the test process's RSS is far over half the limit, so the caches get
+/// half of it, no more.
+#[test]
+fn a_budget_for_the_process_leaves_room_for_the_rest_of_it() {
+    use ferrofs::cache::{CacheBudget, CacheOwner};
+    const LIMIT: u64 = 4 << 20;
+    let budget = CacheBudget::for_process(LIMIT);
+    let dev = Arc::new(MemDevice::new(256 << 20));
+    FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    let fs = FileSystem::mount_device(dev, &MountOptions { cache: Some(budget.clone()), ..MountOptions::default() }).unwrap();
+    assert!(ferrofs::memory::rss_bytes() > LIMIT / 2, "the test needs a process larger than half the limit");
+    let files: Vec<Vec<u8>> = (0..20_000u32).map(|i| format!("f{i}").into_bytes()).collect();
+    for f in &files {
+        fs.create(ROOT, f, 0o644, C).unwrap();
+    }
+    fs.mount().journal.quiesce().unwrap();
+    for f in &files {
+        fs.lookup(ROOT, f).unwrap();
+    }
+    assert_eq!(budget.process_other_bytes(), LIMIT / 2, "the rest of the process, as sampled, at most half the limit");
+    let used = fs.mount().cache_bytes();
+    assert!(used <= LIMIT / 2 + LIMIT / 8, "caches hold {used} bytes; the room left them is {}", LIMIT / 2);
+    fs.unmount().unwrap();
+}

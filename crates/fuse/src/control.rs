@@ -11,11 +11,12 @@
 //! | `table N`      | the top N lock classes by wait time, as a lockstat-like table |
 //! | `json`         | every class's counters as JSON |
 //! | `journal`      | this mount's journal counters as JSON (commits, checkpoints, bytes logged, items written home, ...), its cache budget's (`cache_`: reclaim, stalls, throttled transactions) and its FUSE workers' (`workers_`: in all, always reading, parked now, woken, parks) |
+//! | `memory`       | the daemon's memory as JSON: its cache budget's limit, estimated use and, for a budget that bounds the process, the rest of the process's memory as last sampled (`cache_`), the heap in use and held free by malloc (`heap_`), RSS and peak RSS |
 //! | `reset`        | zero the counters (to measure one workload); answers `ok` |
 //! | `timing on`/`timing off` | switch hold-time measurement at run time; answers `ok` |
 
 use crate::workers::Workers;
-use ferrofs::{lockstat, FileSystem};
+use ferrofs::{lockstat, memory, FileSystem};
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -119,6 +120,22 @@ fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String
             }
             None => "error: the file system is being unmounted\n".into(),
         },
+        (Some("memory"), None, None) => match engine.upgrade() {
+            Some(fs) => {
+                let budget = fs.mount().icache.budget();
+                let figures = std::collections::BTreeMap::from([
+                    ("cache_limit_bytes", budget.limit()),
+                    ("cache_used_bytes", budget.used()),
+                    ("cache_process_other_bytes", budget.process_other_bytes()),
+                    ("heap_bytes", memory::heap_bytes()),
+                    ("heap_free_bytes", memory::heap_free_bytes()),
+                    ("rss_bytes", memory::rss_bytes()),
+                    ("peak_rss_bytes", memory::peak_rss_bytes()),
+                ]);
+                serde_json::to_string_pretty(&figures).unwrap_or_else(|e| format!("error: {e}\n")) + "\n"
+            }
+            None => "error: the file system is being unmounted\n".into(),
+        },
         (Some("reset"), None, None) => {
             lockstat::reset();
             "ok\n".into()
@@ -127,7 +144,7 @@ fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String
             lockstat::set_timing(on == "on");
             "ok\n".into()
         }
-        _ => format!("error: unknown command '{command}' (table N, json, journal, reset, timing on|off)\n"),
+        _ => format!("error: unknown command '{command}' (table N, json, journal, memory, reset, timing on|off)\n"),
     }
 }
 
@@ -158,6 +175,7 @@ mod tests {
         assert!(answer("table many", &gone, &w).starts_with("error: "));
         assert!(answer("frobnicate", &gone, &w).starts_with("error: unknown command"));
         assert!(answer("journal", &gone, &w).starts_with("error: "));
+        assert!(answer("memory", &gone, &w).starts_with("error: "));
     }
 
     #[test]
@@ -172,6 +190,9 @@ mod tests {
         assert_eq!(j["commits"].as_u64(), Some(commits));
         assert_eq!(j["cache_throttles"].as_u64(), Some(0), "the cache budget's counters are there too");
         assert_eq!(j["workers_total"].as_u64(), Some(5), "and the FUSE workers'");
+        let m: serde_json::Value = serde_json::from_str(&answer("memory", &Arc::downgrade(&fs), &Workers::new(5))).unwrap();
+        assert_eq!(m["cache_limit_bytes"].as_u64(), Some(fs.mount().icache.budget().limit()));
+        assert!(m["cache_used_bytes"].as_u64().unwrap() > 0 && m["peak_rss_bytes"].as_u64().unwrap() > 0);
     }
 
     #[test]

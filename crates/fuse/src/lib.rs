@@ -180,7 +180,9 @@ pub struct MountConfig {
     pub cache_bytes: Option<u64>,
     /// A cache budget shared with other file systems of this process (a daemon serving
     /// several images): reclaim then runs over all of them in one round-robin order, while
-    /// each keeps its own caches. `None`: a budget of this mount's own, of `cache_bytes`.
+    /// each keeps its own caches. Also how a process that does nothing else bounds all of
+    /// its memory with the budget (`CacheBudget::for_process`, as `ferrofs mount` does).
+    /// `None`: a budget of this mount's caches and journal only, of `cache_bytes`.
     pub cache: Option<Arc<CacheBudget>>,
     /// How long to wait for an image lock held by another process (e.g. a daemon that is just
     /// finishing its unmount) before failing with [`MountError::ImageInUse`].

@@ -368,6 +368,9 @@ mod tests {
         }
     }
 
+    /// Enough threads that a pool has its full count of core workers on any machine.
+    const THREADS_FOR_CORE: usize = 64;
+
     /// A pool of the core workers and `extras` more, watching `conn`.
     fn pool(extras: usize, conn: OwnedFd) -> Arc<Workers> {
         let core = Workers::new(THREADS_FOR_CORE).core;
@@ -375,7 +378,6 @@ mod tests {
         w.attach(conn);
         w
     }
-    const THREADS_FOR_CORE: usize = 64;
 
     /// A core worker serves one request from each of `clients` threads, `rounds` times, a
     /// recount apart.
