@@ -19,7 +19,7 @@ pub struct LockstatArgs {
     #[arg(long)]
     pub journal: bool,
     /// Print the daemon's memory instead: its cache budget's limit and estimated use beside
-    /// the heap in use and held free, RSS and peak RSS, in bytes (as JSON with --json).
+    /// the heap in use (and of it, mapped on its own) and held free, RSS and peak RSS, in bytes (as JSON with --json).
     #[arg(long, conflicts_with = "journal")]
     pub memory: bool,
     /// Rows of the table: the classes with the most wait time.
