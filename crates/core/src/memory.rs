@@ -24,16 +24,18 @@ fn status_kib(field: &str) -> u64 {
 
 /// Heap bytes in use: allocated and not yet freed, over all of malloc's arenas (what the
 /// program holds, without the allocator's free lists or fragmentation that RSS includes).
-/// It takes every arena's lock in turn: not for a hot path.
+/// Allocations count whole, touched or not: a FUSE worker's 16 MiB request buffer counts in
+/// full though metadata requests touch a page or two of it, so this can exceed RSS. It takes
+/// every arena's lock in turn: not for a hot path.
 pub fn heap_bytes() -> u64 {
     // SAFETY: mallinfo2 only reads the allocator's statistics and returns them by value.
     let m = unsafe { libc::mallinfo2() };
     (m.uordblks + m.hblkhd) as u64
 }
 
-/// Of `heap_bytes`, those in chunks malloc mapped on their own (large allocations): counted
-/// whole, though only the pages touched are resident (a FUSE worker's request buffer is 16
-/// MiB of address space, of which metadata requests touch a page or two).
+/// Of `heap_bytes`, those in chunks malloc mapped on their own: allocations above its mmap
+/// threshold, which starts at 128 KiB and rises (up to 32 MiB) to the size of a mapped chunk
+/// freed, so a large buffer may be mapped in one process and in the heap in the next.
 pub fn heap_mapped_bytes() -> u64 {
     // SAFETY: as in `heap_bytes`.
     let m = unsafe { libc::mallinfo2() };

@@ -11,7 +11,7 @@
 //! | `table N`      | the top N lock classes by wait time, as a lockstat-like table |
 //! | `json`         | every class's counters as JSON |
 //! | `journal`      | this mount's journal counters as JSON (commits, checkpoints, bytes logged, items written home, ...), its cache budget's (`cache_`: reclaim, stalls, throttled transactions) and its FUSE workers' (`workers_`: in all, always reading, parked now, woken, parks) |
-//! | `memory`       | the daemon's memory as JSON: its cache budget's limit, estimated use and, for a budget that bounds the process, the rest of the process's memory as last sampled (`cache_`), the heap in use (of it, in chunks mapped on their own, counted whole though only touched pages are resident) and held free by malloc (`heap_`), RSS and peak RSS |
+//! | `memory`       | the daemon's memory as JSON: its cache budget's limit, estimated use and, for a budget that bounds the process, the rest of the process's memory as last sampled (`cache_`), the heap in use (allocations counted whole, touched or not: each worker's 16 MiB request buffer is in it; and of it, chunks malloc mapped on their own) and held free by malloc (`heap_`), RSS and peak RSS |
 //! | `reset`        | zero the counters (to measure one workload); answers `ok` |
 //! | `timing on`/`timing off` | switch hold-time measurement at run time; answers `ok` |
 
