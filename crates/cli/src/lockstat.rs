@@ -1,6 +1,6 @@
 //! `ferrofs lockstat MOUNTPOINT`: the lock statistics (or, with `--journal`, the journal
-//! counters, with `--memory` its memory against its cache budget) of a running mount, read through its control socket (see ferrofs_fuse's control
-//! module).
+//! counters, with `--memory` its memory against its cache budget) of a running mount, read
+//! through its control socket (see ferrofs_fuse's control module).
 
 use crate::failure::{CliResult, Context};
 use clap::Args;
@@ -19,7 +19,8 @@ pub struct LockstatArgs {
     #[arg(long)]
     pub journal: bool,
     /// Print the daemon's memory instead: its cache budget's limit and estimated use beside
-    /// the heap in use (and of it, mapped on its own) and held free, RSS and peak RSS, in bytes (as JSON with --json).
+    /// the heap in use (and of it, mapped on its own) and held free, RSS and peak RSS, in
+    /// bytes (as JSON with --json).
     #[arg(long, conflicts_with = "journal")]
     pub memory: bool,
     /// Rows of the table: the classes with the most wait time.

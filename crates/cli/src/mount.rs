@@ -144,9 +144,9 @@ pub(crate) fn mounted_on(image: &std::path::Path) -> Option<String> {
 /// freed into one arena is not reused by threads of another. A daemon's FUSE workers grow with
 /// its clients (`ferrofs_fuse::MountConfig::threads`), so the daemon keeps one arena per two
 /// CPUs. On 2 CPUs, in a 400,000-file, 8-client fs_mark under the default 256 MiB cache
-/// budget, its peak RSS was 268-272 MiB with glibc's default, 250-259 with 2 arenas per CPU and
-/// 235-249 with one arena, which removed files at 0.92x minifuse against 0.96-0.98x and created
-/// them as fast (DESIGN, "A daemon's budget bounds its process"). Set before any thread starts;
+/// budget, its peak RSS was 268-272 MiB with glibc's default, 250-262 with 2 arenas per CPU and
+/// 235-249 with one arena, which created files as fast but removed them at 0.88-0.96x minifuse
+/// against 0.96-0.98x (DESIGN, "A daemon's budget bounds its process"). Set before any thread starts;
 /// a forked daemon inherits it.
 fn cap_malloc_arenas() {
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());

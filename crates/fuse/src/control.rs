@@ -123,13 +123,14 @@ fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String
         (Some("memory"), None, None) => match engine.upgrade() {
             Some(fs) => {
                 let budget = fs.mount().icache.budget();
+                let heap = memory::heap();
                 let figures = std::collections::BTreeMap::from([
                     ("cache_limit_bytes", budget.limit()),
                     ("cache_used_bytes", budget.used()),
                     ("cache_process_other_bytes", budget.process_other_bytes()),
-                    ("heap_bytes", memory::heap_bytes()),
-                    ("heap_free_bytes", memory::heap_free_bytes()),
-                    ("heap_mapped_bytes", memory::heap_mapped_bytes()),
+                    ("heap_bytes", heap.in_use),
+                    ("heap_free_bytes", heap.free),
+                    ("heap_mapped_bytes", heap.mapped),
                     ("rss_bytes", memory::rss_bytes()),
                     ("peak_rss_bytes", memory::peak_rss_bytes()),
                 ]);

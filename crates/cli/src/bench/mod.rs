@@ -405,7 +405,7 @@ impl Bench<'_> {
     fn memory_sample(&self) -> CliResult<(u64, u64, u64)> {
         self.fs.mount().journal.quiesce().context(|| "write the log home".into())?;
         process::release_free_heap();
-        Ok((process::rss_bytes(), process::heap_bytes(), self.fs.mount().icache.len()))
+        Ok((process::rss_bytes(), process::heap().in_use, self.fs.mount().icache.len()))
     }
 
     fn make_dirs(&self, layout: Layout, threads: usize, label: &str) -> CliResult<Vec<u64>> {
