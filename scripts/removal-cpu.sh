@@ -32,7 +32,8 @@ daemon_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 
 one_run() {
     local bin=$1 img=$work/img
-    "$bin" mkfs "$img" --size 2G --ags $threads --bytes-per-inode 2048 --log-size 256M >/dev/null 2>&1
+    "$bin" mkfs "$img" --size 2G --ags $threads --bytes-per-inode 2048 --log-size 256M >"$work/mkfs.log" 2>&1 \
+        || { cat "$work/mkfs.log" >&2; exit 1; }
     "$bin" mount "$img" "$mnt" >"$work/mount.log" 2>&1 &
     daemon=$!
     for _ in $(seq 100); do mountpoint -q "$mnt" && break; sleep 0.05; done

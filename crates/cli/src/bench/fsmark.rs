@@ -239,8 +239,8 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
         if !(active.contains(&Kind::Ferrofs) && active.contains(&peer)) {
             continue;
         }
+        let files = (files_of(Kind::Ferrofs), files_of(peer));
         for phase in ["create", "remove"] {
-            let files = (files_of(Kind::Ferrofs), files_of(peer));
             ratios.push(ratio(&samples, peer, phase, top, goal, runs, files));
         }
     }
