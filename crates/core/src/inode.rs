@@ -7,13 +7,15 @@
 use crate::cache::{inode_ag, AgCache, CacheBudget, Reclaimable};
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::{DiskInode, Geometry, INODE_SIZE};
-use crate::lockstat::{LockClass, RwLock};
+use crate::format::{ino_ag, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE};
+use crate::lockstat::{LockClass, Mutex, RwLock};
+use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Arc;
 
 pub static INODE_LOCK: LockClass = LockClass::new("inode");
 static ICACHE: LockClass = LockClass::ranked("icache", 70);
+static INODE_TABLE: LockClass = LockClass::ranked("inode-table", 75);
 
 /// Laid out (`repr(C)`) with the flags a cache hit touches first, so that behind `Arc`'s
 /// counts they share its first cache line: a lookup of a cold inode misses one line less.
@@ -90,11 +92,43 @@ pub const INODE_COST: u64 = (std::mem::size_of::<Inode>() + 16 + 32) as u64;
 
 pub struct InodeCache {
     map: AgCache<Inode>,
+    /// Per AG, the inode table blocks its last loads read (`load`).
+    tables: Box<[CachePadded<Mutex<TableBlocks>>]>,
+}
+
+/// Inode table blocks kept per AG, direct-mapped by block number.
+const TABLE_SLOTS: usize = 4;
+
+/// Inode table blocks that loads read whole: the 15 other inodes of a block are then
+/// loaded without a read of their own. Inodes of one directory are mostly allocated in a
+/// run, and `rm -rf` and `find` visit them in inode order (a 400,000-file parallel `rm -rf`
+/// through FUSE read each from the image on its own, 4% of the daemon's CPU).
+///
+/// A block read is current, for every inode not in the cache, until writeback next writes
+/// home: an inode leaves the cache only once its last change is home, so the block holds
+/// its newest image unless writeback wrote it after the read. A block is therefore used only
+/// while the journal's `home_seq` is what it was before the block was read.
+#[derive(Default)]
+struct TableBlocks {
+    slots: [Option<TableBlock>; TABLE_SLOTS],
+}
+
+struct TableBlock {
+    blkno: u64,
+    home_seq: u64,
+    data: Box<[u8; BLOCK_SIZE]>,
+}
+
+impl TableBlocks {
+    fn slot(&mut self, blkno: u64) -> &mut Option<TableBlock> {
+        &mut self.slots[(blkno % TABLE_SLOTS as u64) as usize]
+    }
 }
 
 impl InodeCache {
     pub fn new(ag_count: u32, budget: Arc<CacheBudget>) -> InodeCache {
-        InodeCache { map: AgCache::new(&ICACHE, ag_count, inode_ag, 0, budget) }
+        let tables = (0..ag_count).map(|ag| CachePadded::new(Mutex::new_indexed(&INODE_TABLE, ag.into(), TableBlocks::default()))).collect();
+        InodeCache { map: AgCache::new(&ICACHE, ag_count, inode_ag, 0, budget), tables }
     }
 
     pub fn get(&self, ino: u64) -> Option<InodeRef> {
@@ -103,12 +137,30 @@ impl InodeCache {
 
     /// The cached inode, reading and verifying it on a miss (the caller has checked that the
     /// number is allocated; `log_version` is where its log versions continue from).
-    pub fn load(&self, dev: &dyn BlockDevice, geo: &Geometry, ino: u64, log_version: u64) -> Result<InodeRef> {
+    /// `home_seq`: the journal's, read after the caller missed the cache.
+    pub fn load(&self, dev: &dyn BlockDevice, geo: &Geometry, ino: u64, log_version: u64, home_seq: u64) -> Result<InodeRef> {
         if let Some(i) = self.map.get(ino) {
             return Ok(i);
         }
+        let offset = geo.inode_offset(ino)?;
+        let (blkno, at) = (offset / BLOCK_SIZE as u64, offset as usize % BLOCK_SIZE);
         let mut img = [0u8; INODE_SIZE];
-        dev.read_at(&mut img, geo.inode_offset(ino)?)?;
+        let tables = &self.tables[ino_ag(ino) as usize];
+        let kept = match tables.lock().slot(blkno) {
+            Some(t) if t.blkno == blkno && t.home_seq == home_seq => {
+                img.copy_from_slice(&t.data[at..at + INODE_SIZE]);
+                true
+            }
+            _ => false,
+        };
+        if !kept {
+            let mut data = Box::new([0u8; BLOCK_SIZE]);
+            dev.read_at(&mut data[..], blkno * BLOCK_SIZE as u64)?;
+            img.copy_from_slice(&data[at..at + INODE_SIZE]);
+            // Replaced outside the lock: the old block is freed after it.
+            let old = tables.lock().slot(blkno).replace(TableBlock { blkno, home_seq, data });
+            drop(old);
+        }
         let di = DiskInode::decode(&img, ino, geo)?;
         di.check_counts(geo).map_err(|d| Error::corrupt("inode", ino, d))?;
         Ok(self.map.get_or_insert(ino, Inode::new(ino, di, log_version)))
@@ -144,5 +196,41 @@ impl InodeCache {
 
     pub fn reclaim_ag(&self, ag: u32, home_seq: u64) -> Option<u64> {
         self.map.reclaim_ag(ag, home_seq)
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+    use crate::dev::MemDevice;
+    use crate::format::ROOT_INO;
+    use crate::mkfs::{mkfs, MkfsOptions};
+
+    /// Write an image of `ino` home, as writeback does: the root's, with `nlink` links.
+    fn write_home(dev: &MemDevice, geo: &Geometry, root: &DiskInode, ino: u64, nlink: u32) {
+        let mut img = [0u8; INODE_SIZE];
+        DiskInode { nlink, ..root.clone() }.encode(ino, 0, &mut img);
+        dev.write_at(&img, geo.inode_offset(ino).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_table_block_read_is_used_until_writeback_writes_home() {
+        let dev = MemDevice::new(64 << 20);
+        let geo = mkfs(&dev, &MkfsOptions::default(), &|_, _| {}).unwrap().geo;
+        let cache = InodeCache::new(geo.ag_count, CacheBudget::new(1 << 30));
+        let other = ROOT_INO + 1;
+        assert_eq!(geo.inode_offset(other).unwrap() / BLOCK_SIZE as u64, geo.inode_offset(ROOT_INO).unwrap() / BLOCK_SIZE as u64);
+        let mut img = [0u8; INODE_SIZE];
+        dev.read_at(&mut img, geo.inode_offset(ROOT_INO).unwrap()).unwrap();
+        let root = DiskInode::decode(&img, ROOT_INO, &geo).unwrap();
+        write_home(&dev, &geo, &root, other, 3);
+        // Reads the block, `other`'s image with it.
+        cache.load(&dev, &geo, ROOT_INO, 0, 5).unwrap();
+        write_home(&dev, &geo, &root, other, 4);
+        // No writeback since the read: the block is used, not read again.
+        assert_eq!(cache.load(&dev, &geo, other, 0, 5).unwrap().core.read().nlink, 3);
+        cache.remove(other);
+        // Writeback wrote home since: the block is read again.
+        assert_eq!(cache.load(&dev, &geo, other, 0, 6).unwrap().core.read().nlink, 4);
     }
 }

@@ -12,7 +12,7 @@ use common::{fresh, remount, C, ROOT};
 fn names(fs: &FileSystem, dir: u64) -> Vec<Vec<u8>> {
     let mut v = Vec::new();
     fs.readdir(dir, 0, &mut |e| {
-        v.push(e.name);
+        v.push(e.name.to_vec());
         true
     })
     .unwrap();

@@ -49,7 +49,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn readdir(fs: &FileSystem, ino: u64) -> Result<Vec<DirEntry>> {
     let mut v = Vec::new();
     fs.readdir(ino, 0, &mut |e| {
-        v.push(e);
+        v.push(e.owned());
         true
     })?;
     Ok(v)

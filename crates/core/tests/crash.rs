@@ -126,7 +126,7 @@ impl State {
 fn readdir(fs: &FileSystem, ino: u64) -> Result<Vec<DirEntry>> {
     let mut v = Vec::new();
     fs.readdir(ino, 0, &mut |e| {
-        v.push(e);
+        v.push(e.owned());
         true
     })?;
     Ok(v)

@@ -1307,7 +1307,7 @@ static CACHE_RECLAIMED: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomic
 fn readdir(fs: &FileSystem, ino: u64, cookie: u64) -> ferrofs::Result<Vec<DirEntry>> {
     let mut v = Vec::new();
     fs.readdir(ino, cookie, &mut |e| {
-        v.push(e);
+        v.push(e.owned());
         true
     })?;
     Ok(v)

@@ -23,12 +23,16 @@ use fuser::{
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Directory entries fetched from the engine per call while filling one readdir reply.
 const READDIR_BATCH: usize = 256;
+
+/// Directory entries read under the directory's lock, each name a range of the second part.
+type DirBatch = (Vec<DirEntry<Range<usize>>>, Vec<u8>);
 
 pub struct FerroFuse {
     fs: Arc<FileSystem>,
@@ -198,7 +202,7 @@ impl FerroFuse {
         let mut names = Vec::new();
         let res = self.fill_dir(dir, 0, |e| {
             if e.name != b"." && e.name != b".." {
-                names.push(e.name);
+                names.push(e.name.to_vec());
             }
             false
         });
@@ -219,14 +223,18 @@ impl FerroFuse {
         }
     }
 
-    fn readdir_batch(&self, ino: u64, cookie: u64) -> Res<Vec<DirEntry>> {
+    /// Up to `READDIR_BATCH` entries after `cookie`, their names in one buffer (each entry's
+    /// `name` is its range there): one allocation per batch, where a name each was 2% of the
+    /// daemon's CPU in a 400,000-file parallel `rm -rf`.
+    fn readdir_batch(&self, ino: u64, cookie: u64) -> Res<DirBatch> {
         self.call("readdir", |fs| {
-            let mut v = Vec::with_capacity(READDIR_BATCH);
+            let (mut v, mut names) = (Vec::with_capacity(READDIR_BATCH), Vec::new());
             fs.readdir(ino, cookie, &mut |e| {
-                v.push(e);
+                v.push(e.with_name(names.len()..names.len() + e.name.len()));
+                names.extend_from_slice(e.name);
                 v.len() < READDIR_BATCH
             })?;
-            Ok(v)
+            Ok((v, names))
         })
     }
 
@@ -234,10 +242,10 @@ impl FerroFuse {
     /// full) a batch at a time. The engine's lock on the directory is held only while a batch
     /// is read, never while `add` runs. Returns whether anything was added, or the error if
     /// the first batch failed.
-    fn fill_dir(&self, ino: u64, mut cookie: u64, mut add: impl FnMut(DirEntry) -> bool) -> Res<()> {
+    fn fill_dir(&self, ino: u64, mut cookie: u64, mut add: impl FnMut(DirEntry<&[u8]>) -> bool) -> Res<()> {
         let mut added = false;
         loop {
-            let batch = match self.readdir_batch(ino, cookie) {
+            let (batch, names) = match self.readdir_batch(ino, cookie) {
                 Ok(b) => b,
                 Err(e) if !added => return Err(e),
                 // Part of the listing is already in the reply: hand that out; the next
@@ -247,7 +255,7 @@ impl FerroFuse {
             let n = batch.len();
             for e in batch {
                 let c = e.cookie;
-                if add(e) {
+                if add(e.with_name(&names[e.name.clone()])) {
                     return Ok(());
                 }
                 added = true;
@@ -647,7 +655,7 @@ impl fuser::Filesystem for FerroFuse {
 
     fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let _serving = self.workers.serving(req.pid());
-        let res = self.fill_dir(ino.0, offset, |e| reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), OsStr::from_bytes(&e.name)));
+        let res = self.fill_dir(ino.0, offset, |e| reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), OsStr::from_bytes(e.name)));
         match res {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -665,7 +673,7 @@ impl fuser::Filesystem for FerroFuse {
             // Attributes are read after the batch, without the directory's lock. An entry
             // removed meanwhile is left out, as if the listing had been taken a moment later.
             match self.call("readdirplus", |fs| fs.getattr(e.ino)) {
-                Ok(a) => reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(&e.name), &ttl, &file_attr(&a), Generation(a.generation as u64)),
+                Ok(a) => reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(e.name), &ttl, &file_attr(&a), Generation(a.generation as u64)),
                 Err(_) => false,
             }
         });

@@ -109,7 +109,7 @@ impl DirOps for FileSystem {
     }
 
     fn list(&self, dir: u64, visit: &mut dyn FnMut(&[u8]) -> bool) -> ferrofs::Result<()> {
-        self.readdir(dir, 0, &mut |e| visit(&e.name))
+        self.readdir(dir, 0, &mut |e| visit(e.name))
     }
 
     fn sync(&self) -> ferrofs::Result<()> {

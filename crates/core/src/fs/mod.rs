@@ -1334,19 +1334,19 @@ impl FileSystem {
 
     /// Entries after `cookie` (0 = from the start), "." and ".." first; `f` returns false to
     /// stop. Each entry's `cookie` resumes right after it.
-    pub fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
+    pub fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry<&[u8]>) -> bool) -> Result<()> {
         let i = self.m.iget(ino)?;
         let g = i.core.read();
         if !g.is_dir() {
             return Err(Error::NotDir);
         }
-        if cookie < dir::COOKIE_DOT && !f(DirEntry { ino, cookie: dir::COOKIE_DOT, kind: FileType::Directory, name: b".".to_vec() }) {
+        if cookie < dir::COOKIE_DOT && !f(DirEntry { ino, cookie: dir::COOKIE_DOT, kind: FileType::Directory, name: b"." }) {
             return Ok(());
         }
-        if cookie < dir::COOKIE_DOTDOT && !f(DirEntry { ino: g.parent, cookie: dir::COOKIE_DOTDOT, kind: FileType::Directory, name: b"..".to_vec() }) {
+        if cookie < dir::COOKIE_DOTDOT && !f(DirEntry { ino: g.parent, cookie: dir::COOKIE_DOTDOT, kind: FileType::Directory, name: b".." }) {
             return Ok(());
         }
-        dir::read(&self.m, ino, &g, cookie, &mut |e, name| f(DirEntry { ino: e.ino, cookie: dir::cookie_of(&e), kind: FileType::from_ftype(e.ftype), name: name.to_vec() }))
+        dir::read(&self.m, ino, &g, cookie, &mut |e, name| f(DirEntry { ino: e.ino, cookie: dir::cookie_of(&e), kind: FileType::from_ftype(e.ftype), name }))
     }
 
     pub fn statfs(&self) -> StatFs {

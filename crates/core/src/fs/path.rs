@@ -93,7 +93,7 @@ impl FileSystem {
             let mut entries = Vec::new();
             self.readdir(ino, 0, &mut |e| {
                 if e.name != b"." && e.name != b".." {
-                    entries.push(e);
+                    entries.push(e.owned());
                 }
                 true
             })?;

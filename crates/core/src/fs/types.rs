@@ -128,13 +128,28 @@ pub struct SetAttr {
     pub ctime: Option<Timespec>,
 }
 
+/// A directory entry; `readdir` hands out each one's name borrowed from the directory
+/// (`DirEntry<&[u8]>`), so listing a directory allocates nothing per entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DirEntry {
+pub struct DirEntry<N = Vec<u8>> {
     pub ino: u64,
     /// Pass this back to readdir to continue after this entry.
     pub cookie: u64,
     pub kind: FileType,
-    pub name: Vec<u8>,
+    pub name: N,
+}
+
+impl<N> DirEntry<N> {
+    /// The same entry with its name stored as `name`.
+    pub fn with_name<M>(&self, name: M) -> DirEntry<M> {
+        DirEntry { ino: self.ino, cookie: self.cookie, kind: self.kind, name }
+    }
+}
+
+impl DirEntry<&[u8]> {
+    pub fn owned(&self) -> DirEntry {
+        self.with_name(self.name.to_vec())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -237,8 +237,8 @@ impl Ail {
 
     /// Take in the records durable since the last call, then write back oldest-first until
     /// `need_free` ring blocks are free (or nothing durable is left; 0: take in only), then
-    /// move the tail. Returns (items written home, ring blocks freed, the block images of
-    /// the records retired and of those superseded, for reuse). The freed extents held back
+    /// move the tail. Returns (items written home, ring blocks freed, the images of the
+    /// records retired and of those superseded, for reuse). The freed extents held back
     /// during the writeback go to `reuse` once it has written, before the next writeback can
     /// start; after an I/O error they stay held: the journal has failed.
     pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64, reuse: &dyn Fn(Vec<BusyExtent>)) -> io::Result<(u64, u64, Vec<Box<[u8]>>)> {
@@ -257,7 +257,7 @@ impl Ail {
             records.insert(rec_seq, w);
         }
         self.held_bytes.fetch_sub(superseded.iter().map(|(_, img)| img.len() as u64).sum(), Relaxed);
-        let mut images: Vec<Box<[u8]>> = superseded.into_iter().filter_map(|(k, img)| matches!(k, ItemKey::Block(_)).then_some(img)).collect();
+        let mut images: Vec<Box<[u8]>> = superseded.into_iter().map(|(_, img)| img).filter(|img| !img.is_empty()).collect();
         if batch.is_empty() {
             return Ok((0, 0, images));
         }
@@ -285,7 +285,7 @@ impl Ail {
         *homed_kept = reuse_empty(homed);
         let retired: Vec<Written> = batch.iter().map(|e| records.remove(&e.rec_seq).expect("a record in the batch was taken in")).collect();
         self.held_bytes.fetch_sub(retired.iter().map(Written::bytes).sum(), Relaxed);
-        images.extend(retired.into_iter().flat_map(|w| w.items).filter_map(|(k, img)| (matches!(k, ItemKey::Block(_)) && !img.is_empty()).then_some(img)));
+        images.extend(retired.into_iter().flat_map(|w| w.items).map(|(_, img)| img).filter(|img| !img.is_empty()));
         Ok((written, freed, images))
     }
 

@@ -21,7 +21,7 @@ pub use recover::{recover, RecoveryReport};
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::log::{chunks_of, item_bytes, logged_bytes, write_record, ChunkMask, ItemKey, LogHeader, ALL_CHUNKS, CHUNK, RECORD_HDR, RECORD_PIECE};
-use crate::format::{seal_block, DiskInode, Geometry, BLOCK_SIZE};
+use crate::format::{seal_block, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE};
 use crate::lockstat::{Condvar, LockClass, Mutex, MutexGuard};
 use ail::Ail;
 use crossbeam_utils::CachePadded;
@@ -68,9 +68,9 @@ struct CilBatch {
     busy: Vec<BusyExtent>,
     /// Log bytes these items take (their part of `Journal::cil_bytes`).
     bytes: u64,
-    /// Block images this batch copied into buffers of its own: the shard's demand for
+    /// Images this batch copied into buffers of its own, by kind: the shard's demand for
     /// recycled ones at the next switch.
-    block_images: usize,
+    copies: [usize; IMAGE_KINDS],
 }
 
 impl CilBatch {
@@ -120,6 +120,93 @@ struct Switched {
     in_flight: u64,
 }
 
+/// Kinds of image buffer, by size: a block's and an inode's.
+const IMAGE_KINDS: usize = 2;
+
+fn image_kind(len: usize) -> usize {
+    debug_assert!(len == BLOCK_SIZE || len == INODE_SIZE, "an image of {len} bytes");
+    usize::from(len != BLOCK_SIZE)
+}
+
+fn image_bytes(kind: usize) -> usize {
+    [BLOCK_SIZE, INODE_SIZE][kind]
+}
+
+/// Image buffers of records written home, by kind, for the next copies into the CIL: a
+/// commit then copies into memory the log is done with instead of allocating what another
+/// thread frees. Every copy into the CIL is made by a committing thread and freed by
+/// writeback's; through malloc, that cross-thread pair was 8% of the FUSE daemon's CPU in a
+/// 400,000-file `rm -rf` for the blocks, and then 6% for the inodes (their malloc waiting on
+/// the one arena's lock that the daemon's allocator is held to).
+#[derive(Default)]
+struct Buffers {
+    kinds: [Vec<Box<[u8]>>; IMAGE_KINDS],
+}
+
+impl Buffers {
+    fn put(&mut self, image: Box<[u8]>) {
+        if !image.is_empty() {
+            self.kinds[image_kind(image.len())].push(image);
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.kinds.iter().enumerate().map(|(kind, list)| list.len() * image_bytes(kind)).sum()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.kinds.iter().all(Vec::is_empty)
+    }
+
+    fn append(&mut self, other: &mut Buffers) {
+        for (list, more) in self.kinds.iter_mut().zip(other.kinds.iter_mut()) {
+            if list.is_empty() {
+                std::mem::swap(list, more);
+            } else {
+                list.append(more);
+            }
+        }
+    }
+
+    /// Keep `want` buffers of each kind, taking them from `spare` while it has some; returns
+    /// the surplus, to be freed outside the caller's lock.
+    fn fit(&mut self, want: [usize; IMAGE_KINDS], spare: &mut Buffers) -> Buffers {
+        let mut surplus = Buffers::default();
+        for (kind, list) in self.kinds.iter_mut().enumerate() {
+            let want = want[kind];
+            if list.len() > want {
+                surplus.kinds[kind] = list.split_off(want);
+            } else {
+                let from = &mut spare.kinds[kind];
+                let give = (want - list.len()).min(from.len());
+                list.extend(from.drain(from.len() - give..));
+            }
+        }
+        surplus
+    }
+}
+
+/// Recycled images between switches (`Journal::spare`). Writeback hands them back in bursts,
+/// a pass every few checkpoints, so what the shards do not take at one switch is kept for
+/// the next ones, up to `spare_max_bytes` shared between the kinds as the shards' demand
+/// is: blocks alone filled it, and every inode copy went to malloc.
+#[derive(Default)]
+struct Spare {
+    buffers: Buffers,
+    /// Copies of each kind the batches of the last switch made.
+    demand: [usize; IMAGE_KINDS],
+}
+
+impl Spare {
+    /// How many more buffers of `kind` to keep within `max_bytes`.
+    fn room(&self, kind: usize, max_bytes: usize) -> usize {
+        let wanted: Vec<usize> = (0..IMAGE_KINDS).map(|k| self.demand[k] * image_bytes(k)).collect();
+        let total: usize = wanted.iter().sum();
+        let share = if total == 0 { max_bytes / IMAGE_KINDS } else { (max_bytes as u128 * wanted[kind] as u128 / total as u128) as usize };
+        (share / image_bytes(kind)).saturating_sub(self.buffers.kinds[kind].len())
+    }
+}
+
 /// A shard holds at most two sequences: a switch closes the open sequence first and then
 /// visits the shards one at a time, so a commit can meet a shard the switch has not reached
 /// yet. Its changes belong to the new sequence and wait in `next`.
@@ -128,12 +215,9 @@ struct CilShard {
     seq: u64,
     open: CilBatch,
     next: CilBatch,
-    /// Block-sized buffers of records written home, for this shard's next copies (as many as
-    /// its last batch used; none once the CIL is idle): a commit then copies into memory it
-    /// already has instead of allocating 4 KiB that another thread frees (that
-    /// cross-thread malloc and free was 8% of the FUSE daemon's CPU in a 400,000-file
-    /// `rm -rf`).
-    free: Vec<Box<[u8]>>,
+    /// Buffers for this shard's next copies (as many of each kind as its last batch used;
+    /// none once the CIL is idle).
+    free: Buffers,
 }
 
 /// A CIL shard and whether a switch must visit it.
@@ -154,7 +238,7 @@ struct ShardSlot {
 /// What a committing transaction sees of the CIL: its sequence's batch in the locked shard.
 pub struct CilWriter<'a> {
     batch: &'a mut CilBatch,
-    free: &'a mut Vec<Box<[u8]>>,
+    free: &'a mut Buffers,
     added_bytes: u64,
 }
 
@@ -185,12 +269,12 @@ impl CilWriter<'_> {
                         debug_assert!(img[..] == image[..], "{key:?}: version {version} differs outside its changed chunks {changed:#x}");
                     }
                     Some(img) => img.copy_from_slice(image),
-                    None => it.image = Some(copy_of(image, self.free, &mut self.batch.block_images)),
+                    None => it.image = Some(copy_of(image, self.free, &mut self.batch.copies)),
                 }
             }
             None => {
                 self.added_bytes += item_bytes(key) as u64;
-                let image = Some(copy_of(image, self.free, &mut self.batch.block_images));
+                let image = Some(copy_of(image, self.free, &mut self.batch.copies));
                 self.batch.items.insert(key, CilItem { version, image, changed });
             }
         }
@@ -201,7 +285,9 @@ impl CilWriter<'_> {
     pub fn revoke(&mut self, blkno: u64, version: u64) {
         let old = self.batch.items.insert(ItemKey::Block(blkno), CilItem { version, image: None, changed: 0 });
         debug_assert!(old.as_ref().is_none_or(|o| o.version < version), "block {blkno}: revoke version {version} not above the logged one");
-        self.free.extend(old.and_then(|o| o.image));
+        if let Some(image) = old.and_then(|o| o.image) {
+            self.free.put(image);
+        }
         self.added_bytes += item_bytes(ItemKey::Revoke(blkno)) as u64;
     }
 
@@ -221,14 +307,12 @@ fn copy_chunks(img: &mut [u8], image: &[u8], mut changed: ChunkMask) {
     }
 }
 
-/// A copy of `image`, in one of the shard's `free` buffers when it is a block and there is
-/// one; block copies are counted in `block_images`.
-fn copy_of(image: &[u8], free: &mut Vec<Box<[u8]>>, block_images: &mut usize) -> Box<[u8]> {
-    if image.len() != BLOCK_SIZE {
-        return image.into();
-    }
-    *block_images += 1;
-    match free.pop() {
+/// A copy of `image`, in one of the shard's `free` buffers of its kind when there is one;
+/// counted in `copies`.
+fn copy_of(image: &[u8], free: &mut Buffers, copies: &mut [usize; IMAGE_KINDS]) -> Box<[u8]> {
+    let kind = image_kind(image.len());
+    copies[kind] += 1;
+    match free.kinds[kind].pop() {
         Some(mut b) => {
             b.copy_from_slice(image);
             b
@@ -298,8 +382,8 @@ pub struct JournalConfig {
     /// Write everything home when the durable records' images held for writeback pass this
     /// many bytes (a block relogged by many records is held once: the newest image).
     pub ail_held_max_bytes: u64,
-    /// Most bytes of block images written records keep for the shards' next copies: what
-    /// reuse may hold back from the allocator.
+    /// Most bytes of images written records keep for the shards' next copies: what reuse
+    /// may hold back from the allocator.
     pub spare_max_bytes: u64,
     /// A record larger than this is built and written in pieces of about this size (a
     /// multiple of the block size; crash tests make it one block).
@@ -326,7 +410,8 @@ impl JournalConfig {
     /// Fit the journal's memory into the cache budget that counts it (`limit` bytes): the
     /// CIL pushes at a sixteenth of the budget and holds commits at a quarter, recycled
     /// images take at most an eighth, writeback starts once the log in use passes a quarter
-    /// and writes everything once the newest images it holds pass a sixteenth. The default budget
+    /// and writes everything once the newest images it holds pass an eighth (a sixteenth
+    /// wrote each leaf of a 400,000-file `rm -rf` home 70 times). The default budget
     /// keeps a 128 MiB log's own thresholds; with them a 64 MiB budget was overrun by the
     /// journal alone, and reclaim emptied the caches around it. (Holding commits at an
     /// eighth halved a 256 MiB log's limit under the default budget and multiplied commit
@@ -337,7 +422,7 @@ impl JournalConfig {
         self.cil_push_bytes = self.cil_push_bytes.min((limit / 16).max(JOURNAL_MIN_BYTES));
         self.cil_max_bytes = self.cil_max_bytes.min((limit / 4).max(2 * JOURNAL_MIN_BYTES));
         self.ail_push_percent = self.ail_push_percent.min((limit / 4 * 100 / ring_bytes.max(1)).max(AIL_PUSH_PERCENT_MIN));
-        self.ail_held_max_bytes = self.ail_held_max_bytes.min((limit / 16).max(JOURNAL_MIN_BYTES));
+        self.ail_held_max_bytes = self.ail_held_max_bytes.min((limit / 8).max(JOURNAL_MIN_BYTES));
         self.spare_max_bytes = self.spare_max_bytes.min(limit / 8);
         self
     }
@@ -363,7 +448,7 @@ pub struct Journal {
     /// under `done`.
     durable_seq: AtomicU64,
     cil_bytes: AtomicU64,
-    /// Bytes of recycled block images: the shards' `free` buffers as the last switch left
+    /// Bytes of recycled images: the shards' `free` buffers as the last switch left
     /// them, and `spare` since. An estimate for the cache budget (a commit taking a buffer
     /// leaves it counted here as well as in `cil_bytes` until the next switch).
     recycled_bytes: AtomicU64,
@@ -375,9 +460,9 @@ pub struct Journal {
     /// Serialises switches and log space claims, so records are numbered and placed in CIL
     /// sequence order; not held while a record is built or written.
     push: Mutex<PushState>,
-    /// Block images of records written home (`recycle`), which the next switch hands back to
-    /// the shards (`CilShard::free`).
-    spare: Mutex<Vec<Box<[u8]>>>,
+    /// Images of records written home (`recycle`), which the next switch hands back to the
+    /// shards (`CilShard::free`).
+    spare: Mutex<Spare>,
     /// The buffer the last record was built in, for the next one (empty: none). A record is
     /// built and written a piece at a time (`record_piece_bytes`): a busy checkpoint's record
     /// is megabytes, and allocated whole and afresh by whichever thread checkpointed (the
@@ -452,7 +537,7 @@ impl Journal {
         // each three ways: a holder preempted there held up its sharers and the AG lock they
         // held, and `ferrofs bench scale` counted ten times the shard contentions and twice
         // the AG wait of 64 shards.) A switch visits those in use, a lock each (`ShardSlot`).
-        let shard = || CilShard { seq: 1, open: CilBatch::default(), next: CilBatch::default(), free: Vec::new() };
+        let shard = || CilShard { seq: 1, open: CilBatch::default(), next: CilBatch::default(), free: Buffers::default() };
         let shards = (0..CIL_SHARDS)
             .map(|i| CachePadded::new(ShardSlot { active: AtomicBool::new(false), shard: Mutex::new_indexed(&CIL_SHARD, i as u64, shard()) }))
             .collect();
@@ -470,7 +555,7 @@ impl Journal {
             in_flight_bytes: AtomicU64::new(0),
             push_pending: AtomicBool::new(false),
             push: Mutex::new(&LOG_PUSH, PushState::default()),
-            spare: Mutex::new(&CIL_SPARE, Vec::new()),
+            spare: Mutex::new(&CIL_SPARE, Spare::default()),
             record_buf: Mutex::new(&LOG_RECORD_BUF, Vec::new()),
             record_buf_bytes: AtomicU64::new(0),
             done: Mutex::new(&LOG_DONE, ()),
@@ -751,12 +836,13 @@ impl Journal {
     /// CPUs that was most of the `cil-shard` wait). Commits that read the sequence before the
     /// close finish under their shard's lock before the switch takes that shard; later ones
     /// read the next sequence. Called under the push lock, so switches never overlap.
-    /// Each shard gets back as many recycled images as it copied blocks in the batch taken
-    /// (what is left over is freed) and an emptied map for its new batch; this switch's maps
+    /// Each shard gets back as many recycled images of each kind as it copied in the batch
+    /// taken (what is left over is freed) and an emptied map for its new batch; this switch's maps
     /// are recycled in turn.
     fn switch(&self, state: &mut PushState) -> Switched {
         let PushState { maps, merged } = state;
-        let mut spare = std::mem::take(&mut *self.spare.lock());
+        let mut spare = std::mem::take(&mut self.spare.lock().buffers);
+        let mut demand = [0; IMAGE_KINDS];
         let seq = self.open_seq.fetch_add(1, SeqCst);
         let mut kept = 0;
         let mut in_flight = 0;
@@ -770,7 +856,7 @@ impl Journal {
                     // Idle until a committer that read the new sequence brought it up to
                     // that: nothing in it belongs to `seq`.
                     debug_assert!(g.seq > seq || (g.open.is_empty() && g.next.is_empty()), "shard at {} skipped by switch {seq}", g.seq);
-                    kept += g.free.len();
+                    kept += g.free.bytes();
                     return None;
                 }
                 g.seq = seq + 1;
@@ -791,15 +877,11 @@ impl Journal {
                 }
                 // Top the shard's buffers up to what this batch used, or trim them to it: a
                 // shard that went quiet keeps none. Surplus is freed after the lock.
-                let want = batch.block_images;
-                let surplus = if g.free.len() > want {
-                    g.free.split_off(want)
-                } else {
-                    let give = (want - g.free.len()).min(spare.len());
-                    g.free.extend(spare.drain(spare.len() - give..));
-                    Vec::new()
-                };
-                kept += g.free.len();
+                let surplus = g.free.fit(batch.copies, &mut spare);
+                for (d, c) in demand.iter_mut().zip(batch.copies) {
+                    *d += c;
+                }
+                kept += g.free.bytes();
                 if batch.is_empty() && g.open.is_empty() {
                     // Nothing in it and no buffers kept: later switches skip it until a
                     // committer sets the flag again.
@@ -811,9 +893,10 @@ impl Journal {
                 Some(batch)
             })
             .collect();
-        drop(spare);
-        let parked = self.spare.lock();
-        self.recycled_bytes.store(((kept + parked.len()) * BLOCK_SIZE) as u64, Relaxed);
+        let mut parked = self.spare.lock();
+        parked.buffers.append(&mut spare);
+        parked.demand = demand;
+        self.recycled_bytes.store((kept + parked.buffers.bytes()) as u64, Relaxed);
         drop(parked);
         let total = taken.iter().map(|b| b.items.len()).sum();
         debug_assert!(merged.is_empty());
@@ -907,22 +990,22 @@ impl Journal {
         drop(buf);
     }
 
-    /// Block images of records written home, for the shards' next copies (handed out at the
-    /// next switch); what does not fit under `spare_max_bytes` is freed, outside the lock.
-    fn recycle(&self, mut images: Vec<Box<[u8]>>) {
-        let surplus = {
-            let mut spare = self.spare.lock();
-            let room = (self.cfg.spare_max_bytes as usize / BLOCK_SIZE).saturating_sub(spare.len());
-            let surplus = images.split_off(images.len().min(room));
-            self.recycled_bytes.fetch_add((images.len() * BLOCK_SIZE) as u64, Relaxed);
-            if spare.is_empty() {
-                // The usual case (the switch took the list): hand over this buffer whole.
-                std::mem::swap(&mut *spare, &mut images);
-            } else {
-                spare.append(&mut images);
-            }
-            surplus
-        };
+    /// Images of records written home, for the shards' next copies (handed out at the next
+    /// switch); what does not fit under `spare_max_bytes` is freed, outside the lock.
+    fn recycle(&self, images: Vec<Box<[u8]>>) {
+        let mut given = Buffers::default();
+        for image in images {
+            given.put(image);
+        }
+        let mut surplus = Buffers::default();
+        let mut spare = self.spare.lock();
+        for (kind, list) in given.kinds.iter_mut().enumerate() {
+            let fits = list.len().min(spare.room(kind, self.cfg.spare_max_bytes as usize));
+            surplus.kinds[kind] = list.split_off(fits);
+            self.recycled_bytes.fetch_add((fits * image_bytes(kind)) as u64, Relaxed);
+        }
+        spare.buffers.append(&mut given);
+        drop(spare);
         drop(surplus);
     }
 
@@ -1006,7 +1089,7 @@ impl Journal {
             } else if let Some(mut state) = self.push.try_lock() {
                 // Idle: no switch will come to hand the memory out or trim the shards' buffers.
                 *state = PushState::default();
-                let spare = std::mem::take(&mut *self.spare.lock());
+                let spare = std::mem::take(&mut self.spare.lock().buffers);
                 drop(spare);
                 drop(self.take_record_buf());
                 for s in self.shards.iter() {
@@ -1127,6 +1210,26 @@ impl Journal {
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recycled_images_are_kept_for_each_kind_as_the_shards_use_them() {
+        let image = |len: usize| vec![0u8; len].into_boxed_slice();
+        // The last switch's batches copied 2 blocks and 32 inodes: 8 KiB of each.
+        let mut spare = Spare { demand: [2, 32], ..Spare::default() };
+        assert_eq!((spare.room(0, 16 << 10), spare.room(1, 16 << 10)), (2, 32), "the bytes shared as the demand is");
+        spare.buffers.put(image(BLOCK_SIZE));
+        spare.buffers.put(image(INODE_SIZE));
+        assert_eq!((spare.room(0, 16 << 10), spare.room(1, 16 << 10)), (1, 31));
+        assert_eq!(Spare::default().room(1, 16 << 10), 32, "no demand yet: half each");
+        // A shard that copied a block and three inodes gets what the spare has of them.
+        let mut free = Buffers::default();
+        assert!(free.fit([1, 3], &mut spare.buffers).is_empty());
+        assert_eq!((free.kinds[0].len(), free.kinds[1].len()), (1, 1));
+        assert!(spare.buffers.is_empty());
+        // One that went quiet gives its buffers up.
+        let surplus = free.fit([0, 0], &mut spare.buffers);
+        assert_eq!((surplus.bytes(), free.bytes()), (BLOCK_SIZE + INODE_SIZE, 0));
+    }
 
     #[test]
     fn copy_chunks_copies_exactly_the_masked_chunks() {
