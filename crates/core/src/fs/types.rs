@@ -147,6 +147,7 @@ impl<N> DirEntry<N> {
 }
 
 impl DirEntry<&[u8]> {
+    /// The entry with its name copied out of the directory.
     pub fn owned(&self) -> DirEntry {
         self.with_name(self.name.to_vec())
     }

@@ -200,7 +200,7 @@ struct Spare {
 impl Spare {
     /// How many more buffers of `kind` to keep within `max_bytes`.
     fn room(&self, kind: usize, max_bytes: usize) -> usize {
-        let wanted: Vec<usize> = (0..IMAGE_KINDS).map(|k| self.demand[k] * image_bytes(k)).collect();
+        let wanted: [usize; IMAGE_KINDS] = std::array::from_fn(|k| self.demand[k] * image_bytes(k));
         let total: usize = wanted.iter().sum();
         let share = if total == 0 { max_bytes / IMAGE_KINDS } else { (max_bytes as u128 * wanted[kind] as u128 / total as u128) as usize };
         (share / image_bytes(kind)).saturating_sub(self.buffers.kinds[kind].len())
