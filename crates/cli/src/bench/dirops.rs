@@ -189,6 +189,17 @@ pub fn syncfs(file: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether `file` is on a FUSE mount (`FUSE_SUPER_MAGIC`).
+pub fn on_fuse(file: &File) -> io::Result<bool> {
+    // SAFETY: an all-zero statfs is a valid value of the plain C struct that fstatfs fills.
+    let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `file` owns an open descriptor for the whole call, and `sf` outlives it.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut sf) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sf.f_type == 0x6573_5546)
+}
+
 /// The descriptor that names `dir`: set by `mkdir`, open until `rmdir`.
 fn fd(dir: u64) -> RawFd {
     dir as RawFd

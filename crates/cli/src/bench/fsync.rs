@@ -5,10 +5,12 @@
 //! how each fsync was satisfied: by a checkpoint it wrote, by a concurrent checkpoint it
 //! waited for (group commit), or because its change was already durable. With `--targets`,
 //! the same workload runs through system calls on mounted file systems too (kernel ext4,
-//! XFS, btrfs, tmpfs, ferrofs through FUSE ...), their checkpoints being syncfs(2), so the
-//! engine's figures stand next to the kernel's on the same machine.
+//! XFS, btrfs, tmpfs, ferrofs through FUSE ...), their checkpoints being syncfs(2) (on a FUSE
+//! mount, which syncfs does not reach, a file's mode changed and fsynced), so the engine's
+//! figures stand next to the kernel's on the same machine. Every run starts settled: the
+//! engine's log written home, a mount checkpointed.
 
-use super::dirops::syncfs;
+use super::dirops::{on_fuse, syncfs};
 use super::names::NameTable;
 use super::process;
 use super::report::{Figures, Spread};
@@ -23,7 +25,7 @@ use serde::Serialize;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
@@ -189,6 +191,9 @@ trait Target: Sync {
     fn unlink(&self, dir: &Self::Dir, name: &[u8]) -> CliResult<()>;
     /// Make everything durable now: a checkpoint of the journal, syncfs(2) on a mount.
     fn checkpoint(&self) -> CliResult<()>;
+    /// Before a run, untimed: the engine writes its log home, a mount checkpoints. Without
+    /// it each idle run wrote the loaded run before it home while its fsyncs were timed.
+    fn settle(&self) -> CliResult<()>;
     /// How the fsyncs so far were satisfied (wrote a checkpoint, joined one, already
     /// durable); known of the engine only.
     fn counts(&self) -> [u64; 3];
@@ -243,6 +248,10 @@ impl Target for Engine<'_> {
         self.0.mount().journal.checkpoint().map_err(|e| Failure::new("checkpoint", e))
     }
 
+    fn settle(&self) -> CliResult<()> {
+        self.0.mount().journal.quiesce().map_err(|e| Failure::new("write the log home", e))
+    }
+
     fn counts(&self) -> [u64; 3] {
         let s = &self.0.mount().journal.stats;
         [
@@ -258,12 +267,22 @@ struct Mounted<'a> {
     root: &'a Path,
     /// Its root directory, open for syncfs(2).
     handle: File,
+    /// On a FUSE mount, a file whose mode a checkpoint changes and fsyncs: syncfs(2) does not
+    /// reach a FUSE daemon (the kernel sends FUSE_SYNCFS to virtiofs only), and an fsync forces
+    /// everything the daemon's log holds, as a checkpoint does.
+    marker: Option<File>,
 }
 
 impl Mounted<'_> {
     fn open(root: &Path) -> CliResult<Mounted<'_>> {
         let handle = File::open(root).context(|| format!("open {}", root.display()))?;
-        Ok(Mounted { root, handle })
+        let marker = if on_fuse(&handle).context(|| format!("statfs {}", root.display()))? {
+            let path = root.join("fsync.checkpoint");
+            Some(File::create(&path).context(|| format!("create {}", path.display()))?)
+        } else {
+            None
+        };
+        Ok(Mounted { root, handle, marker })
     }
 }
 
@@ -298,7 +317,17 @@ impl Target for Mounted<'_> {
     }
 
     fn checkpoint(&self) -> CliResult<()> {
-        syncfs(&self.handle).map_err(|e| Failure::new("syncfs", e))
+        let Some(marker) = &self.marker else {
+            return syncfs(&self.handle).map_err(|e| Failure::new("syncfs", e));
+        };
+        let mode = marker.metadata().map_err(|e| Failure::new("stat fsync.checkpoint", e))?.permissions().mode();
+        let toggled = std::fs::Permissions::from_mode((mode ^ 0o100) & 0o7777);
+        marker.set_permissions(toggled).map_err(|e| Failure::new("chmod fsync.checkpoint", e))?;
+        marker.sync_all().map_err(|e| Failure::new("fsync fsync.checkpoint", e))
+    }
+
+    fn settle(&self) -> CliResult<()> {
+        self.checkpoint()
     }
 
     fn counts(&self) -> [u64; 3] {
@@ -319,6 +348,7 @@ fn one_run<T: Target>(
     let dirs: Vec<T::Dir> = (0..=creators)
         .map(|d| fs.mkdir(&dir_name(d)))
         .collect::<CliResult<_>>()?;
+    fs.settle()?;
     let stop = AtomicBool::new(false);
     let (creates, checkpoints) = (AtomicU64::new(0), AtomicU64::new(0));
     let mut result = std::thread::scope(|s| -> CliResult<RunResult> {
@@ -515,7 +545,7 @@ impl Figures for FsyncFigures {
             return;
         }
         println!(
-            "\nthe same workload through system calls on mounted file systems (checkpoints: syncfs(2)); the engine first"
+            "\nthe same workload through system calls on mounted file systems (checkpoints: syncfs(2), on a FUSE mount a chmod and fsync; every run starts checkpointed); the engine first"
         );
         println!(
             "{:<9} {:>22} {:>22} {:>22} {:>22} {:>7} {:>12} {:>14}",
