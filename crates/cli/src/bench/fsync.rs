@@ -191,8 +191,8 @@ trait Target: Sync {
     fn unlink(&self, dir: &Self::Dir, name: &[u8]) -> CliResult<()>;
     /// Make everything durable now: a checkpoint of the journal, syncfs(2) on a mount.
     fn checkpoint(&self) -> CliResult<()>;
-    /// Before a run, untimed: the engine writes its log home, a mount checkpoints. Without
-    /// it each idle run wrote the loaded run before it home while its fsyncs were timed.
+    /// Before a run, untimed: the engine writes its log home, a mount checkpoints, so that
+    /// one run's writeback does not fall into the next run's timed fsyncs.
     fn settle(&self) -> CliResult<()>;
     /// How the fsyncs so far were satisfied (wrote a checkpoint, joined one, already
     /// durable); known of the engine only.
