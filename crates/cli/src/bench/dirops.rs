@@ -189,7 +189,10 @@ pub fn syncfs(file: &File) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether `file` is on a FUSE mount (`FUSE_SUPER_MAGIC`).
+/// `f_type` of a FUSE mount in statfs(2).
+const FUSE_SUPER_MAGIC: libc::c_long = 0x6573_5546;
+
+/// Whether `file` is on a FUSE mount.
 pub fn on_fuse(file: &File) -> io::Result<bool> {
     // SAFETY: an all-zero statfs is a valid value of the plain C struct that fstatfs fills.
     let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
@@ -197,7 +200,7 @@ pub fn on_fuse(file: &File) -> io::Result<bool> {
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut sf) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(sf.f_type == 0x6573_5546)
+    Ok(sf.f_type == FUSE_SUPER_MAGIC)
 }
 
 /// The descriptor that names `dir`: set by `mkdir`, open until `rmdir`.

@@ -271,18 +271,26 @@ struct Mounted<'a> {
     /// reach a FUSE daemon (the kernel sends FUSE_SYNCFS to virtiofs only), and an fsync forces
     /// everything the daemon's log holds, as a checkpoint does.
     marker: Option<File>,
+    /// Which of `MARKER_MODES` the marker has now; only the thread checkpointing flips it.
+    marker_mode: AtomicBool,
 }
+
+/// The marker's two modes, alternated so that every checkpoint has a change to force.
+const MARKER_MODES: [u32; 2] = [0o600, 0o700];
 
 impl Mounted<'_> {
     fn open(root: &Path) -> CliResult<Mounted<'_>> {
         let handle = File::open(root).context(|| format!("open {}", root.display()))?;
         let marker = if on_fuse(&handle).context(|| format!("statfs {}", root.display()))? {
             let path = root.join("fsync.checkpoint");
-            Some(File::create(&path).context(|| format!("create {}", path.display()))?)
+            let marker = File::create(&path).context(|| format!("create {}", path.display()))?;
+            let mode = std::fs::Permissions::from_mode(MARKER_MODES[0]);
+            marker.set_permissions(mode).context(|| format!("chmod {}", path.display()))?;
+            Some(marker)
         } else {
             None
         };
-        Ok(Mounted { root, handle, marker })
+        Ok(Mounted { root, handle, marker, marker_mode: AtomicBool::new(false) })
     }
 }
 
@@ -320,8 +328,8 @@ impl Target for Mounted<'_> {
         let Some(marker) = &self.marker else {
             return syncfs(&self.handle).map_err(|e| Failure::new("syncfs", e));
         };
-        let mode = marker.metadata().map_err(|e| Failure::new("stat fsync.checkpoint", e))?.permissions().mode();
-        let toggled = std::fs::Permissions::from_mode((mode ^ 0o100) & 0o7777);
+        let next = !self.marker_mode.fetch_xor(true, Relaxed);
+        let toggled = std::fs::Permissions::from_mode(MARKER_MODES[usize::from(next)]);
         marker.set_permissions(toggled).map_err(|e| Failure::new("chmod fsync.checkpoint", e))?;
         marker.sync_all().map_err(|e| Failure::new("fsync fsync.checkpoint", e))
     }
