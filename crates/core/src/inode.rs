@@ -33,6 +33,10 @@ pub struct Inode {
     pub last_seq: AtomicU64,
     /// CIL sequence of the last change fdatasync must make durable (size, extents).
     pub last_data_seq: AtomicU64,
+    /// For a directory: the CIL shard of the thread that changed it last (plus one; 0 for
+    /// none) in the low 8 bits, and above them the open CIL sequence when two threads last
+    /// changed it in one sequence (`Tx::route_by`). Changed under the lock.
+    sharing: AtomicU64,
     pub core: RwLock<DiskInode>,
 }
 
@@ -40,6 +44,9 @@ pub struct Inode {
 const _: () = assert!(std::mem::offset_of!(Inode, referenced) == 0);
 
 pub type InodeRef = Arc<Inode>;
+
+const SHARING_SHARD_BITS: u32 = 8;
+const SHARING_SHARD_MASK: u64 = (1 << SHARING_SHARD_BITS) - 1;
 
 impl Inode {
     /// `log_version`: the last log version issued for this inode number (its AG's floor):
@@ -51,6 +58,7 @@ impl Inode {
             log_version: AtomicU64::new(log_version),
             last_seq: AtomicU64::new(0),
             last_data_seq: AtomicU64::new(0),
+            sharing: AtomicU64::new(0),
             data_dirty: AtomicBool::new(false),
             open_count: AtomicU32::new(0),
             referenced: AtomicBool::new(true),
@@ -65,6 +73,22 @@ impl Inode {
     /// The last log version issued (the inode lock is held, so it is stable).
     pub fn log_version(&self) -> u64 {
         self.log_version.load(Relaxed)
+    }
+
+    /// Note that the thread committing to CIL shard `shard` is changing this directory (its
+    /// lock held) in open CIL sequence `open`; returns whether two threads changed it in
+    /// this sequence or the one before: whether it is shared now. A directory handed from one
+    /// thread to another across a checkpoint (a phase of work ending with a sync) is not.
+    pub fn note_dir_change(&self, shard: usize, open: u64) -> bool {
+        debug_assert!((shard as u64) < SHARING_SHARD_MASK, "shard {shard} does not fit the sharing word");
+        let me = shard as u64 + 1;
+        let s = self.sharing.load(Relaxed);
+        let (last, mut shared_seq) = (s & SHARING_SHARD_MASK, s >> SHARING_SHARD_BITS);
+        if last != 0 && last != me && self.last_seq.load(Relaxed) >= open {
+            shared_seq = open;
+        }
+        self.sharing.store(shared_seq << SHARING_SHARD_BITS | me, Relaxed);
+        shared_seq != 0 && shared_seq + 1 >= open
     }
 
     pub fn note_commit(&self, seq: u64, data: bool) {
@@ -232,5 +256,30 @@ mod tests {
         cache.remove(other);
         // Writeback wrote home since: the block is read again.
         assert_eq!(cache.load(&dev, &geo, other, 0, 6).unwrap().core.read().nlink, 4);
+    }
+
+    fn dir() -> InodeRef {
+        Inode::new(7, DiskInode::new(crate::format::inode::S_IFDIR | 0o755, 0, 0, crate::format::inode::Timespec::default(), 1), 0)
+    }
+
+    /// A directory changed by one thread keeps that thread's shard. Changed by two threads
+    /// in one CIL sequence it is shared for the rest of that sequence and the next; handed
+    /// from one thread to another across a checkpoint, it is not.
+    #[test]
+    fn a_directory_is_shared_while_two_threads_change_it() {
+        let d = dir();
+        let change = |shard, seq| {
+            let shared = d.note_dir_change(shard, seq);
+            d.note_commit(seq, false);
+            shared
+        };
+        assert!(!change(3, 10));
+        assert!(!change(3, 10), "one thread: not shared");
+        assert!(!change(5, 11), "another thread after a checkpoint: handed over");
+        assert!(change(3, 11), "two threads in one sequence");
+        assert!(change(3, 11), "shared for the rest of the sequence");
+        assert!(change(3, 12), "and in the next");
+        assert!(!change(3, 13), "one thread for a whole sequence: its own shard again");
+        assert!(change(63, 13), "the highest shard is a thread too");
     }
 }

@@ -18,8 +18,8 @@ use crate::buf::BufRef;
 use crate::error::{Error, Result};
 use crate::format::log::{ItemKey, ALL_CHUNKS};
 use crate::format::{ino_ag, ino_index, make_ino, DiskInode, INODE_SIZE};
-use crate::inode::InodeRef;
-use crate::journal::{BusyExtent, CilWriter};
+use crate::inode::{Inode, InodeRef};
+use crate::journal::{BusyExtent, CilWriter, Route};
 use crate::mount::Mount;
 use crate::ag::AgState;
 use crate::lockstat::MutexGuard;
@@ -62,6 +62,8 @@ pub struct Tx<'m> {
     reserved: SmallVec<[(u32, u64); 2]>,
     modified: bool,
     done: bool,
+    /// The CIL shard the commit goes to (`route_by`).
+    route: Route,
 }
 
 impl<'m> Tx<'m> {
@@ -69,7 +71,21 @@ impl<'m> Tx<'m> {
         m.check_writable()?;
         m.icache.budget().throttle();
         m.journal.throttle()?;
-        Ok(Tx { m, bufs: SmallVec::new(), inodes: SmallVec::new(), ops: SmallVec::new(), reserved: SmallVec::new(), modified: false, done: false })
+        Ok(Tx { m, bufs: SmallVec::new(), inodes: SmallVec::new(), ops: SmallVec::new(), reserved: SmallVec::new(), modified: false, done: false, route: Route::Thread })
+    }
+
+    /// This transaction changes directory `dir`, whose lock the caller holds. If other
+    /// threads are changing it too, commit into the directory's CIL shard rather than this
+    /// thread's: each of its blocks then has one copy there, relogged in place with only the
+    /// chunks that changed. Committed from each thread's own shard, a block that the threads
+    /// take turns on is copied whole into every one of their shards and merged at the
+    /// checkpoint. A directory that one thread changes keeps that thread's shard, which it
+    /// shares with no other thread.
+    pub fn route_by(&mut self, dir: &Inode) {
+        let j = &self.m.journal;
+        if dir.note_dir_change(j.thread_shard(), j.open_seq()) && self.route == Route::Thread {
+            self.route = Route::Object(dir.ino);
+        }
     }
 
     pub fn mount(&self) -> &'m Mount {
@@ -321,7 +337,7 @@ impl<'m> Tx<'m> {
             let image = b.read();
             cil.log(ItemKey::Block(b.blkno), v, &image[..], b.take_changed(&image));
         };
-        let seq = m.journal.commit(|cil| {
+        let seq = m.journal.commit(self.route, |cil| {
             // What the AG locks guard goes in first; the locks go as soon as it is in (the
             // rest cannot leave this shard's sequence: its lock is held to the end). Copying
             // the directory blocks and inodes under them made threads of one AG wait there.

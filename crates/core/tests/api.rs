@@ -345,3 +345,66 @@ fn a_budget_for_the_process_leaves_room_for_the_rest_of_it() {
     assert!(used <= LIMIT / 2 + LIMIT / 8, "caches hold {used} bytes; the room left them is {}", LIMIT / 2);
     fs.unmount().unwrap();
 }
+
+/// Threads taking turns on one directory commit its blocks into the directory's CIL shard
+/// (`Tx::route_by`), each thread's private directory into the thread's own, while another
+/// thread checkpoints: after a remount every directory holds exactly the names it should.
+#[test]
+fn threads_sharing_a_directory_lose_nothing() {
+    const THREADS: usize = 4;
+    const NAMES: usize = 2000;
+    let (dev, fs) = fresh(256 << 20);
+    let shared = fs.mkdir(ROOT, b"shared", 0o755, C).unwrap().ino;
+    let private: Vec<u64> = (0..THREADS).map(|t| fs.mkdir(ROOT, format!("p{t}").as_bytes(), 0o755, C).unwrap().ino).collect();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let name = |prefix: &str, i: usize| format!("{prefix}{i}").into_bytes();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (fs, own) = (&fs, private[t]);
+                s.spawn(move || {
+                    // Interleaved: neighbouring names, on the same leaves, come from different threads.
+                    for i in (t..NAMES).step_by(THREADS) {
+                        fs.create(shared, &name("f", i), 0o644, C).unwrap();
+                        fs.create(own, &name("f", i), 0o644, C).unwrap();
+                        if i % 3 == 0 {
+                            fs.rename(shared, &name("f", i), shared, &name("r", i), 0).unwrap();
+                            fs.rename(own, &name("f", i), shared, &name("m", i), 0).unwrap();
+                        }
+                        if i % 5 == 0 {
+                            fs.unlink(shared, &name(if i % 3 == 0 { "r" } else { "f" }, i)).unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                fs.sync().unwrap();
+            }
+        });
+        workers.into_iter().for_each(|w| w.join().unwrap());
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let routed = fs.mount().journal.stats.routed_commits.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(routed > 0, "no commit went to the shared directory's shard");
+    let fs = remount(&dev, fs);
+    let mut want_shared: Vec<Vec<u8>> = vec![b".".to_vec(), b"..".to_vec()];
+    let mut want_private: Vec<Vec<Vec<u8>>> = vec![vec![b".".to_vec(), b"..".to_vec()]; THREADS];
+    for i in 0..NAMES {
+        if i % 3 == 0 {
+            want_shared.push(name("m", i));
+        } else {
+            want_private[i % THREADS].push(name("f", i));
+        }
+        if i % 5 != 0 {
+            want_shared.push(name(if i % 3 == 0 { "r" } else { "f" }, i));
+        }
+    }
+    want_shared.sort();
+    assert_eq!(names(&fs, shared), want_shared);
+    for (t, want) in want_private.iter_mut().enumerate() {
+        want.sort();
+        assert_eq!(&names(&fs, private[t]), want, "private directory {t}");
+    }
+}

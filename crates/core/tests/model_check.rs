@@ -16,7 +16,7 @@ use ferrofs::format::log::{ItemKey, LogHeader, ALL_CHUNKS};
 use ferrofs::format::INODE_SIZE;
 use ferrofs::dev::BlockDevice;
 use ferrofs::format::{BLOCK_SIZE, HDR_SIZE};
-use ferrofs::journal::{recover, BusyExtent, Journal, JournalConfig};
+use ferrofs::journal::{recover, BusyExtent, Journal, JournalConfig, Route};
 use ferrofs::lockstat::{self, LockClass, Mutex, RwLock, POOL_SHARDS};
 use ferrofs::mkfs::{self, MkfsOptions};
 use shuttle::sync::Mutex as CheckedMutex;
@@ -81,7 +81,8 @@ fn image(key: u64, version: u64) -> Vec<u8> {
 }
 
 /// Three threads commit changes to two shared inodes (each change under the inode's owner
-/// lock, which is where versions come from in the file system), a fourth switches
+/// lock, which is where versions come from in the file system; inode 0's changes all go to
+/// its own shard, as a shared directory's do, inode 1's to each thread's), a fourth switches
 /// concurrently, and a final switch closes everything. Every sequence's merged items must hold,
 /// for each inode, the image of the highest version whose commit returned that sequence: no
 /// change is lost, none lands in a later sequence than the one its commit returned (what fsync
@@ -102,7 +103,8 @@ fn cil_commit_and_switch_lose_nothing() {
                         let mut o = owners[ino as usize].lock().unwrap();
                         o.0 += 1;
                         let v = o.0;
-                        let seq = j.commit(|w| w.log(ItemKey::Inode(ino), v, &image(ino, v), ALL_CHUNKS));
+                        let route = if ino == 0 { Route::Object(ino) } else { Route::Thread };
+                        let seq = j.commit(route, |w| w.log(ItemKey::Inode(ino), v, &image(ino, v), ALL_CHUNKS));
                         o.1.push((v, seq));
                     }
                 })
@@ -402,13 +404,13 @@ fn a_freed_block_is_reused_only_after_the_writeback_that_may_hold_it() {
                 }
             }),
         );
-        j.commit(|w| w.log(ItemKey::Block(NODE), 1, &[0x54; BLOCK_SIZE], ALL_CHUNKS));
+        j.commit(Route::Thread, |w| w.log(ItemKey::Block(NODE), 1, &[0x54; BLOCK_SIZE], ALL_CHUNKS));
         j.checkpoint().expect("checkpoint of the node");
         let writer = {
             let j = Arc::clone(&j);
             thread::spawn(move || j.quiesce().expect("writeback"))
         };
-        let seq = j.commit(|w| {
+        let seq = j.commit(Route::Thread, |w| {
             for b in NODE + 1..=NODE + OTHERS {
                 w.log(ItemKey::Block(b), 1, &[0x0b; BLOCK_SIZE], ALL_CHUNKS);
             }
@@ -451,7 +453,7 @@ fn a_forced_change_survives_a_crash_while_other_checkpoints_are_in_flight() {
                 thread::spawn(move || {
                     let blkno = FIRST + t;
                     let fill = t as u8 + 1;
-                    let seq = j.commit(|w| w.log(ItemKey::Block(blkno), 1, &[fill; BLOCK_SIZE], ALL_CHUNKS));
+                    let seq = j.commit(Route::Thread, |w| w.log(ItemKey::Block(blkno), 1, &[fill; BLOCK_SIZE], ALL_CHUNKS));
                     j.force(seq).expect("force");
                     let crashed = dev.snapshot();
                     recover(&crashed, &geo, true).expect("recovery");

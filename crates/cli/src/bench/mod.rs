@@ -75,6 +75,10 @@ pub struct BenchArgs {
     /// Also run every thread count with all threads in one shared directory (embedded).
     #[arg(long)]
     pub shared_dir: bool,
+    /// embedded and scale: take the names in a random order rather than in sequence, so
+    /// that threads sharing a directory take turns on its leaves (as with hashed names).
+    #[arg(long)]
+    pub shuffle: bool,
     /// Files in the one-big-directory phase (single thread; embedded); 0 skips it.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
     pub big_dir: u64,
@@ -230,7 +234,7 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
     );
     let threads = args.threads_or(&[1, 2, 8, 48])?;
     let max_threads = threads.iter().copied().max().unwrap_or(1);
-    let names = NameTable::new(files.max(big_dir));
+    let names = names::table(files.max(big_dir), args.shuffle);
     let session = Session::open(
         args,
         (names.len() + 2 * max_threads) as u64,
@@ -287,6 +291,7 @@ fn gather(
         mode: "embedded",
         image: end.image,
         files,
+        shuffled_names: args.shuffle,
         runs: args.runs as usize,
         lock_timing: args.lock_timing,
         cycles,

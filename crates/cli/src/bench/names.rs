@@ -21,12 +21,34 @@ impl NameTable {
         NameTable { bytes, width }
     }
 
+    /// The same names in a random order (fixed seed: every run gets the same order). A
+    /// thread's share then lands on leaves all over a directory, and its neighbours on a
+    /// leaf belong to other threads, as hashed names (an object store's) do; in sequence,
+    /// names that differ only in their last digit hash next to each other.
+    pub fn shuffled(self) -> NameTable {
+        use rand::{seq::SliceRandom, SeedableRng};
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(0x5eed));
+        let bytes = order.iter().flat_map(|&i| self.get(i)).copied().collect();
+        NameTable { bytes, width: self.width }
+    }
+
     pub fn len(&self) -> usize {
         self.bytes.len() / self.width
     }
 
     pub fn get(&self, i: usize) -> &[u8] {
         &self.bytes[i * self.width..(i + 1) * self.width]
+    }
+}
+
+/// `count` names, shuffled if asked (`--shuffle`).
+pub fn table(count: usize, shuffle: bool) -> NameTable {
+    let t = NameTable::new(count);
+    if shuffle {
+        t.shuffled()
+    } else {
+        t
     }
 }
 
@@ -46,6 +68,16 @@ mod tests {
         assert_eq!(t.get(0), b"f000");
         assert_eq!(t.get(999), b"f999");
         assert_eq!(NameTable::new(1).get(0), b"f0");
+    }
+
+    #[test]
+    fn shuffled_names_are_the_same_names() {
+        let t = NameTable::new(1000).shuffled();
+        let mut got: Vec<&[u8]> = (0..t.len()).map(|i| t.get(i)).collect();
+        assert_ne!(got[..10], (0..10).map(|i| NameTable::new(1000).get(i).to_vec()).collect::<Vec<_>>()[..]);
+        got.sort();
+        let sorted = NameTable::new(1000);
+        assert!(got.iter().enumerate().all(|(i, n)| *n == sorted.get(i)));
     }
 
     #[test]

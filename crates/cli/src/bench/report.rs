@@ -16,6 +16,8 @@ pub struct Report {
     pub mode: &'static str,
     pub image: ImageReport,
     pub files: usize,
+    /// Names taken in a random order (`--shuffle`), not in sequence.
+    pub shuffled_names: bool,
     pub runs: usize,
     pub lock_timing: bool,
     pub cycles: Vec<Cycle>,
@@ -88,6 +90,8 @@ pub struct MemoryReport {
 #[derive(Serialize)]
 pub struct JournalReport {
     pub commits: u64,
+    /// Commits into a shared directory's CIL shard.
+    pub routed_commits: u64,
     pub checkpoints: u64,
     pub background_checkpoints: u64,
     pub forced_checkpoints: u64,
@@ -245,6 +249,7 @@ impl From<&JournalStats> for JournalReport {
     fn from(s: &JournalStats) -> JournalReport {
         JournalReport {
             commits: s.commits.load(Relaxed),
+            routed_commits: s.routed_commits.load(Relaxed),
             checkpoints: s.checkpoints.load(Relaxed),
             background_checkpoints: s.background_checkpoints.load(Relaxed),
             forced_checkpoints: s.forced_checkpoints.load(Relaxed),
@@ -300,7 +305,12 @@ impl Report {
             self.mode,
             self.image.describe()
         );
-        println!("{} files per run, {} runs: median ops/s [min-max]; create and remove end with sync() (durable)\n", grouped(self.files as u64), self.runs);
+        println!(
+            "{} files per run{}, {} runs: median ops/s [min-max]; create and remove end with sync() (durable)\n",
+            grouped(self.files as u64),
+            if self.shuffled_names { " (names in a random order)" } else { "" },
+            self.runs
+        );
     }
 
     fn print_cycles(&self) {
@@ -347,8 +357,9 @@ impl Report {
 impl JournalReport {
     fn print(&self, unmount_seconds: f64) {
         println!(
-            "\njournal: {} commits, {} checkpoints ({} background, {} forced)",
+            "\njournal: {} commits ({} into shared directories' shards), {} checkpoints ({} background, {} forced)",
             grouped(self.commits),
+            grouped(self.routed_commits),
             grouped(self.checkpoints),
             grouped(self.background_checkpoints),
             grouped(self.forced_checkpoints)

@@ -325,6 +325,7 @@ impl FileSystem {
         if pg.nlink == 0 {
             return Err(Error::NotFound);
         }
+        tx.route_by(&p);
         if is_dir && pg.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
@@ -411,6 +412,7 @@ impl FileSystem {
         }
         let (mut nd, mut npd) = (di, pd);
         let mut tx = Tx::new(&self.m)?;
+        tx.route_by(&p);
         tx.reserve(ino_ag(newparent), dir::INSERT_RESERVE)?;
         let goal = self.dir_goal(newparent, &npd);
         let mut s = TxStore::new(&mut tx, newparent, goal);
@@ -489,6 +491,7 @@ impl FileSystem {
                 (true, true) if dir::root_of(&cd) != 0 => return Err(Error::NotEmpty),
                 _ => {}
             }
+            tx.route_by(&p);
             let t = now();
             let freed = self.drop_link(&mut tx, &c, &mut cd, t)?;
             let mut s = TxStore::new(&mut tx, parent, 0);
@@ -797,6 +800,10 @@ impl FileSystem {
         let old_gains = exchange && dst_dir && !sd.is_dir();
         if opi != npi && ((new_gains && l.get(npi).nlink >= LINK_MAX) || (old_gains && l.get(opi).nlink >= LINK_MAX)) {
             return Err(Error::TooManyLinks);
+        }
+        tx.route_by(op);
+        if opi != npi {
+            tx.route_by(np);
         }
         let t = now();
         let mut opd = l.get(opi).clone();

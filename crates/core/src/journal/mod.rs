@@ -325,6 +325,9 @@ fn copy_of(image: &[u8], free: &mut Buffers, copies: &mut [usize; IMAGE_KINDS]) 
 #[derive(Default, Debug)]
 pub struct JournalStats {
     pub commits: AtomicU64,
+    /// Commits that went to a shared directory's CIL shard rather than the thread's own
+    /// (`Route::Object`).
+    pub routed_commits: AtomicU64,
     pub checkpoints: AtomicU64,
     pub background_checkpoints: AtomicU64,
     pub forced_checkpoints: AtomicU64,
@@ -349,6 +352,7 @@ impl JournalStats {
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         crate::lockstat::read_counters(&[
             ("commits", &self.commits),
+            ("routed_commits", &self.routed_commits),
             ("checkpoints", &self.checkpoints),
             ("background_checkpoints", &self.background_checkpoints),
             ("forced_checkpoints", &self.forced_checkpoints),
@@ -511,6 +515,17 @@ struct WorkerState {
     stop: bool,
 }
 
+/// Which CIL shard a commit goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// The committing thread's own: commits of different threads share nothing.
+    Thread,
+    /// The shard of an object that several threads are changing (a shared directory, by
+    /// inode number): each of its blocks then has one copy in the CIL, relogged in place,
+    /// rather than a whole copy in the shard of every thread that changed it.
+    Object(u64),
+}
+
 thread_local! {
     static SHARD_INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
 }
@@ -625,11 +640,24 @@ impl Journal {
         }
     }
 
-    /// Make an item change durable-in-order: run `f` with this thread's CIL shard locked and
+    /// The CIL shard this thread commits to unless routed elsewhere.
+    pub fn thread_shard(&self) -> usize {
+        my_shard(self.shards.len())
+    }
+
+    /// Make an item change durable-in-order: run `f` with the CIL shard of `route` locked and
     /// return the CIL sequence the changes belong to (what fsync must force).
     /// The caller holds AG locks here, so it must have called `throttle` before taking them.
-    pub fn commit(&self, f: impl FnOnce(&mut CilWriter<'_>)) -> u64 {
-        let slot = &self.shards[my_shard(self.shards.len())];
+    pub fn commit(&self, route: Route, f: impl FnOnce(&mut CilWriter<'_>)) -> u64 {
+        let shard = match route {
+            Route::Thread => self.thread_shard(),
+            Route::Object(key) => {
+                self.stats.routed_commits.fetch_add(1, Relaxed);
+                // Fibonacci hashing: consecutive directory numbers land on different shards.
+                (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % self.shards.len()
+            }
+        };
+        let slot = &self.shards[shard];
         let mut g = slot.shard.lock();
         // Changed only under the shard lock: the relaxed load is exact.
         if !slot.active.load(Relaxed) {
