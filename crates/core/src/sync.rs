@@ -44,8 +44,6 @@ mod unpoisoned {
     use shuttle::sync as s;
     use std::fmt;
     use std::ops::{Deref, DerefMut};
-    #[cfg(not(feature = "shuttle"))]
-    use std::sync::atomic::Ordering::Relaxed;
     use std::sync::{PoisonError, TryLockError, TryLockResult};
     use std::time::Duration;
 
@@ -114,25 +112,7 @@ mod unpoisoned {
         pub fn read(&self) -> RwLockReadGuard<'_, T> {
             self.0.read().unwrap_or_else(PoisonError::into_inner)
         }
-        /// Exclusive access. The first writer to wait for a lock spins for it briefly
-        /// before it sleeps: see [`write_spin`].
         pub fn write(&self) -> RwLockWriteGuard<'_, T> {
-            #[cfg(not(feature = "shuttle"))]
-            {
-                // Counted on the contended path only, whoever calls.
-                if let Some(g) = self.try_write() {
-                    return g;
-                }
-                let waiting = write_spin::waiting_writers(self);
-                let g = match waiting.fetch_add(1, Relaxed) {
-                    0 => write_spin::spin(|| self.try_write()),
-                    _ => None,
-                };
-                let g = g.unwrap_or_else(|| self.0.write().unwrap_or_else(PoisonError::into_inner));
-                waiting.fetch_sub(1, Relaxed);
-                g
-            }
-            #[cfg(feature = "shuttle")]
             self.0.write().unwrap_or_else(PoisonError::into_inner)
         }
         pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
@@ -152,57 +132,6 @@ mod unpoisoned {
     impl<T: fmt::Debug> fmt::Debug for RwLock<T> {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("RwLock { .. }")
-        }
-    }
-
-    /// Brief spinning for a held write lock, for the first writer that waits on it.
-    ///
-    /// Two threads mutating one directory take turns on its inode lock. `std`'s lock spins
-    /// about a hundred loads before it sleeps on the futex, shorter than the holder's
-    /// critical section (2-4 us for a create, unlink or rename), so on 2 CPUs nearly every
-    /// turn cost a sleep, a wake and a context switch: one shared directory did 0.53-0.69 of
-    /// its 1-thread rate with 2 threads in `ferrofs bench scale`. Spinning up to
-    /// [`SPIN_LIMIT`] takes the lock as the holder lets it go: 0.82-0.97 of the 1-thread
-    /// rate. But every waiter spinning burns the CPU the holder needs when threads outnumber
-    /// CPUs (all waiters spinning cost 48 threads 2-12%), so only the first writer to
-    /// wait spins: the rest sleep at once, as before. Waiters are counted per stripe of lock
-    /// addresses, on the contended path only; locks that share a stripe only spin less.
-    #[cfg(not(feature = "shuttle"))]
-    pub(super) mod write_spin {
-        use crossbeam_utils::CachePadded;
-        use std::sync::atomic::AtomicU32;
-        use std::time::{Duration, Instant};
-
-        /// Longer than the directory operations' critical sections, short against a time
-        /// slice: a holder that was preempted costs a spinner this much.
-        pub const SPIN_LIMIT: Duration = Duration::from_micros(10);
-        /// Pauses between tries: a try is a load while the lock is held, so a short gap
-        /// takes the lock soon after the holder lets it go.
-        const SPIN_PAUSES: u32 = 4;
-        const STRIPES: usize = 64;
-        static WAITING_WRITERS: [CachePadded<AtomicU32>; STRIPES] = [const { CachePadded::new(AtomicU32::new(0)) }; STRIPES];
-
-        /// The count of writers waiting for `lock` or for a lock that shares its stripe.
-        pub fn waiting_writers<T>(lock: &T) -> &'static AtomicU32 {
-            // By cache line: the locks that meet on hot paths (inodes, padded cache shards)
-            // are lines apart.
-            &WAITING_WRITERS[(lock as *const T as usize >> 6) % STRIPES]
-        }
-
-        /// `try_lock` until it succeeds or [`SPIN_LIMIT`] has passed.
-        pub fn spin<G>(try_lock: impl Fn() -> Option<G>) -> Option<G> {
-            let start = Instant::now();
-            loop {
-                if let Some(g) = try_lock() {
-                    return Some(g);
-                }
-                if start.elapsed() >= SPIN_LIMIT {
-                    return None;
-                }
-                for _ in 0..SPIN_PAUSES {
-                    std::hint::spin_loop();
-                }
-            }
         }
     }
 
@@ -238,34 +167,5 @@ mod unpoisoned {
         pub fn notify_all(&self) {
             self.0.notify_all();
         }
-    }
-}
-
-#[cfg(all(test, not(feature = "shuttle")))]
-mod tests {
-    use super::unpoisoned::{write_spin, RwLock};
-    use std::sync::atomic::Ordering::Relaxed;
-
-    /// Every waiter that counted itself uncounts itself, spinner or sleeper: a count left
-    /// behind would stop that stripe's locks from ever spinning again.
-    #[test]
-    fn contended_writers_leave_no_waiter_counted() {
-        let lock = RwLock::new(0u64);
-        std::thread::scope(|s| {
-            for _ in 0..4 {
-                s.spawn(|| {
-                    for _ in 0..5_000 {
-                        let mut g = lock.write();
-                        // Held long enough that the others wait: some spin, some sleep.
-                        for _ in 0..200 {
-                            std::hint::spin_loop();
-                        }
-                        *g += 1;
-                    }
-                });
-            }
-        });
-        assert_eq!(*lock.read(), 20_000);
-        assert_eq!(write_spin::waiting_writers(&lock).load(Relaxed), 0);
     }
 }
