@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::format::log::chunks_of;
 use crate::format::{self, AgLayout, Geometry, BITMAP_BITS, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK, ROOT_INO};
 use crate::lockstat::{LockClass, Mutex, MutexGuard};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::{Acquire, Relaxed, Release}};
 
 pub static AG_LOCK: LockClass = LockClass::ranked("ag", 25);
 
@@ -52,6 +52,14 @@ pub struct Ag {
     /// the pool, which no program can fill).
     free_blocks: AtomicU64,
     free_inodes: AtomicU64,
+    /// Mirrors of the in-memory inode bitmap and of `inode_log_version_floor`, changed under
+    /// the lock with them, read without it: a lookup that misses the inode cache checks its
+    /// number here (`inode_in_use`, `inode_log_version_base`). Read under the lock, two
+    /// acquisitions per miss made the AG lock a lock of the lookup path (48 threads stating
+    /// 1.44 million files through a cache that holds half of them waited there 2.6% of their
+    /// time).
+    inodes_in_use: Box<[AtomicU64]>,
+    inode_version_floor: AtomicU64,
     pub alloc_retries: AtomicU64,
     /// Inodes put on this AG's orphan table (committed adds), for the benchmarks.
     pub orphan_adds: AtomicU64,
@@ -179,7 +187,10 @@ impl Ag {
             inodes,
         };
         let pool = (l.blocks / POOL_FRACTION).min(POOL_MAX);
+        let inodes_in_use = state.inodes.words.iter().map(|&w| AtomicU64::new(w)).collect();
         let ag = Ag {
+            inodes_in_use,
+            inode_version_floor: AtomicU64::new(0),
             free_blocks: AtomicU64::new(0),
             pool,
             free_inodes: AtomicU64::new(0),
@@ -232,6 +243,7 @@ impl Ag {
         let from = s.inode_cursor;
         let idx = s.inodes.find_clear(from)?;
         s.inodes.set(idx);
+        self.mirror_inode_bit(&s, idx);
         s.inode_cursor = idx + 1;
         s.reserved_blocks += blocks;
         s.next_generation = s.next_generation.wrapping_add(1);
@@ -291,7 +303,15 @@ impl Ag {
 
     pub fn unclaim_inode(&self, s: &mut AgState, idx: u32) {
         s.inodes.clear(idx as u64);
+        self.mirror_inode_bit(s, idx as u64);
         self.sync_counts(s);
+    }
+
+    /// Copy the word of inode bit `idx` to the lock-free mirror (the lock is held: `s`).
+    /// Release: a lookup that sees the bit set sees the version floor of its claim.
+    fn mirror_inode_bit(&self, s: &AgState, idx: u64) {
+        let w = (idx / 64) as usize;
+        self.inodes_in_use[w].store(s.inodes.words[w], Release);
     }
 
     pub fn claim_orphan_slot(&self) -> Option<u32> {
@@ -312,6 +332,7 @@ impl Ag {
     /// the block to log.
     pub fn free_disk_inode(&self, s: &mut AgState, idx: u32, log_version: u64) -> BufRef {
         s.inode_log_version_floor = s.inode_log_version_floor.max(log_version);
+        self.inode_version_floor.store(s.inode_log_version_floor, Relaxed);
         self.unclaim_inode(s, idx);
         Self::set_disk_bits(&self.inode_bitmap, idx as u64, 1, false)
     }
@@ -418,18 +439,56 @@ impl Ag {
     }
 
     /// Is the inode allocated (in memory, including claims)?
+    /// Whether inode `idx` is allocated, without the lock: as of some moment during the call,
+    /// as a read under the lock would be as of its release.
     pub fn inode_in_use(&self, idx: u32) -> bool {
-        self.lock().inodes.get(idx as u64)
+        let idx = idx as u64;
+        self.inodes_in_use[(idx / 64) as usize].load(Acquire) >> (idx % 64) & 1 == 1
     }
 
     /// For an allocated inode being read into the cache: the log version its in-memory inode
-    /// starts counting from (see `AgState::inode_log_version_floor`).
+    /// starts counting from (see `AgState::inode_log_version_floor`). The floor is read after
+    /// the bit, so it is at least the floor when the bit was set (it only grows, and a base
+    /// above the floor only starts the versions higher).
     pub fn inode_log_version_base(&self, idx: u32) -> Option<u64> {
-        let s = self.lock();
-        s.inodes.get(idx as u64).then_some(s.inode_log_version_floor)
+        self.inode_in_use(idx).then(|| self.inode_version_floor.load(Relaxed))
     }
 
     pub fn block_in_use(&self, blkno: u64) -> bool {
         self.lock().blocks.get(blkno - self.layout.start)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::CacheBudget;
+    use crate::dev::MemDevice;
+    use crate::mkfs::{mkfs, MkfsOptions};
+    use std::sync::Arc;
+
+    /// The lock-free view a lookup uses follows every claim, free and abandoned claim made
+    /// under the lock, and a freed number's log version floor comes with it.
+    #[test]
+    fn lookups_see_claims_and_frees_without_the_lock() {
+        let dev = Arc::new(MemDevice::new(64 << 20));
+        let geo = mkfs(&*dev, &MkfsOptions { ag_count: Some(1), ..MkfsOptions::default() }, &|_, _| {}).unwrap().geo;
+        let bufs = BufCache::new(dev, geo.ag_count, geo.ag_blocks, CacheBudget::new(u64::MAX));
+        let ag = Ag::load(&bufs, &geo, 0).unwrap();
+        let root = format::ino_index(ROOT_INO);
+        assert_eq!(ag.inode_log_version_base(root), Some(0), "the root is in use from the start");
+        let (a, _, _) = ag.claim_inode(0).unwrap();
+        let (b, _, _) = ag.claim_inode(0).unwrap();
+        assert!(ag.inode_in_use(a) && ag.inode_in_use(b));
+        ag.alloc_disk_inode(a);
+        ag.free_disk_inode(&mut ag.lock(), a, 77);
+        assert!(!ag.inode_in_use(a), "freed");
+        assert_eq!(ag.inode_log_version_base(a), None);
+        assert_eq!(ag.inode_log_version_base(b), Some(77), "versions count on from the floor");
+        ag.unclaim_inode(&mut ag.lock(), b);
+        assert!(!ag.inode_in_use(b), "a claim given back");
+        let s = ag.lock();
+        let mirrored: Vec<u64> = ag.inodes_in_use.iter().map(|w| w.load(Relaxed)).collect();
+        assert_eq!(mirrored, s.inodes.words, "the mirror is the bitmap");
     }
 }
