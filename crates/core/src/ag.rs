@@ -31,11 +31,6 @@ pub struct AgState {
     block_cursor: u64,
     inode_cursor: u64,
     next_generation: u32,
-    /// The highest log version any inode of this AG had when it was freed. A new in-memory
-    /// inode counts its log versions on from here, never from 0: the CIL keeps the highest
-    /// version of an item, so a reused inode number's images must outrank the ones the freed
-    /// inode may have left in the same checkpoint.
-    inode_log_version_floor: u64,
 }
 
 pub struct Ag {
@@ -52,14 +47,18 @@ pub struct Ag {
     /// the pool, which no program can fill).
     free_blocks: AtomicU64,
     free_inodes: AtomicU64,
-    /// Mirrors of the in-memory inode bitmap and of `inode_log_version_floor`, changed under
-    /// the lock with them, read without it: a lookup that misses the inode cache checks its
-    /// number here (`inode_in_use`, `inode_log_version_base`). Read under the lock, two
-    /// acquisitions per miss made the AG lock a lock of the lookup path (48 threads stating
-    /// 1.44 million files through a cache that holds half of them waited there 2.6% of their
-    /// time).
+    /// A mirror of the in-memory inode bitmap, changed under the lock with it, read without
+    /// it: a lookup that misses the inode cache checks its number here (`inode_in_use`,
+    /// `inode_log_version_base`). Read under the lock, two acquisitions per miss made the AG
+    /// lock a lock of the lookup path (48 threads stating 1.44 million files through a cache
+    /// that holds half of them waited there 2.6% of their time).
     inodes_in_use: Box<[AtomicU64]>,
-    inode_version_floor: AtomicU64,
+    /// The highest log version any inode of this AG had when it was freed. A new in-memory
+    /// inode counts its log versions on from here, never from 0: the CIL keeps the highest
+    /// version of an item, so a reused inode number's images must outrank the ones the freed
+    /// inode may have left in the same checkpoint.
+    /// Written under the lock, read without it by lookups.
+    inode_log_version_floor: AtomicU64,
     pub alloc_retries: AtomicU64,
     /// Inodes put on this AG's orphan table (committed adds), for the benchmarks.
     pub orphan_adds: AtomicU64,
@@ -180,7 +179,6 @@ impl Ag {
             reserved_blocks: 0,
             block_cursor: l.data_start - l.start,
             inode_cursor: 0,
-            inode_log_version_floor: 0,
             next_generation: (l.start as u32).wrapping_mul(2_654_435_761) ^ std::process::id(),
             orphan_free,
             blocks,
@@ -190,7 +188,7 @@ impl Ag {
         let inodes_in_use = state.inodes.words.iter().map(|&w| AtomicU64::new(w)).collect();
         let ag = Ag {
             inodes_in_use,
-            inode_version_floor: AtomicU64::new(0),
+            inode_log_version_floor: AtomicU64::new(0),
             free_blocks: AtomicU64::new(0),
             pool,
             free_inodes: AtomicU64::new(0),
@@ -249,7 +247,7 @@ impl Ag {
         s.next_generation = s.next_generation.wrapping_add(1);
         let gen = s.next_generation;
         self.sync_counts(&s);
-        Some((idx as u32, gen, s.inode_log_version_floor))
+        Some((idx as u32, gen, self.inode_log_version_floor.load(Relaxed)))
     }
 
     /// Reserve `n` blocks without choosing them (B+tree splits, extent allocation). Only a
@@ -331,8 +329,7 @@ impl Ag {
     /// be claimed again at once, by an inode that counts its versions on from there. Returns
     /// the block to log.
     pub fn free_disk_inode(&self, s: &mut AgState, idx: u32, log_version: u64) -> BufRef {
-        s.inode_log_version_floor = s.inode_log_version_floor.max(log_version);
-        self.inode_version_floor.store(s.inode_log_version_floor, Relaxed);
+        self.inode_log_version_floor.fetch_max(log_version, Relaxed);
         self.unclaim_inode(s, idx);
         Self::set_disk_bits(&self.inode_bitmap, idx as u64, 1, false)
     }
@@ -438,20 +435,19 @@ impl Ag {
         self.unclaim_blocks(&mut s, start, len);
     }
 
-    /// Is the inode allocated (in memory, including claims)?
-    /// Whether inode `idx` is allocated, without the lock: as of some moment during the call,
-    /// as a read under the lock would be as of its release.
+    /// Whether inode `idx` is allocated (in memory, claims included), read without the lock:
+    /// as of some moment during the call, as a read under the lock would be as of its release.
     pub fn inode_in_use(&self, idx: u32) -> bool {
         let idx = idx as u64;
         self.inodes_in_use[(idx / 64) as usize].load(Acquire) >> (idx % 64) & 1 == 1
     }
 
     /// For an allocated inode being read into the cache: the log version its in-memory inode
-    /// starts counting from (see `AgState::inode_log_version_floor`). The floor is read after
+    /// starts counting from (see `Ag::inode_log_version_floor`). The floor is read after
     /// the bit, so it is at least the floor when the bit was set (it only grows, and a base
     /// above the floor only starts the versions higher).
     pub fn inode_log_version_base(&self, idx: u32) -> Option<u64> {
-        self.inode_in_use(idx).then(|| self.inode_version_floor.load(Relaxed))
+        self.inode_in_use(idx).then(|| self.inode_log_version_floor.load(Relaxed))
     }
 
     pub fn block_in_use(&self, blkno: u64) -> bool {

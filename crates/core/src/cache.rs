@@ -102,9 +102,7 @@ impl<V: Reclaimable> AgCache<V> {
     }
 
     fn shard(&self, k: u64) -> &RwLock<FxHashMap<u64, Arc<V>>> {
-        // Fibonacci hashing spreads sequential numbers over the AG's shards.
-        let h = (k.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % SHARDS_PER_AG;
-        &self.shards[self.ag(k) * SHARDS_PER_AG + h]
+        &self.shards[self.ag(k) * SHARDS_PER_AG + crate::sync::shard_of(k, SHARDS_PER_AG)]
     }
 
     pub fn get(&self, k: u64) -> Option<Arc<V>> {

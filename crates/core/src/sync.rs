@@ -34,6 +34,13 @@ pub use shuttle::sync::atomic;
 #[cfg(feature = "shuttle")]
 pub use shuttle::thread_local;
 
+/// Which of `shards` (at most 64) holds `key`: the top six bits of a Fibonacci hash, so that
+/// consecutive numbers (inodes, blocks, directories) land on different shards.
+pub fn shard_of(key: u64, shards: usize) -> usize {
+    debug_assert!((1..=64).contains(&shards), "{shards} shards: six bits of hash address 64");
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % shards
+}
+
 /// `std::sync`'s (or shuttle's, which copy their API) locks behind the small API that
 /// `lockstat` uses: no poisoning, `try_*` returning `Option`, a condition variable that waits
 /// on `&mut` guards.

@@ -653,8 +653,7 @@ impl Journal {
             Route::Thread => self.thread_shard(),
             Route::Object(key) => {
                 self.stats.routed_commits.fetch_add(1, Relaxed);
-                // Fibonacci hashing: consecutive directory numbers land on different shards.
-                (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % self.shards.len()
+                crate::sync::shard_of(key, self.shards.len())
             }
         };
         let slot = &self.shards[shard];
