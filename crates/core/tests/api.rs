@@ -357,12 +357,15 @@ fn threads_sharing_a_directory_lose_nothing() {
     let shared = fs.mkdir(ROOT, b"shared", 0o755, C).unwrap().ino;
     let private: Vec<u64> = (0..THREADS).map(|t| fs.mkdir(ROOT, format!("p{t}").as_bytes(), 0o755, C).unwrap().ino).collect();
     let done = std::sync::atomic::AtomicBool::new(false);
+    // Released together, so that their changes to the directory meet in one CIL sequence.
+    let start = std::sync::Barrier::new(THREADS);
     let name = |prefix: &str, i: usize| format!("{prefix}{i}").into_bytes();
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..THREADS)
             .map(|t| {
-                let (fs, own) = (&fs, private[t]);
+                let (fs, own, start) = (&fs, private[t], &start);
                 s.spawn(move || {
+                    start.wait();
                     // Interleaved: neighbouring names, on the same leaves, come from different threads.
                     for i in (t..NAMES).step_by(THREADS) {
                         fs.create(shared, &name("f", i), 0o644, C).unwrap();
