@@ -1141,7 +1141,7 @@ struct SharedDirRun {
 
 /// File `i`'s name in `crash_while_threads_share_a_directory`: "f" as created, "r" renamed,
 /// "g" in a thread's own directory.
-fn name(prefix: &str, i: usize) -> Vec<u8> {
+fn numbered(prefix: &str, i: usize) -> Vec<u8> {
     format!("{prefix}{i}").into_bytes()
 }
 
@@ -1171,12 +1171,12 @@ fn shared_dir_run() -> Option<SharedDirRun> {
                 start.wait();
                 // Interleaved: neighbouring names, on one leaf, come from different threads.
                 for i in (t..FILES).step_by(THREADS) {
-                    fs.create(shared, &name("f", i), 0o644, CRED).unwrap();
-                    fs.create(own, &name("g", i), 0o644, CRED).unwrap();
+                    fs.create(shared, &numbered("f", i), 0o644, CRED).unwrap();
+                    fs.create(own, &numbered("g", i), 0o644, CRED).unwrap();
                     let created = clock.fetch_add(1, Ordering::SeqCst);
                     files.lock().unwrap().insert(i, (created, None));
                     if i % 3 == 0 {
-                        fs.rename(shared, &name("f", i), shared, &name("r", i), 0).unwrap();
+                        fs.rename(shared, &numbered("f", i), shared, &numbered("r", i), 0).unwrap();
                         let renamed = clock.fetch_add(1, Ordering::SeqCst);
                         files.lock().unwrap().get_mut(&i).unwrap().1 = Some(renamed);
                     }
@@ -1223,7 +1223,7 @@ fn crash_while_threads_share_a_directory() {
                 let fs = mount(Arc::new(image)).map_err(|e| format!("mount failed: {e}"))?;
                 let names: BTreeSet<Vec<u8>> = readdir(&fs, shared).map_err(|e| format!("readdir: {e}"))?.into_iter().map(|e| e.name).collect();
                 for (&i, &(created, renamed)) in files.iter().filter(|(_, &(created, _))| created < began) {
-                    let (old, new) = (names.contains(&name("f", i)), names.contains(&name("r", i)));
+                    let (old, new) = (names.contains(&numbered("f", i)), names.contains(&numbered("r", i)));
                     if old == new || (renamed.is_some_and(|r| r < began) && !new) {
                         return Err(format!("file {i} (created at {created}, renamed at {renamed:?}, sync began at {began}): old name {old}, new name {new}"));
                     }

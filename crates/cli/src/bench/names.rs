@@ -52,6 +52,15 @@ pub fn table(count: usize, shuffle: bool) -> NameTable {
     }
 }
 
+/// How a report's header says the names were taken: "" in sequence.
+pub fn order_note(shuffled: bool) -> &'static str {
+    if shuffled {
+        " (names in a random order)"
+    } else {
+        ""
+    }
+}
+
 /// Thread `t` of `threads` works on this contiguous share of `count` names.
 pub fn share(count: usize, threads: usize, t: usize) -> Range<usize> {
     count * t / threads..count * (t + 1) / threads

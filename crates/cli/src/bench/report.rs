@@ -308,7 +308,7 @@ impl Report {
         println!(
             "{} files per run{}, {} runs: median ops/s [min-max]; create and remove end with sync() (durable)\n",
             grouped(self.files as u64),
-            if self.shuffled_names { " (names in a random order)" } else { "" },
+            super::names::order_note(self.shuffled_names),
             self.runs
         );
     }

@@ -167,7 +167,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     let threads = args.threads_or(&[1, 2, 4, 8, 16, 48])?;
     let max_threads = threads.iter().copied().max().unwrap_or(1);
     let live = files.max(per_thread * max_threads);
-    let names = super::names::table(files.max(per_thread), args.shuffle);
+    let names = names::table(files.max(per_thread), args.shuffle);
     let session = Session::open(
         args,
         (live + 4 * max_threads) as u64,
@@ -981,7 +981,7 @@ impl Figures for ScaleFigures {
         println!(
             "scale: {} files per run split over the threads{}, threads released together by a start gate (all let through by one wake); create, renames and unlink do each file once and end with sync(); stat, open/close and readdir repeat passes over the files for at least {} ms (each thread one full pass at least), every operation counted; readdir counts entries listed; runs interleave the thread counts (ascending, then descending); wall ms = median time of the phase; scale = median / median at the fewest threads\n",
             grouped(self.files as u64),
-            if self.shuffled_names { " (names in a random order)" } else { "" },
+            names::order_note(self.shuffled_names),
             self.min_phase_ms
         );
         self.print_tables(&self.rows, &self.mdtest);
