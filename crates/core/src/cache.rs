@@ -1,8 +1,10 @@
 //! Caches keyed by number, grouped by allocation group, and the memory budget they share.
 //!
 //! The metadata buffer cache and the inode cache are both an [`AgCache`]: per AG a few hash
-//! map shards. Lookups take only a shard's read lock (never an exclusive lock), and shards
-//! are cache-line padded so two CPUs looking up different keys do not bounce one line.
+//! map shards. Lookups take only a shard's read lock (never an exclusive lock), and that
+//! lock is striped per CPU (`sync::StripedRwLock`): a lookup writes only its own CPU's lock
+//! word, so CPUs looking up keys of one shard do not bounce a line between them; shards are
+//! cache-line padded for the same reason.
 //!
 //! Reclaim (seed 003) works one AG at a time. Each AG has a reclaim lock and a cursor: a
 //! reclaimer *tries* the lock and goes to the next AG when another reclaimer is there, so
@@ -23,6 +25,7 @@ use crate::error::Result;
 use crate::format::log::ALL_CHUNKS;
 use crate::format::{verify_block, BLOCK_SIZE};
 use crate::lockstat::{LockClass, Mutex, RwLock};
+use crate::sync::StripedRwLock;
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -62,8 +65,11 @@ struct AgPart {
     reclaim: Mutex<usize>,
 }
 
+/// One hash map shard: every CPU's lookups read it, so its lock is striped per CPU.
+type Shard<V> = RwLock<FxHashMap<u64, Arc<V>>, StripedRwLock<FxHashMap<u64, Arc<V>>>>;
+
 pub struct AgCache<V> {
-    shards: Box<[CachePadded<RwLock<FxHashMap<u64, Arc<V>>>>]>,
+    shards: Box<[CachePadded<Shard<V>>]>,
     ags: Box<[CachePadded<AgPart>]>,
     /// `key >> ag_shift` is a key's AG for inode numbers; `key / ag_div` for block numbers.
     ag_of: fn(u64, u64) -> u64,
@@ -86,7 +92,7 @@ impl<V: Reclaimable> AgCache<V> {
     pub fn new(class: &'static LockClass, ag_count: u32, ag_of: fn(u64, u64) -> u64, ag_param: u64, budget: Arc<CacheBudget>) -> Self {
         let n = ag_count.max(1) as usize;
         AgCache {
-            shards: (0..n * SHARDS_PER_AG).map(|i| CachePadded::new(RwLock::new_indexed(class, (i / SHARDS_PER_AG) as u64, FxHashMap::default()))).collect(),
+            shards: (0..n * SHARDS_PER_AG).map(|i| CachePadded::new(RwLock::striped_indexed(class, (i / SHARDS_PER_AG) as u64, FxHashMap::default()))).collect(),
             ags: (0..n).map(|i| CachePadded::new(AgPart { len: AtomicU64::new(0), reclaim: Mutex::new_indexed(&RECLAIM, i as u64, 0) })).collect(),
             ag_of,
             ag_param,
@@ -101,7 +107,7 @@ impl<V: Reclaimable> AgCache<V> {
         ((self.ag_of)(k, self.ag_param) as usize).min(self.ags.len() - 1)
     }
 
-    fn shard(&self, k: u64) -> &RwLock<FxHashMap<u64, Arc<V>>> {
+    fn shard(&self, k: u64) -> &Shard<V> {
         &self.shards[self.ag(k) * SHARDS_PER_AG + crate::sync::shard_of(k, SHARDS_PER_AG)]
     }
 

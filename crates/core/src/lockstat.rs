@@ -62,7 +62,7 @@ use std::sync::{Arc, OnceLock, Weak};
 // checker can run these locks (and count through them); the global switches and the shard
 // rotor below stay `std`: they are settings, not state a schedule can break.
 use crate::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use crate::sync::{self as raw, thread_local};
+use crate::sync::{self as raw, thread_local, RawRwLock};
 use std::sync::atomic::{AtomicU8, AtomicUsize};
 use std::time::{Duration, Instant};
 
@@ -962,28 +962,22 @@ impl<T: fmt::Debug> fmt::Debug for MutexGuard<'_, T> {
 }
 
 /// A named, measured reader-writer lock over `std::sync::RwLock` (or the model checker's,
-/// [`crate::sync`]); reads
-/// and writes are counted separately.
-pub struct RwLock<T> {
+/// [`crate::sync`]), or over another [`RawRwLock`] such as the per-CPU
+/// [`raw::StripedRwLock`]; reads and writes are counted separately.
+pub struct RwLock<T, R: RawRwLock<Target = T> = raw::RwLock<T>> {
     meter: Meter,
-    raw: raw::RwLock<T>,
+    raw: R,
 }
 
 impl<T> RwLock<T> {
     /// A lock of `class`, counted in the class totals only.
     pub fn new(class: &'static LockClass, value: T) -> Self {
-        Self {
-            meter: Meter::own(class.register(None)),
-            raw: raw::RwLock::new(value),
-        }
+        Self::with_meter(Meter::own(class.register(None)), value)
     }
 
     /// A lock of `class` that is also reported and ordered by `idx`.
     pub fn new_indexed(class: &'static LockClass, idx: u64, value: T) -> Self {
-        Self {
-            meter: Meter::own(class.register(Some(idx))),
-            raw: raw::RwLock::new(value),
-        }
+        Self::with_meter(Meter::own(class.register(Some(idx))), value)
     }
 
     /// A lock of `class` with no counters of its own, for per-object locks
@@ -1003,14 +997,25 @@ impl<T> RwLock<T> {
     /// either kind measured about 1.5 ns over the bare lock (~5 ns): one
     /// atomic add on a line only this thread writes.
     pub fn new_pooled(class: &'static LockClass, value: T) -> Self {
-        Self {
-            meter: Meter::pooled(class),
-            raw: raw::RwLock::new(value),
-        }
+        Self::with_meter(Meter::pooled(class), value)
+    }
+}
+
+impl<T> RwLock<T, raw::StripedRwLock<T>> {
+    /// A lock of `class`, reported and ordered by `idx`, striped per CPU: for data that
+    /// every CPU reads and few write (see [`raw::StripedRwLock`]).
+    pub fn striped_indexed(class: &'static LockClass, idx: u64, value: T) -> Self {
+        Self::with_meter(Meter::own(class.register(Some(idx))), value)
+    }
+}
+
+impl<T, R: RawRwLock<Target = T>> RwLock<T, R> {
+    fn with_meter(meter: Meter, value: T) -> Self {
+        Self { meter, raw: R::new(value) }
     }
 
     /// Blocks for shared access, counted on the shared side.
-    pub fn read(&self) -> RwLockReadGuard<'_, T> {
+    pub fn read(&self) -> RwLockReadGuard<'_, T, R> {
         let (raw, hold) =
             self.meter
                 .acquire(Access::Shared, || self.raw.try_read(), || self.raw.read());
@@ -1018,7 +1023,7 @@ impl<T> RwLock<T> {
     }
 
     /// Blocks for exclusive access, counted on the exclusive side.
-    pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+    pub fn write(&self) -> RwLockWriteGuard<'_, T, R> {
         let (raw, hold) = self.meter.acquire(
             Access::Exclusive,
             || self.raw.try_write(),
@@ -1028,7 +1033,7 @@ impl<T> RwLock<T> {
     }
 
     /// Shared access if immediately available.
-    pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
+    pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T, R>> {
         let (raw, hold) = self
             .meter
             .try_acquire(Access::Shared, || self.raw.try_read())?;
@@ -1036,7 +1041,7 @@ impl<T> RwLock<T> {
     }
 
     /// Exclusive access if immediately available.
-    pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
+    pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, T, R>> {
         let (raw, hold) = self
             .meter
             .try_acquire(Access::Exclusive, || self.raw.try_write())?;
@@ -1068,7 +1073,7 @@ impl<T: Default> Default for RwLock<T> {
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for RwLock<T> {
+impl<T, R: RawRwLock<Target = T> + fmt::Debug> fmt::Debug for RwLock<T, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RwLock")
             .field("class", &self.meter.class().name)
@@ -1079,48 +1084,48 @@ impl<T: fmt::Debug> fmt::Debug for RwLock<T> {
 }
 
 /// Shared guard of an [`RwLock`]; records the hold time when dropped.
-pub struct RwLockReadGuard<'a, T> {
+pub struct RwLockReadGuard<'a, T, R: RawRwLock<Target = T> + 'a = raw::RwLock<T>> {
     // Only its drop matters; declared before `raw` so the hold is
     // recorded before the unlock.
     _hold: Hold<'a>,
-    raw: raw::RwLockReadGuard<'a, T>,
+    raw: R::ReadGuard<'a>,
 }
 
-impl<T> Deref for RwLockReadGuard<'_, T> {
+impl<T, R: RawRwLock<Target = T>> Deref for RwLockReadGuard<'_, T, R> {
     type Target = T;
     fn deref(&self) -> &T {
         &self.raw
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for RwLockReadGuard<'_, T> {
+impl<T: fmt::Debug, R: RawRwLock<Target = T>> fmt::Debug for RwLockReadGuard<'_, T, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&**self, f)
     }
 }
 
 /// Exclusive guard of an [`RwLock`]; records the hold time when dropped.
-pub struct RwLockWriteGuard<'a, T> {
+pub struct RwLockWriteGuard<'a, T, R: RawRwLock<Target = T> + 'a = raw::RwLock<T>> {
     // Only its drop matters; declared before `raw` so the hold is
     // recorded before the unlock.
     _hold: Hold<'a>,
-    raw: raw::RwLockWriteGuard<'a, T>,
+    raw: R::WriteGuard<'a>,
 }
 
-impl<T> Deref for RwLockWriteGuard<'_, T> {
+impl<T, R: RawRwLock<Target = T>> Deref for RwLockWriteGuard<'_, T, R> {
     type Target = T;
     fn deref(&self) -> &T {
         &self.raw
     }
 }
 
-impl<T> DerefMut for RwLockWriteGuard<'_, T> {
+impl<T, R: RawRwLock<Target = T>> DerefMut for RwLockWriteGuard<'_, T, R> {
     fn deref_mut(&mut self) -> &mut T {
         &mut self.raw
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for RwLockWriteGuard<'_, T> {
+impl<T: fmt::Debug, R: RawRwLock<Target = T>> fmt::Debug for RwLockWriteGuard<'_, T, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&**self, f)
     }

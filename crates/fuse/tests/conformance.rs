@@ -1030,7 +1030,7 @@ fn readdir_while_the_directory_changes() {
     let churned = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|s| {
         // Churn: names come and go (so directory leaves split and empty) while we list.
-        s.spawn(|| {
+        let churn = s.spawn(|| {
             let mut i = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for k in 0..50 {
@@ -1043,7 +1043,21 @@ fn readdir_while_the_directory_changes() {
                 churned.fetch_add(100, std::sync::atomic::Ordering::Relaxed);
             }
         });
-        for pass in 0..6 {
+        // The churn must overlap the listings: wait for its first round, then list (six
+        // times at least) until it has done another. On a busy machine six listings could
+        // otherwise end before the churn thread first ran.
+        while churned.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            assert!(!churn.is_finished(), "the churn thread stopped before its first round");
+            std::thread::yield_now();
+        }
+        let before = churned.load(std::sync::atomic::Ordering::Relaxed);
+        let mut pass = 0;
+        while pass < 6 || churned.load(std::sync::atomic::Ordering::Relaxed) == before {
+            if pass == 10_000 || churn.is_finished() {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                panic!("the churn thread made no progress in {pass} listings");
+            }
+            pass += 1;
             // A small buffer: many getdents64 calls, each resuming from the last cookie
             // while the churn goes on in between.
             let d = File::open(&dir).unwrap();
@@ -1068,7 +1082,6 @@ fn readdir_while_the_directory_changes() {
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
-    assert!(churned.into_inner() > 0);
     // seekdir/telldir: resuming from a remembered position gives the rest exactly once.
     let c = cpath(&dir);
     let dp = unsafe { libc::opendir(c.as_ptr()) };
