@@ -106,6 +106,7 @@ mod striped {
     use std::cell::UnsafeCell;
     use std::fmt;
     use std::ops::{Deref, DerefMut};
+    use std::sync::OnceLock;
 
     /// Beyond this many CPUs, CPUs share stripes: a writer's cost grows with the stripes.
     pub const MAX_STRIPES: usize = 8;
@@ -160,8 +161,7 @@ mod striped {
             T: 'a;
 
         fn new(value: T) -> Self {
-            let n = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_STRIPES);
-            StripedRwLock { stripes: (0..n).map(|_| CachePadded::new(RwLock::new(()))).collect(), value: UnsafeCell::new(value) }
+            StripedRwLock { stripes: (0..stripes()).map(|_| CachePadded::new(RwLock::new(()))).collect(), value: UnsafeCell::new(value) }
         }
         fn read(&self) -> StripedReadGuard<'_, T> {
             self.read_guard(self.stripe().read())
@@ -182,6 +182,13 @@ mod striped {
         fn get_mut(&mut self) -> &mut T {
             self.value.get_mut()
         }
+    }
+
+    /// Stripes per lock: the CPUs this process may use, read once (a mount makes hundreds of
+    /// these locks, and `available_parallelism` reads the cgroup's limits: 9 us a call).
+    fn stripes() -> usize {
+        static STRIPES: OnceLock<usize> = OnceLock::new();
+        *STRIPES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_STRIPES))
     }
 
     impl<T> fmt::Debug for StripedRwLock<T> {
