@@ -147,8 +147,9 @@ pub(crate) fn mounted_on(image: &std::path::Path) -> Option<String> {
 /// budget, its peak RSS was 268-272 MiB with glibc's default, 250-262 with 2 arenas per CPU and
 /// 235-249 with one arena, which created files as fast but removed them at 0.88-0.96x minifuse
 /// against 0.96-0.98x (DESIGN, "A daemon's budget bounds its process"). Set before any thread
-/// starts; a forked daemon inherits it.
-fn cap_malloc_arenas() {
+/// starts; a forked daemon inherits it. `ferrofs bench unmount`, which measures the shared
+/// daemon's case (several file systems in one process), runs under it too.
+pub(crate) fn cap_malloc_arenas() {
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     // SAFETY: mallopt only sets a tunable of the allocator; it reads and writes no memory of
     // ours.
