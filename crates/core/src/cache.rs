@@ -25,7 +25,7 @@ use crate::error::Result;
 use crate::format::log::ALL_CHUNKS;
 use crate::format::{verify_block, BLOCK_SIZE};
 use crate::lockstat::{LockClass, Mutex, RwLock};
-use crate::sync::StripedRwLock;
+use crate::sync::{RawRwLock, StripedRwLock};
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;

@@ -28,7 +28,7 @@ use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
 // From `crate::sync` so that the model checker (`tests/model_check.rs`) can drive the CIL.
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-use crate::sync::{RwLock, RwLockWriteGuard};
+use crate::sync::{RawRwLock, RwLock, RwLockWriteGuard};
 use crate::sync::thread_local;
 use std::cell::Cell;
 use std::sync::Arc;
