@@ -74,7 +74,7 @@ pub struct Bitmap {
 impl Bitmap {
     fn new(len: u64) -> Bitmap {
         let mut words = vec![0; len.div_ceil(64) as usize];
-        if len % 64 != 0 {
+        if !len.is_multiple_of(64) {
             // Bits past the end read as used, so searches never return them.
             *words.last_mut().unwrap() = !0u64 << (len % 64);
         }

@@ -134,7 +134,7 @@ impl<V: Reclaimable> AgCache<V> {
             })
             .clone();
         drop(s);
-        if grew && (self.ags[self.ag(k)].len.fetch_add(1, Relaxed) + 1) % self.check_every == 0 {
+        if grew && (self.ags[self.ag(k)].len.fetch_add(1, Relaxed) + 1).is_multiple_of(self.check_every) {
             self.budget.check();
         }
         out
@@ -143,7 +143,7 @@ impl<V: Reclaimable> AgCache<V> {
     /// Insert, replacing whatever is cached under `k` (which is returned).
     pub fn replace(&self, k: u64, v: Arc<V>) -> Option<Arc<V>> {
         let old = self.shard(k).write().insert(k, v);
-        if old.is_none() && (self.ags[self.ag(k)].len.fetch_add(1, Relaxed) + 1) % self.check_every == 0 {
+        if old.is_none() && (self.ags[self.ag(k)].len.fetch_add(1, Relaxed) + 1).is_multiple_of(self.check_every) {
             self.budget.check();
         }
         old

@@ -344,37 +344,47 @@ fn locks(o: &mut String, r: &Results, w: &str) {
     }
 }
 
+/// One scaling curve to draw: a workload's metric over the x values it was measured at.
+struct PlotSpec {
+    workload: &'static str,
+    metric: &'static str,
+    file: String,
+    title: String,
+    y_label: String,
+    xs: Vec<u64>,
+}
+
 /// The scaling curves: one plot per workload metric with more than one x, one line per target.
 pub fn plots(r: &Results) -> Vec<Plot> {
     let s = &r.sizes;
-    let mut specs: Vec<(&str, &str, String, String, String, Vec<u64>)> = vec![(
-        "orphan",
-        "seconds",
-        "orphan.png".into(),
-        "Orphan stress (seed 000): wall time, lower is better".into(),
-        "seconds".into(),
-        s.orphan_threads.iter().map(|&p| p as u64).collect(),
-    )];
+    let mut specs = vec![PlotSpec {
+        workload: "orphan",
+        metric: "seconds",
+        file: "orphan.png".into(),
+        title: "Orphan stress (seed 000): wall time, lower is better".into(),
+        y_label: "seconds".into(),
+        xs: s.orphan_threads.iter().map(|&p| p as u64).collect(),
+    }];
     for m in ["create", "stat", "remove"] {
-        specs.push((
-            "mdtest",
-            m,
-            format!("mdtest-{m}.png"),
-            format!("mdtest-style {m} (seed 001), higher is better"),
-            format!("{m} ops/s"),
-            s.mdtest_workers.iter().map(|&p| p as u64).collect(),
-        ));
+        specs.push(PlotSpec {
+            workload: "mdtest",
+            metric: m,
+            file: format!("mdtest-{m}.png"),
+            title: format!("mdtest-style {m} (seed 001), higher is better"),
+            y_label: format!("{m} ops/s"),
+            xs: s.mdtest_workers.iter().map(|&p| p as u64).collect(),
+        });
     }
-    specs.push((
-        "dbench",
-        "mb_per_s",
-        "dbench.png".into(),
-        "dbench (seed 002): throughput, higher is better".into(),
-        "MB/s".into(),
-        s.dbench_clients.iter().map(|&c| c as u64).collect(),
-    ));
+    specs.push(PlotSpec {
+        workload: "dbench",
+        metric: "mb_per_s",
+        file: "dbench.png".into(),
+        title: "dbench (seed 002): throughput, higher is better".into(),
+        y_label: "MB/s".into(),
+        xs: s.dbench_clients.iter().map(|&c| c as u64).collect(),
+    });
     let mut out = Vec::new();
-    for (w, metric, file, title, y_label, xs) in specs {
+    for PlotSpec { workload: w, metric, file, title, y_label, xs } in specs {
         if !r.workloads.contains(&w) || xs.len() < 2 {
             continue;
         }

@@ -335,16 +335,15 @@ impl DiskInode {
                 prev_end = e.end();
             }
         }
-        let ok = match (&self.fork, self.mode & S_IFMT) {
-            (Fork::Empty, _) => true,
-            (Fork::Extents { .. }, S_IFREG) => true,
-            (Fork::Btree(_), S_IFREG | S_IFDIR | S_IFLNK) => true,
-            (Fork::Extents { .. }, S_IFLNK) => true,
-            (Fork::Inline { .. }, S_IFLNK) => true,
-            (Fork::Device(_), S_IFCHR | S_IFBLK) => true,
-            _ => false,
-        };
-        if !ok {
+        let fits = matches!(
+            (&self.fork, self.mode & S_IFMT),
+            (Fork::Empty, _)
+                | (Fork::Extents { .. }, S_IFREG | S_IFLNK)
+                | (Fork::Btree(_), S_IFREG | S_IFDIR | S_IFLNK)
+                | (Fork::Inline { .. }, S_IFLNK)
+                | (Fork::Device(_), S_IFCHR | S_IFBLK)
+        );
+        if !fits {
             return Err(format!("fork {:?} does not fit mode {:o}", self.fork, self.mode));
         }
         if self.xattr_root != 0 && !geo.is_data_range(self.xattr_root, 1) {

@@ -155,7 +155,7 @@ pub const RECORD_PIECE: usize = 256 << 10;
 /// torn single write is, and the buffer stays near `piece` bytes however large the record.
 /// Returns the record's length in bytes.
 pub fn write_record<'a, E>(buf: &mut Vec<u8>, piece: usize, seq: u64, epoch: u64, items: impl Iterator<Item = (ItemKey, &'a [u8], ChunkMask)> + Clone, mut write: impl FnMut(u64, &[u8]) -> std::result::Result<(), E>) -> std::result::Result<u64, E> {
-    debug_assert!(piece >= BLOCK_SIZE && piece % BLOCK_SIZE == 0, "record piece of {piece} bytes");
+    debug_assert!(piece >= BLOCK_SIZE && piece.is_multiple_of(BLOCK_SIZE), "record piece of {piece} bytes");
     let len = RECORD_HDR + items.clone().map(|(k, _, changed)| logged_bytes(k, changed)).sum::<usize>();
     let total = len.next_multiple_of(BLOCK_SIZE);
     let split = total > piece;

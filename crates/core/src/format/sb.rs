@@ -132,10 +132,10 @@ impl Geometry {
         if g.block_count <= full || g.block_count - full < MIN_AG_BLOCKS || g.block_count - full > g.ag_blocks {
             return Err(format!("block count {} does not match {} AGs of {}", g.block_count, g.ag_count, g.ag_blocks));
         }
-        if g.inodes_per_ag == 0 || g.inodes_per_ag as u64 % INODES_PER_BLOCK != 0 {
+        if g.inodes_per_ag == 0 || !(g.inodes_per_ag as u64).is_multiple_of(INODES_PER_BLOCK) {
             return Err(format!("inodes per ag {} not a positive multiple of {}", g.inodes_per_ag, INODES_PER_BLOCK));
         }
-        if g.orphan_slots_per_ag == 0 || g.orphan_slots_per_ag as u64 % ORPHAN_SLOTS_PER_BLOCK != 0 {
+        if g.orphan_slots_per_ag == 0 || !(g.orphan_slots_per_ag as u64).is_multiple_of(ORPHAN_SLOTS_PER_BLOCK) {
             return Err(format!("orphan slots per ag {} not a positive multiple of {}", g.orphan_slots_per_ag, ORPHAN_SLOTS_PER_BLOCK));
         }
         if g.log_blocks < MIN_LOG_BLOCKS || g.log_blocks > g.ag_blocks / 2 {

@@ -976,7 +976,7 @@ impl FileSystem {
     /// old last block (they may hold data from before a shrinking truncate).
     fn zero_tail(&self, i: &InodeRef, di: &DiskInode, new_end: u64) -> Result<()> {
         let size = di.size;
-        if new_end <= size || size % BS == 0 {
+        if new_end <= size || size.is_multiple_of(BS) {
             return Ok(());
         }
         let blk = size / BS;
@@ -1250,8 +1250,8 @@ impl FileSystem {
     /// truncate, a state the file never had (found by the random crash workload).
     fn punch_hole(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64) -> Result<()> {
         let (from, to) = (off.div_ceil(BS), end / BS);
-        let head = (off % BS != 0).then(|| (off, end.min(from * BS)));
-        let tail = (end % BS != 0 && to >= from).then(|| (to * BS, end));
+        let head = (!off.is_multiple_of(BS)).then(|| (off, end.min(from * BS)));
+        let tail = (!end.is_multiple_of(BS) && to >= from).then(|| (to * BS, end));
         for (lo, hi) in head.into_iter().chain(tail).map(|(lo, hi)| (lo, hi.min(g.size))).filter(|(lo, hi)| lo < hi) {
             let blk = lo / BS;
             if let Some(e) = file::read_extents(&self.m, i.ino, g, blk, blk + 1)?.first().filter(|e| !e.unwritten) {

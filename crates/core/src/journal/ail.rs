@@ -38,10 +38,23 @@ enum Durability {
     TakenIn,
 }
 
-/// A durable record's items with their whole sealed images (a revoke's is empty), sorted by
-/// home: writeback writes them home from here (the record itself may hold only chunks).
+/// What a push did.
+pub struct Pushed {
+    /// Items written home.
+    pub written: u64,
+    /// Ring blocks freed.
+    pub freed: u64,
+    /// The images of the records retired and of those superseded, for reuse.
+    pub images: Vec<Box<[u8]>>,
+}
+
+/// Items with their whole sealed images (a revoke's is empty), sorted by home.
+pub type SealedImages = Vec<(ItemKey, Box<[u8]>)>;
+
+/// A durable record's items and images: writeback writes them home from here (the record
+/// itself may hold only chunks).
 struct Written {
-    items: Vec<(ItemKey, Box<[u8]>)>,
+    items: SealedImages,
 }
 
 impl Written {
@@ -201,7 +214,7 @@ impl Ail {
     /// the AIL lock, whatever its size. Its items enter writeback's map of the newest image
     /// of each home location only when a writeback takes it in (`take_batch`), so a
     /// completing checkpoint (an fsync) never waits behind per-item work.
-    pub fn mark_durable(&self, rec_seq: u64, cil_seq: u64, items: Vec<(ItemKey, Box<[u8]>)>) {
+    pub fn mark_durable(&self, rec_seq: u64, cil_seq: u64, items: SealedImages) {
         debug_assert!(items.windows(2).all(|w| home(w[0].0) < home(w[1].0)), "record items sorted by home");
         let written = Written { items };
         self.held_bytes.fetch_add(written.bytes(), Relaxed);
@@ -237,11 +250,10 @@ impl Ail {
 
     /// Take in the records durable since the last call, then write back oldest-first until
     /// `need_free` ring blocks are free (or nothing durable is left; 0: take in only), then
-    /// move the tail. Returns (items written home, ring blocks freed, the images of the
-    /// records retired and of those superseded, for reuse). The freed extents held back
-    /// during the writeback go to `reuse` once it has written, before the next writeback can
-    /// start; after an I/O error they stay held: the journal has failed.
-    pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64, reuse: &dyn Fn(Vec<BusyExtent>)) -> io::Result<(u64, u64, Vec<Box<[u8]>>)> {
+    /// move the tail. The freed extents held back during the writeback go to `reuse` once it
+    /// has written, before the next writeback can start; after an I/O error they stay held:
+    /// the journal has failed.
+    pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64, reuse: &dyn Fn(Vec<BusyExtent>)) -> io::Result<Pushed> {
         let mut wb = self.io.lock();
         let Taken { batch, freed, new } = self.take_batch(need_free, wb.indexed_below);
         if let Some((last, _)) = new.last() {
@@ -259,7 +271,7 @@ impl Ail {
         self.held_bytes.fetch_sub(superseded.iter().map(|(_, img)| img.len() as u64).sum(), Relaxed);
         let mut images: Vec<Box<[u8]>> = superseded.into_iter().map(|(_, img)| img).filter(|img| !img.is_empty()).collect();
         if batch.is_empty() {
-            return Ok((0, 0, images));
+            return Ok(Pushed { written: 0, freed: 0, images });
         }
         let homed_seq = batch.iter().map(|e| e.cil_seq).max().unwrap_or(0);
         let mut homed = reuse_empty(std::mem::take(homed_kept));
@@ -286,7 +298,7 @@ impl Ail {
         let retired: Vec<Written> = batch.iter().map(|e| records.remove(&e.rec_seq).expect("a record in the batch was taken in")).collect();
         self.held_bytes.fetch_sub(retired.iter().map(Written::bytes).sum(), Relaxed);
         images.extend(retired.into_iter().flat_map(|w| w.items).map(|(_, img)| img).filter(|img| !img.is_empty()));
-        Ok((written, freed, images))
+        Ok(Pushed { written, freed, images })
     }
 
     /// Under one hold of the AIL lock: the durable records numbered from `indexed_below` on
@@ -436,11 +448,11 @@ mod tests {
             ail.mark_durable(rec_seq, u64::from(v), items);
         }
         assert_eq!(ail.held_bytes(), 4 * BLOCK_SIZE as u64);
-        let (written, freed, images) = ail.push(&dev, &geo, 0, &|_| {}).expect("take in");
+        let Pushed { written, freed, images } = ail.push(&dev, &geo, 0, &|_| {}).expect("take in");
         assert_eq!((written, freed), (0, 0), "taking in writes nothing");
         assert_eq!(images.len(), 2, "the two older images of block 100 are handed back");
         assert_eq!(ail.held_bytes(), 2 * BLOCK_SIZE as u64);
-        let (written, freed, _) = ail.push(&dev, &geo, 64, &|_| {}).expect("writeback");
+        let Pushed { written, freed, .. } = ail.push(&dev, &geo, 64, &|_| {}).expect("writeback");
         assert_eq!((written, freed), (2, 6));
         assert_eq!(ail.held_bytes(), 0);
         let mut home = vec![0u8; 2 * BLOCK_SIZE];

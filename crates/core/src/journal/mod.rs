@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::format::log::{chunks_of, item_bytes, logged_bytes, write_record, ChunkMask, ItemKey, LogHeader, ALL_CHUNKS, CHUNK, RECORD_HDR, RECORD_PIECE};
 use crate::format::{seal_block, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE};
 use crate::lockstat::{Condvar, LockClass, Mutex, MutexGuard};
-use ail::Ail;
+use ail::{Ail, SealedImages};
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
 // From `crate::sync` so that the model checker (`tests/model_check.rs`) can drive the CIL.
@@ -843,7 +843,7 @@ impl Journal {
     /// joins the AIL as durable, its freed extents become reusable, and fsyncs waiting for it
     /// are woken. Whoever sees `durable_seq` past a checkpoint (a force, an ENOSPC retry)
     /// therefore finds its freed space back in the allocator.
-    fn complete(&self, seq: u64, record: Option<(u64, Vec<(ItemKey, Box<[u8]>)>)>, busy: Vec<BusyExtent>) -> Result<()> {
+    fn complete(&self, seq: u64, record: Option<(u64, SealedImages)>, busy: Vec<BusyExtent>) -> Result<()> {
         let mut done = self.done.lock();
         self.wait_durable_locked(&mut done, seq - 1)?;
         debug_assert_eq!(self.durable_seq() + 1, seq, "CIL sequences complete in order");
@@ -962,7 +962,7 @@ impl Journal {
     /// previous image in the log, and its header chunk (the seal's lsn and crc), unless all
     /// of it changed. Returns the record's number and its sealed whole images, sorted by home,
     /// for the AIL to write home.
-    fn write_checkpoint(&self, seq: u64, items: Vec<Checkpointed>, push: MutexGuard<'_, PushState>) -> Result<(u64, Vec<(ItemKey, Box<[u8]>)>)> {
+    fn write_checkpoint(&self, seq: u64, items: Vec<Checkpointed>, push: MutexGuard<'_, PushState>) -> Result<(u64, SealedImages)> {
         let bytes: usize = items.iter().map(|it| it.logged()).map(|(k, changed)| logged_bytes(k, changed)).sum();
         let blocks = (RECORD_HDR + bytes).div_ceil(BLOCK_SIZE) as u64;
         let (rec_seq, off, epoch) = self.reserve_log(seq, blocks)?;
@@ -1077,7 +1077,7 @@ impl Journal {
         if need_free > 0 {
             self.stats.ail_pushes.fetch_add(1, Relaxed);
         }
-        let (written, freed, images) = self.ail.push(&*self.dev, &self.geo, need_free, &*self.on_durable).or_else(|e| self.fail(e))?;
+        let ail::Pushed { written, freed, images } = self.ail.push(&*self.dev, &self.geo, need_free, &*self.on_durable).or_else(|e| self.fail(e))?;
         self.stats.items_written_home.fetch_add(written, Relaxed);
         self.recycle(images);
         Ok(freed)
@@ -1222,12 +1222,16 @@ impl Journal {
     }
 }
 
+#[cfg(feature = "shuttle")]
+type MergedItem = (ItemKey, Option<Box<[u8]>>);
+
 /// What the model checker (`tests/model_check.rs`) looks at: the checkpoint's switch and merge
 /// without the log write, and the CIL's byte count.
 #[cfg(feature = "shuttle")]
 impl Journal {
-    /// Close the open sequence as a checkpoint would; returns it and its merged items.
-    pub fn switch_for_model(&self) -> (u64, Vec<(ItemKey, Option<Box<[u8]>>)>) {
+    /// Close the open sequence as a checkpoint would; returns it and its merged items (a
+    /// revoke's image is `None`).
+    pub fn switch_for_model(&self) -> (u64, Vec<MergedItem>) {
         let Switched { seq, items, in_flight, .. } = self.switch(&mut PushState::default());
         self.in_flight_bytes.fetch_sub(in_flight, Relaxed);
         (seq, items.into_iter().map(|it| (it.key, it.image)).collect())
