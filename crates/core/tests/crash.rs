@@ -702,7 +702,7 @@ fn crash_between_the_batches_of_a_truncate_and_of_a_reap() {
     let base = fragmented_image();
     let mut r = Run::start_with(base, &checkpoint_every_transaction());
     let (d5, f, g) = (r.lookup("/d5").unwrap(), r.lookup("/d5/a").unwrap(), r.lookup("/d5/b").unwrap());
-    let commits = |r: &Run| r.fs.mount().journal.stats.commits.load(Ordering::Relaxed);
+    let commits = |r: &Run| r.fs.mount().journal.commits();
     let before = commits(&r);
     r.call("truncate /d5/a to 50, mode 600", |fs| fs.setattr(f, &SetAttr { size: Some(50), mode: Some(0o600), ..Default::default() }).map(|a| a.size)).unwrap();
     assert!(commits(&r) - before >= 2, "the truncate took one transaction: the test no longer crosses a batch");
@@ -968,7 +968,7 @@ fn regression_truncate_commits_size_and_attributes_together() {
     let f = fs.create(ROOT, b"f", 0o644, CRED).unwrap().ino;
     fs.write(f, 0, &pattern(7096, 3)).unwrap();
     fs.sync().unwrap();
-    let commits = || fs.mount().journal.stats.commits.load(Ordering::Relaxed);
+    let commits = || fs.mount().journal.commits();
     let before = commits();
     let a = fs.setattr(f, &SetAttr { size: Some(50), mode: Some(0o600), ..Default::default() }).unwrap();
     assert_eq!(commits() - before, 1, "a truncate within one batch, with a mode change, is one transaction");

@@ -88,7 +88,8 @@ fn image(key: u64, version: u64) -> Vec<u8> {
 /// change is lost, none lands in a later sequence than the one its commit returned (what fsync
 /// forces), and the merge across shards keeps the newest. An inode's later commits never
 /// return an earlier sequence (a checkpoint holds what its changes depend on, although the
-/// switch visits the shards one at a time). The CIL's byte count returns to 0.
+/// switch visits the shards one at a time). The CIL's byte count returns to 0, and the six
+/// commits are counted exactly.
 #[test]
 fn cil_commit_and_switch_lose_nothing() {
     check(|| {
@@ -119,6 +120,7 @@ fn cil_commit_and_switch_lose_nothing() {
         switched.sort_by_key(|(seq, _)| *seq);
         assert!(switched[0].0 < switched[1].0, "two switches closed sequence {}", switched[0].0);
         assert_eq!(j.cil_bytes(), 0, "CIL bytes left after the final switch");
+        assert_eq!(j.commits(), 6, "a commit not counted, or counted twice");
         let by_seq: Switched = switched.into_iter().map(|(seq, items)| (seq, items.into_iter().collect())).collect();
         for (ino, owner) in owners.iter().enumerate() {
             let ino = ino as u64;

@@ -12,7 +12,6 @@ use crate::units::grouped;
 use ferrofs::format::ROOT_INO;
 use ferrofs::{FileSystem, SetAttr};
 use serde::Serialize;
-use std::sync::atomic::Ordering::Relaxed;
 
 #[derive(Serialize)]
 pub struct CommitFigures {
@@ -44,9 +43,9 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     for &t in &threads {
         let (mut rates, mut cpu) = (Vec::new(), Vec::new());
         for _ in 0..args.runs {
-            let before = session.fs.mount().journal.stats.commits.load(Relaxed);
+            let before = session.fs.mount().journal.commits();
             let time = one_run(&session.fs, &inos[..t], args.commits)?;
-            let commits = session.fs.mount().journal.stats.commits.load(Relaxed) - before;
+            let commits = session.fs.mount().journal.commits() - before;
             rates.push(commits as f64 / time.wall.as_secs_f64());
             cpu.push(time.cpu.as_secs_f64() * 1e6 / commits.max(1) as f64);
         }

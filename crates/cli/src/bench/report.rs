@@ -3,7 +3,7 @@
 use super::phase::Timing;
 use super::Layout;
 use crate::units::{grouped, human_bytes};
-use ferrofs::journal::JournalStats;
+use ferrofs::journal::Journal;
 use ferrofs::lockstat::{self, ClassStats};
 use serde::Serialize;
 use std::sync::atomic::Ordering::Relaxed;
@@ -245,10 +245,11 @@ impl MemoryReport {
     }
 }
 
-impl From<&JournalStats> for JournalReport {
-    fn from(s: &JournalStats) -> JournalReport {
+impl From<&Journal> for JournalReport {
+    fn from(j: &Journal) -> JournalReport {
+        let s = &j.stats;
         JournalReport {
-            commits: s.commits.load(Relaxed),
+            commits: j.commits(),
             routed_commits: s.routed_commits.load(Relaxed),
             checkpoints: s.checkpoints.load(Relaxed),
             background_checkpoints: s.background_checkpoints.load(Relaxed),

@@ -68,7 +68,7 @@ impl Session {
             inodes: m.geo.total_inodes(),
             log_bytes: m.geo.log_blocks * BLOCK_SIZE as u64,
         };
-        let journal = JournalReport::from(&m.journal.stats);
+        let journal = JournalReport::from(&*m.journal);
         let ag_alloc_retries = m.ags.iter().map(|ag| ag.alloc_retries.load(Relaxed)).sum();
         let orphan_adds = self.orphan_adds();
         let locks = lockstat::snapshot();
