@@ -389,7 +389,7 @@ fn threads_sharing_a_directory_lose_nothing() {
         workers.into_iter().for_each(|w| w.join().unwrap());
         done.store(true, std::sync::atomic::Ordering::Relaxed);
     });
-    let routed = fs.mount().journal.stats.routed_commits.load(std::sync::atomic::Ordering::Relaxed);
+    let routed = fs.mount().journal.routed_commits();
     assert!(routed > 0, "no commit went to the shared directory's shard");
     let fs = remount(&dev, fs);
     let mut want_shared: Vec<Vec<u8>> = vec![b".".to_vec(), b"..".to_vec()];

@@ -1192,7 +1192,7 @@ fn shared_dir_run() -> Option<SharedDirRun> {
             }
         });
     });
-    let routed = fs.mount().journal.stats.routed_commits.load(Ordering::Relaxed);
+    let routed = fs.mount().journal.routed_commits();
     drop(fs);
     (routed > 0).then(|| SharedDirRun { dev, shared, setup_ops, files: files.into_inner().unwrap(), syncs: syncs.into_inner().unwrap() })
 }

@@ -250,7 +250,7 @@ impl From<&Journal> for JournalReport {
         let s = &j.stats;
         JournalReport {
             commits: j.commits(),
-            routed_commits: s.routed_commits.load(Relaxed),
+            routed_commits: j.routed_commits(),
             checkpoints: s.checkpoints.load(Relaxed),
             background_checkpoints: s.background_checkpoints.load(Relaxed),
             forced_checkpoints: s.forced_checkpoints.load(Relaxed),

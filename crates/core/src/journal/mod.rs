@@ -233,12 +233,14 @@ struct CilShard {
 /// sides write, then read, with `SeqCst` (the store-load pattern of Dekker's algorithm), so a
 /// committer the switch did not see reads the new sequence and its changes belong to it.
 ///
-/// `commits` counts the commits into this shard (`Journal::commits` sums them): one count
-/// for the whole journal, added by every commit from both CPUs, made that line move between
-/// them at each commit (see `Journal::commit`).
+/// `commits` counts the commits into this shard and `routed` those of them routed here
+/// (`Journal::commits` and `Journal::routed_commits` sum them): one count for the whole
+/// journal, added by every commit from both CPUs, made that line move between them at each
+/// commit (see `Journal::commit`).
 struct ShardSlot {
     active: AtomicBool,
     commits: AtomicU64,
+    routed: AtomicU64,
     shard: Mutex<CilShard>,
 }
 
@@ -331,9 +333,6 @@ fn copy_of(image: &[u8], free: &mut Buffers, copies: &mut [usize; IMAGE_KINDS]) 
 /// Counters shown by `ferrofs info`, the benchmarks and `ferrofs lockstat --journal`.
 #[derive(Default, Debug)]
 pub struct JournalStats {
-    /// Commits that went to a shared directory's CIL shard rather than the thread's own
-    /// (`Route::Object`).
-    pub routed_commits: AtomicU64,
     pub checkpoints: AtomicU64,
     pub background_checkpoints: AtomicU64,
     pub forced_checkpoints: AtomicU64,
@@ -357,7 +356,6 @@ impl JournalStats {
     /// Every counter by name, read now (what a mount's control socket reports).
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         crate::lockstat::read_counters(&[
-            ("routed_commits", &self.routed_commits),
             ("checkpoints", &self.checkpoints),
             ("background_checkpoints", &self.background_checkpoints),
             ("forced_checkpoints", &self.forced_checkpoints),
@@ -566,7 +564,7 @@ impl Journal {
         // the AG wait of 64 shards.) A switch visits those in use, a lock each (`ShardSlot`).
         let shard = || CilShard { seq: 1, open: CilBatch::default(), next: CilBatch::default(), free: Buffers::default() };
         let shards = (0..CIL_SHARDS)
-            .map(|i| CachePadded::new(ShardSlot { active: AtomicBool::new(false), commits: AtomicU64::new(0), shard: Mutex::new_indexed(&CIL_SHARD, i as u64, shard()) }))
+            .map(|i| CachePadded::new(ShardSlot { active: AtomicBool::new(false), commits: AtomicU64::new(0), routed: AtomicU64::new(0), shard: Mutex::new_indexed(&CIL_SHARD, i as u64, shard()) }))
             .collect();
         let log_start = geo.ag_layout(0).log;
         let j = Arc::new(Journal {
@@ -664,10 +662,7 @@ impl Journal {
     pub fn commit(&self, route: Route, f: impl FnOnce(&mut CilWriter<'_>)) -> u64 {
         let shard = match route {
             Route::Thread => self.thread_shard(),
-            Route::Object(key) => {
-                self.stats.routed_commits.fetch_add(1, Relaxed);
-                crate::sync::shard_of(key, self.shards.len())
-            }
+            Route::Object(key) => crate::sync::shard_of(key, self.shards.len()),
         };
         let slot = &self.shards[shard];
         let mut g = slot.shard.lock();
@@ -702,8 +697,11 @@ impl Journal {
             let p = std::mem::take(&mut batch.unpublished);
             self.cil_bytes.fetch_add(p, Relaxed) + p
         });
-        // Only ever written under this lock: a load and a store keep it exact.
+        // Only ever written under this lock: a load and a store keep them exact.
         slot.commits.store(slot.commits.load(Relaxed) + 1, Relaxed);
+        if matches!(route, Route::Object(_)) {
+            slot.routed.store(slot.routed.load(Relaxed) + 1, Relaxed);
+        }
         drop(g);
         if total.is_some_and(|t| t >= self.cfg.cil_push_bytes) {
             self.request_push();
@@ -1240,9 +1238,15 @@ impl Journal {
         self.shards.iter().map(|s| s.commits.load(Relaxed)).sum()
     }
 
+    /// Commits that went to a shared directory's CIL shard rather than the thread's own
+    /// (`Route::Object`), exactly.
+    pub fn routed_commits(&self) -> u64 {
+        self.shards.iter().map(|s| s.routed.load(Relaxed)).sum()
+    }
+
     /// Every counter by name, read now: the commits and `JournalStats`.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        let mut all = vec![("commits", self.commits())];
+        let mut all = vec![("commits", self.commits()), ("routed_commits", self.routed_commits())];
         all.extend(self.stats.counters());
         all
     }
