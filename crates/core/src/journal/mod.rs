@@ -330,7 +330,8 @@ fn copy_of(image: &[u8], free: &mut Buffers, copies: &mut [usize; IMAGE_KINDS]) 
     }
 }
 
-/// Counters shown by `ferrofs info`, the benchmarks and `ferrofs lockstat --journal`.
+/// Counters shown by the benchmarks and `ferrofs lockstat --journal`, with the commit counts
+/// that the CIL shards keep (`Journal::counters`).
 #[derive(Default, Debug)]
 pub struct JournalStats {
     pub checkpoints: AtomicU64,
