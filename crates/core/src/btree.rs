@@ -274,6 +274,37 @@ pub fn check(store: &mut dyn NodeStore, root: u64, visit_block: &mut dyn FnMut(u
     walk_tree(store, root, true, visit_block)
 }
 
+/// fsck's salvage of a tree that fails [`check`]: hands `f` every entry of every leaf still
+/// reached through nodes that pass the full check inside the key range their parent gives, in
+/// key order (sibling ranges are disjoint). A node that fails is skipped with all below it.
+/// Returns how many nodes were skipped. Bounded: no block is read twice, and levels fall by
+/// one per step. Only device errors are errors.
+pub fn salvage(store: &mut dyn NodeStore, root: u64, f: &mut dyn FnMut(u64, &[u8])) -> Result<u64> {
+    let mut skipped = 0;
+    let mut seen = HashSet::new();
+    let mut todo = vec![(root, None, ALL_KEYS)];
+    while let Some((blkno, level, bounds)) = todo.pop().filter(|_| root != 0) {
+        let step = match seen.insert(blkno).then(|| load(store, blkno, level, bounds, true)) {
+            Some(Ok(step)) => step,
+            Some(Err(Error::Io(e))) => return Err(Error::Io(e)),
+            Some(Err(_)) | None => {
+                skipped += 1;
+                continue;
+            }
+        };
+        let b = step.buf.read();
+        if step.level == 0 {
+            (0..step.nkeys).for_each(|i| f(leaf_key(&b[..], i), leaf_value(&b[..], i)));
+        } else {
+            // Pushed last to first, so the leftmost child is taken next: keys come in order.
+            for i in (0..step.nkeys).rev() {
+                todo.push((interior_child(&b[..], i), Some(step.level - 1), child_bounds(&b[..], step.nkeys, i, step.bounds)));
+            }
+        }
+    }
+    Ok(skipped)
+}
+
 fn walk_tree(store: &mut dyn NodeStore, root: u64, full: bool, visit_block: &mut dyn FnMut(u64)) -> Result<CheckStats> {
     let mut stats = CheckStats::default();
     if root == 0 {

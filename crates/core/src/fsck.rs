@@ -20,34 +20,44 @@
 //!    inode's `blocks` is the data blocks plus tree nodes it owns.
 //! 5. Orphan tables: a slot names an allocated inode of its AG whose `orphan_slot` points
 //!    back; an inode that says it is on a slot is named by it.
-//! 6. Link counts: one per name, or 2 + subdirectories for a directory; 0 for an orphan no
+//! 6. Disconnected inodes: allocated (by a verified bitmap block), decodable, with links, but
+//!    reached by no name and no slot. They go into /lost+found (xfs_repair's phase 6).
+//! 7. Directory changes found by 4-6 are applied (phase 5 of xfs_repair: rebuilds need free
+//!    blocks, known only now).
+//! 8. Link counts: one per name, or 2 + subdirectories for a directory; 0 for an orphan no
 //!    name reaches.
-//! 7. Inode bitmaps against the live inodes (reachable, or pending on an orphan list).
-//! 8. Block ownership: AG metadata, the log and everything live inodes own. A block claimed
+//! 9. Inode bitmaps against the live inodes (reachable, or pending on an orphan list).
+//! 10. Block ownership: AG metadata, the log and everything live inodes own. A block claimed
 //!    twice is a cross-link; the block bitmaps must match the claims exactly.
 //!
 //! # Repair
 //! The checker always builds the repaired image in memory, so `-n` reports exactly what a
-//! repair would do; with `repair` it then writes it (blocks resealed, inodes re-encoded) and
-//! flushes. Fixed: bitmaps (rebuilt from the claims, freeing leaks and marking in-use blocks
-//! and inodes), link counts, directory sizes, `blocks`, `..`, symlink sizes, bad orphan slots
-//! and slot fields, entries naming nothing (removed), entries with the wrong file type
-//! (retyped), extra names of a directory (removed), leaked inodes (freed, not reconnected:
-//! there is no lost+found yet), AG headers and superblock copies (rebuilt from the
-//! superblock), bitmap and orphan blocks that fail verification (rebuilt), and a log that
-//! cannot be replayed (reset: whatever it held is lost). Left alone, exit 4: whatever would
-//! need a guess — a B+tree node, inode or extent that fails verification, a cross-linked
-//! block, a malformed entry, an invalid, misplaced or duplicate name, an unlinked directory
-//! that still has entries.
-//!
-//! Once anything could not be read, ownership is incomplete: the unreadable structure may own
-//! any block or inode that looks leaked. Repair then only marks blocks and inodes used and only
-//! raises link counts; leaks are neither reported nor freed.
+//! repair would do; with `repair` it then writes it (blocks resealed, inodes re-encoded; see
+//! `write_repairs` for the order that keeps a crash repairable). Fixed: bitmaps (rebuilt from
+//! the claims, freeing leaks and marking in-use blocks and inodes), link counts, directory
+//! sizes, `blocks`, `..`, symlink sizes, bad orphan slots and slot fields, entries naming
+//! nothing, malformed entries, invalid, misplaced (outside their hash range) and duplicate
+//! names (removed), entries with the wrong file type (retyped), extra names of a directory
+//! (removed), AG headers and superblock copies (rebuilt from the superblock), bitmap and orphan
+//! blocks that fail verification (rebuilt), and a log that cannot be replayed (reset: whatever
+//! it held is lost). Damaged structures, as e2fsck and xfs_repair treat them:
+//! - an inode that fails verification, or a file whose data map (extent, extent-tree node) or
+//!   symlink target does, is cleared: zeroed and freed, its entries removed, its blocks freed;
+//! - an xattr tree or record that fails loses the inode its tree-held xattrs, not the inode;
+//! - a directory tree that fails is rebuilt from the entries of the leaves still reachable
+//!   through nodes that verify (`btree::salvage`); the other entries are gone;
+//! - a root inode that fails is recreated empty;
+//! - an unlinked directory (on an orphan list) that still has entries loses them;
+//! - an inode left without a name by any of these (or by damage to its entry) is reconnected
+//!   as `/lost+found/#<ino>` (made, mode 0700, if missing), a detached directory with all it
+//!   holds. An inode with no links and no orphan slot is leaked and freed.
+//! Left alone, exit 4: a block claimed twice (a cross-link).
 //!
 //! An entry naming an inode the inode bitmap calls free is trusted when the inode decodes: the
 //! bitmap is the derived record. If it does not decode, or its slot is all zeros (never
 //! written, whatever the bitmap says: what a lost checkpoint leaves), the entry names nothing
-//! and goes. An allocated inode with a damaged image is left alone.
+//! and goes. Freed inodes keep their old images, so only an inode a verified bitmap block
+//! marks in use is ever reconnected.
 //!
 //! # Orphans
 //! An inode on an orphan list was unlinked while open, or was being truncated, at the crash.
@@ -85,11 +95,17 @@ use crate::format::{
 };
 use crate::fs::SYMLINK_MAX;
 use crate::journal;
+use crate::mkfs;
 use crate::mount;
 use crate::xattr::XATTR_VALUE_MAX;
 
 /// Most messages a report keeps; later ones are counted, not stored.
 pub const MAX_MESSAGES: usize = 1000;
+
+/// Where disconnected inodes are reconnected, in the root.
+const LOST_FOUND: &[u8] = b"lost+found";
+/// Suffixes tried when a name the repair adds is taken.
+const NAME_TRIES: u32 = 100;
 
 /// Exit codes, e2fsck's bits: 5 means some errors were fixed and some were left.
 pub const EXIT_CLEAN: i32 = 0;
@@ -157,6 +173,8 @@ pub fn check(dev: &dyn BlockDevice, opts: &FsckOptions, progress: &dyn Fn(&str, 
     c.check_ags()?;
     c.walk_tree()?;
     c.check_orphans()?;
+    c.reconnect()?;
+    c.apply_dir_edits()?;
     c.check_link_counts()?;
     c.check_inode_maps()?;
     c.check_block_maps()?;
@@ -385,16 +403,19 @@ impl NodeStore for DevStore<'_> {
     }
 }
 
-/// A directory tree under repair: each node is read once, then edited in memory. The repair
-/// writes the edited nodes; the freed ones are released.
-struct EditStore<'a> {
+/// A directory tree under repair: each node is read once, then edited in memory; new nodes
+/// come from the blocks nothing claims. The repair writes the edited and new nodes and
+/// releases the freed ones.
+struct EditStore<'a, 'f> {
     dev: DevStore<'a>,
+    free: &'f mut FreeBlocks,
     nodes: HashMap<u64, BufRef>,
     dirty: BTreeSet<u64>,
     freed: Vec<u64>,
+    fresh: Vec<u64>,
 }
 
-impl NodeStore for EditStore<'_> {
+impl NodeStore for EditStore<'_, '_> {
     fn read_node(&mut self, blkno: u64) -> Result<BufRef> {
         if let Some(b) = self.nodes.get(&blkno) {
             return Ok(b.clone());
@@ -403,9 +424,12 @@ impl NodeStore for EditStore<'_> {
         self.nodes.insert(blkno, b.clone());
         Ok(b)
     }
-    /// Repairs only rewrite entries in place or remove them: a tree never grows.
     fn new_node(&mut self) -> Result<BufRef> {
-        Err(Error::NoSpace)
+        let blkno = self.free.take(self.dev.geo).ok_or(Error::NoSpace)?;
+        let b = Buf::new(blkno, Box::new([0u8; BLOCK_SIZE]));
+        self.nodes.insert(blkno, b.clone());
+        self.fresh.push(blkno);
+        Ok(b)
     }
     fn free_node(&mut self, blkno: u64) -> Result<()> {
         self.freed.push(blkno);
@@ -417,6 +441,43 @@ impl NodeStore for EditStore<'_> {
     fn owner(&self) -> u64 {
         self.dev.owner
     }
+}
+
+/// The blocks a repair may give new tree nodes: data-area blocks nothing claims.
+struct FreeBlocks {
+    used: BitSet,
+    /// Where the next search starts: blocks are handed out in order.
+    next: u64,
+}
+
+impl FreeBlocks {
+    fn take(&mut self, geo: &Geometry) -> Option<u64> {
+        let found = (self.next..geo.block_count).find(|&b| !self.used.get(b) && geo.is_data_range(b, 1))?;
+        self.used.insert(found);
+        self.next = found + 1;
+        Some(found)
+    }
+}
+
+/// A name for `base` that directory `dir` does not hold yet (`base`, else `base.1`, ...), and
+/// the lowest free key in its hash range.
+fn free_name(store: &mut dyn NodeStore, root: u64, dir: u64, base: &[u8]) -> Result<(Vec<u8>, u64)> {
+    for n in 0..NAME_TRIES {
+        let mut name = base.to_vec();
+        if n > 0 {
+            name.extend_from_slice(format!(".{n}").as_bytes());
+        }
+        let (found, free) = dir::probe_hashed(store, root, &name, &entry_name, dir, &|_, _| Ok(()))?;
+        if let (None, Some(key)) = (found, free) {
+            return Ok((name, key));
+        }
+    }
+    Err(Error::Corrupt { what: "directory", block: dir, detail: format!("no free name like {:?}", String::from_utf8_lossy(base)) })
+}
+
+/// The name in a directory entry's value (`ino u64 | file type u8 | name`).
+fn entry_name(value: &[u8]) -> Option<&[u8]> {
+    value.get(9..)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -707,6 +768,30 @@ struct DirScan {
     bucket_names: HashSet<Vec<u8>>,
 }
 
+/// A directory's pending changes. The checker learns them while it walks but applies them
+/// after: only then is every block's owner known, and a rebuilt or growing tree needs new
+/// blocks.
+#[derive(Default)]
+struct DirEdit {
+    /// The tree failed its check: build a new one from these entries, salvaged from the
+    /// leaves still readable (the old tree's nodes are claimed by nobody, so they are freed).
+    rebuild: Option<Vec<(u64, Vec<u8>)>>,
+    /// Keys of the entries to remove.
+    remove: Vec<u64>,
+    /// Entries rewritten whole (a corrected file type).
+    replace: Vec<(u64, Vec<u8>)>,
+    /// Names to add: (name, inode, file type).
+    add: Vec<(Vec<u8>, u64, u8)>,
+    /// Nodes of the directory's xattr tree, for its `blocks`.
+    xattr_nodes: u64,
+}
+
+impl DirEdit {
+    fn is_empty(&self) -> bool {
+        self.rebuild.is_none() && self.remove.is_empty() && self.replace.is_empty() && self.add.is_empty()
+    }
+}
+
 /// The repaired copy of an inode, written back by the repair.
 struct InodeFix {
     di: DiskInode,
@@ -731,8 +816,14 @@ struct Checker<'a> {
     claims: Vec<Claim>,
     /// Tree nodes the repair frees (entries removed), with the inode that owned them.
     released: HashSet<(u64, Owner)>,
-    /// Everything was readable: what nothing claims really is leaked.
-    complete: bool,
+    /// Directory changes, applied once every block's owner is known.
+    dir_edits: BTreeMap<u64, DirEdit>,
+    /// Damaged inodes the repair zeroes and frees.
+    cleared: BTreeSet<u64>,
+    /// Where disconnected inodes go: the root's "lost+found", once found or made.
+    lost_found: Option<u64>,
+    /// New tree nodes: written, and flushed, before anything that points at them.
+    fresh_nodes: BTreeSet<u64>,
     inode_fixes: BTreeMap<u64, InodeFix>,
     /// Whole-block rewrites: edited tree nodes, AG headers, superblock copies, a reset log.
     block_writes: BTreeMap<u64, Box<Block>>,
@@ -754,7 +845,10 @@ impl<'a> Checker<'a> {
             pending_dirs: Vec::new(),
             claims: Vec::new(),
             released: HashSet::new(),
-            complete: true,
+            dir_edits: BTreeMap::new(),
+            cleared: BTreeSet::new(),
+            lost_found: None,
+            fresh_nodes: BTreeSet::new(),
             inode_fixes: BTreeMap::new(),
             block_writes: BTreeMap::new(),
             allocated_inodes: 0,
@@ -792,6 +886,14 @@ impl<'a> Checker<'a> {
         let map = &self.ags[ino_ag(ino) as usize].inode_map;
         let i = u64::from(ino_index(ino));
         !map.bit_verified(i) || map.bit(i)
+    }
+
+    /// Whether a verified inode bitmap block marks the inode in use. Freed inodes keep their
+    /// old images, so where the bitmap says nothing, an inode that decodes may be long gone.
+    fn inode_marked(&self, ino: u64) -> bool {
+        let map = &self.ags[ino_ag(ino) as usize].inode_map;
+        let i = u64::from(ino_index(ino));
+        map.bit_verified(i) && map.bit(i)
     }
 
     // ---- superblock, log, AG metadata ----------------------------------------------------
@@ -917,14 +1019,10 @@ impl<'a> Checker<'a> {
     fn walk_tree(&mut self) -> Result<()> {
         let root = match read_inode(self.dev, &self.geo, ROOT_INO) {
             Ok((di, _)) if di.is_dir() => di,
-            Ok((di, _)) => {
-                self.lose_root(&format!("is a {}, not a directory", kind_name(di.mode)));
-                return Ok(());
-            }
+            Ok((di, _)) => return self.recreate_root(&format!("is a {}, not a directory", kind_name(di.mode))),
             Err(e) => {
                 let e = finding(e)?;
-                self.lose_root(&detail(&e));
-                return Ok(());
+                return self.recreate_root(&detail(&e));
             }
         };
         self.inodes.insert(ROOT_INO, Tally::new(&root, true));
@@ -936,10 +1034,27 @@ impl<'a> Checker<'a> {
         self.drain_dirs()
     }
 
-    /// Without a root nothing is reachable, so nothing can be called a leak.
-    fn lose_root(&mut self, why: &str) {
-        self.out.unfixable(format!("root inode {ROOT_INO}: {why}"));
-        self.complete = false;
+    /// A root that cannot be read is replaced by an empty one, as mkfs makes it. Nothing of
+    /// the old one is claimed, so what it owned is freed; what it named is reconnected.
+    fn recreate_root(&mut self, why: &str) -> Result<()> {
+        self.out.fixable(format!("root inode {ROOT_INO}: {why}; recreated empty (what it named goes to /lost+found)"));
+        let mut root = DiskInode::new(S_IFDIR | 0o755, 0, 0, mkfs::now(), 1);
+        root.nlink = 2;
+        root.parent = ROOT_INO;
+        self.new_inode(ROOT_INO, root);
+        self.dir_edits.insert(ROOT_INO, DirEdit { rebuild: Some(Vec::new()), ..DirEdit::default() });
+        Ok(())
+    }
+
+    /// Record an inode the repair creates: live, reachable, written whole.
+    fn new_inode(&mut self, ino: u64, di: DiskInode) {
+        self.inodes.insert(ino, Tally::new(&di, true));
+        self.inode_fixes.insert(ino, InodeFix { di, lsn: 0 });
+        self.mark_inode(ino, true);
+    }
+
+    fn mark_inode(&mut self, ino: u64, used: bool) {
+        self.ags[ino_ag(ino) as usize].inode_map.set_bit(u64::from(ino_index(ino)), used);
     }
 
     fn drain_dirs(&mut self) -> Result<()> {
@@ -950,89 +1065,125 @@ impl<'a> Checker<'a> {
         Ok(())
     }
 
+    /// Check a directory's tree and entries. A tree that fails its check is rebuilt from the
+    /// entries of the leaves still readable; the entries of lost leaves are gone, and the
+    /// inodes only they named are reconnected later. All tree changes wait in `dir_edits`
+    /// until every block's owner is known (a rebuild needs free blocks).
     fn check_dir(&mut self, ino: u64, di: &DiskInode) -> Result<()> {
         let xattr_nodes = self.check_xattrs(ino, di)?;
         let root = dir::root_of(di);
-        let Some(nodes) = self.check_tree(ino, "directory", root)? else {
-            return Ok(());
+        let mut edit = DirEdit { xattr_nodes, ..DirEdit::default() };
+        let nodes = match self.check_tree(ino, "directory", root)? {
+            Ok(nodes) => nodes,
+            Err(why) => {
+                let mut salvaged = Vec::new();
+                let lost = btree::salvage(&mut DevStore::new(self.dev, &self.geo, ino), root, &mut |k, v| salvaged.push((k, v.to_vec())))?;
+                let kept = count(salvaged.len() as u64, "entry", "entries");
+                self.out.fixable(format!("inode {ino}: {why}; rebuilt from its readable leaves ({kept} kept, {} lost)", count(lost, "node", "nodes")));
+                edit.rebuild = Some(salvaged);
+                0
+            }
         };
         if root != 0 && self.inodes.get(&ino).is_some_and(|t| !t.reachable) {
-            self.out.unfixable(format!("directory {ino}: unlinked, but still has entries"));
-            self.complete = false; // they may be the only names of other inodes
+            self.out.fixable(format!("directory {ino}: unlinked, but still has entries (removed; what they name is reconnected)"));
+            edit.rebuild = Some(Vec::new());
+            self.dir_edits.insert(ino, edit);
             return Ok(());
         }
-        let scan = self.scan_entries(ino, root)?;
-        let freed = self.edit_entries(ino, root, &scan)?;
+        let mut scan = DirScan::default();
+        match &edit.rebuild {
+            Some(entries) => entries.iter().try_for_each(|(key, value)| self.check_entry(ino, *key, value, &mut scan))?,
+            None => self.scan_entries(ino, root, &mut scan)?,
+        }
+        if edit.rebuild.is_none() {
+            self.check_dir_counts(ino, di, &scan, nodes + xattr_nodes)?;
+        }
+        edit.remove = scan.remove;
+        edit.replace = scan.retype;
+        self.dir_edits.insert(ino, edit);
+        Ok(())
+    }
+
+    /// A directory's size is its entry count and its `blocks` the nodes it owns. With entries
+    /// to remove, the edit fixes both once it is applied.
+    fn check_dir_counts(&mut self, ino: u64, di: &DiskInode, scan: &DirScan, owned: u64) -> Result<()> {
         if di.size != scan.entries {
             self.out.fixable(format!("directory {ino}: size {} but {}", di.size, count(scan.entries, "entry", "entries")));
         }
-        if let Some(owned) = xattr_nodes.map(|x| nodes + x).filter(|&owned| owned != di.blocks) {
+        if owned != di.blocks {
             self.out.fixable(format!("inode {ino}: blocks {} but owns {owned}", di.blocks));
         }
-        // What the entry removals leave (the removed entries and freed nodes were counted).
-        let size = scan.entries - scan.remove.len() as u64;
-        let blocks = xattr_nodes.map(|x| nodes + x - freed);
-        if di.size != size || blocks.is_some_and(|b| b != di.blocks) {
+        if scan.remove.is_empty() && scan.retype.is_empty() && (di.size != scan.entries || owned != di.blocks) {
             self.fix_inode(ino, |d| {
-                d.size = size;
-                d.blocks = blocks.unwrap_or(d.blocks);
+                d.size = scan.entries;
+                d.blocks = owned;
             })?;
         }
         Ok(())
     }
 
-    fn scan_entries(&mut self, dir: u64, root: u64) -> Result<DirScan> {
-        let mut scan = DirScan::default();
+    fn scan_entries(&mut self, dir: u64, root: u64, scan: &mut DirScan) -> Result<()> {
         let (dev, geo) = (self.dev, self.geo);
         btree::range(&mut DevStore::new(dev, &geo, dir), root, 0, &mut |key, value| {
-            self.check_entry(dir, key, value, &mut scan)?;
+            self.check_entry(dir, key, value, scan)?;
             Ok(true)
-        })?;
-        Ok(scan)
+        })
     }
 
+    /// Check one entry; one that is malformed, misnamed or names nothing is removed (the inode
+    /// it named, if intact and named nowhere else, is reconnected later).
     fn check_entry(&mut self, dir: u64, key: u64, value: &[u8], scan: &mut DirScan) -> Result<()> {
         scan.entries += 1;
         let Some(e) = DirEntryRef::parse(dir, key, value) else {
-            self.out.unfixable(format!("directory {dir}: entry {key:#x} is malformed ({} bytes)", value.len()));
-            self.complete = false; // it may be the only name of some inode
+            self.out.fixable(format!("directory {dir}: entry {key:#x} is malformed ({} bytes); removed", value.len()));
+            scan.remove.push(key);
             return Ok(());
         };
-        self.check_entry_name(&e, scan);
+        if let Some(why) = self.entry_name_problem(&e, scan) {
+            self.out.fixable(format!("{e}: {why}; removed"));
+            scan.remove.push(key);
+            return Ok(());
+        }
         match self.resolve(e.ino)? {
             Target::Nothing(why) => {
                 self.out.fixable(format!("{e}: {why}"));
                 scan.remove.push(key);
             }
             Target::Unreadable(err) => {
-                self.out.unfixable(format!("{e}: inode {}: {}", e.ino, detail(&err)));
-                self.complete = false;
+                self.out.fixable(format!("{e}: inode {}: {}; inode cleared, entry removed", e.ino, detail(&err)));
+                self.clear_inode(e.ino);
+                scan.remove.push(key);
             }
             Target::Live => self.add_name(&e, scan),
             Target::New(di) => {
+                let is_dir = di.is_dir();
                 self.inodes.insert(e.ino, Tally::new(&di, true));
+                if !self.reach(dir, e.ino, *di)? {
+                    scan.remove.push(key);
+                    return Ok(());
+                }
+                if dir == ROOT_INO && is_dir && e.name == LOST_FOUND {
+                    self.lost_found = Some(e.ino);
+                }
                 self.add_name(&e, scan);
-                self.reach(dir, e.ino, *di)?;
             }
         }
         Ok(())
     }
 
-    fn check_entry_name(&mut self, e: &DirEntryRef, scan: &mut DirScan) {
+    fn entry_name_problem(&mut self, e: &DirEntryRef, scan: &mut DirScan) -> Option<String> {
         if dir::check_name(e.name).is_err() {
-            self.out.unfixable(format!("{e}: invalid name"));
+            return Some("invalid name".into());
         }
         let bucket = e.key >> 16;
         if bucket != dir::name_hash(e.name) {
-            self.out.unfixable(format!("{e}: key {:#x} is outside its name's hash range (lookups cannot find it)", e.key));
+            return Some(format!("key {:#x} is outside its name's hash range (lookups cannot find it)", e.key));
         }
         if bucket != scan.bucket {
             scan.bucket = bucket;
             scan.bucket_names.clear();
         }
-        if !scan.bucket_names.insert(e.name.to_vec()) {
-            self.out.unfixable(format!("{e}: duplicate name"));
-        }
+        (!scan.bucket_names.insert(e.name.to_vec())).then(|| "duplicate name".into())
     }
 
     /// What an entry's inode number leads to. An inode that does not decode is only trusted
@@ -1042,6 +1193,9 @@ impl<'a> Checker<'a> {
         let Ok(offset) = self.geo.inode_offset(ino) else {
             return Ok(Target::Nothing(format!("inode {ino} is outside the image")));
         };
+        if self.cleared.contains(&ino) {
+            return Ok(Target::Nothing(format!("inode {ino} was cleared")));
+        }
         if self.inodes.contains_key(&ino) {
             return Ok(Target::Live);
         }
@@ -1053,6 +1207,15 @@ impl<'a> Checker<'a> {
             Err(e) if !self.inode_allocated(ino) => Target::Nothing(format!("inode {ino} is free and does not decode ({})", detail(&e))),
             Err(e) => Target::Unreadable(e),
         })
+    }
+
+    /// A damaged inode goes: its slot is zeroed and freed. What it owned is claimed by nobody,
+    /// so the block map frees it.
+    fn clear_inode(&mut self, ino: u64) {
+        self.inodes.remove(&ino);
+        self.inode_fixes.remove(&ino);
+        self.cleared.insert(ino);
+        self.mark_inode(ino, false);
     }
 
     /// Count a name of a live inode. A directory keeps only its first: any other is removed.
@@ -1072,14 +1235,19 @@ impl<'a> Checker<'a> {
             scan.retype.push((e.key, v));
         }
         if is_dir {
-            if let Some(parent) = self.inodes.get_mut(&e.dir) {
-                parent.subdirs = parent.subdirs.saturating_add(1);
-            }
+            self.count_subdir(e.dir);
         }
     }
 
-    /// First sight of a reachable inode, named in `dir`.
-    fn reach(&mut self, dir: u64, ino: u64, di: DiskInode) -> Result<()> {
+    fn count_subdir(&mut self, dir: u64) {
+        if let Some(parent) = self.inodes.get_mut(&dir) {
+            parent.subdirs = parent.subdirs.saturating_add(1);
+        }
+    }
+
+    /// First sight of a live inode, named in `dir`. Returns false if it was damaged and
+    /// cleared (a directory never is: its tree is rebuilt instead).
+    fn reach(&mut self, dir: u64, ino: u64, di: DiskInode) -> Result<bool> {
         if !di.is_dir() {
             return self.check_file(ino, &di);
         }
@@ -1088,158 +1256,128 @@ impl<'a> Checker<'a> {
             self.fix_inode(ino, |d| d.parent = dir)?;
         }
         self.pending_dirs.push((ino, di));
-        Ok(())
-    }
-
-    /// Apply a directory's entry repairs to an in-memory copy of its tree; the repair writes the
-    /// edited nodes. Returns how many nodes the removals freed.
-    fn edit_entries(&mut self, dir: u64, root: u64, scan: &DirScan) -> Result<u64> {
-        if scan.remove.is_empty() && scan.retype.is_empty() {
-            return Ok(0);
-        }
-        let geo = self.geo;
-        let mut store = EditStore { dev: DevStore::new(self.dev, &geo, dir), nodes: HashMap::new(), dirty: BTreeSet::new(), freed: Vec::new() };
-        let mut new_root = root;
-        for (key, value) in &scan.retype {
-            btree::insert(&mut store, &mut new_root, *key, value)?;
-        }
-        for &key in &scan.remove {
-            btree::remove(&mut store, &mut new_root, key)?;
-        }
-        for (&blkno, node) in store.dirty.iter().filter(|b| !store.freed.contains(b)).filter_map(|b| store.nodes.get_key_value(b)) {
-            let mut img = Box::new(**node.read());
-            let lsn = format::header_lsn(&img[..]);
-            format::seal_block(&mut img[..], lsn);
-            self.block_writes.insert(blkno, img);
-        }
-        for &blkno in &store.freed {
-            self.release(dir, blkno);
-        }
-        if new_root != root {
-            self.fix_inode(dir, |d| dir::set_root(d, new_root))?;
-        }
-        Ok(store.freed.len() as u64)
-    }
-
-    /// A node of `dir` the repair freed: no longer claimed, and free in the block bitmap.
-    fn release(&mut self, dir: u64, blkno: u64) {
-        self.released.insert((blkno, Owner::Inode(dir)));
-        let l = self.geo.ag_layout(self.geo.block_ag(blkno));
-        self.ags[l.agno as usize].block_map.set_bit(blkno - l.start, false);
+        Ok(true)
     }
 
     // ---- inodes and what they own --------------------------------------------------------
 
     /// A live inode that is not a directory: parent, symlink target, xattrs, data blocks.
-    fn check_file(&mut self, ino: u64, di: &DiskInode) -> Result<()> {
+    /// One whose symlink target or data map is damaged is cleared (its claims withdrawn);
+    /// returns whether it stays.
+    fn check_file(&mut self, ino: u64, di: &DiskInode) -> Result<bool> {
+        let claims_before = self.claims.len();
+        let damage = match self.check_symlink(ino, di)? {
+            Some(why) => Some(why),
+            None => self.check_data(ino, di)?.err(),
+        };
+        if let Some(why) = damage {
+            self.out.fixable(format!("inode {ino}: {why}; inode cleared"));
+            self.claims.truncate(claims_before);
+            self.clear_inode(ino);
+            return Ok(false);
+        }
         if di.parent != 0 {
             self.out.fixable(format!("inode {ino}: a {} with parent {}", kind_name(di.mode), di.parent));
             self.fix_inode(ino, |d| d.parent = 0)?;
         }
-        if di.is_symlink() {
-            self.check_symlink(ino, di)?;
+        // What check_data claimed: the mapped blocks and extent-tree nodes.
+        let data: u64 = self.claims[claims_before..].iter().map(|c| c.len).sum();
+        let owned = self.check_xattrs(ino, di)? + data;
+        if di.blocks != owned {
+            self.out.fixable(format!("inode {ino}: blocks {} but owns {owned}", di.blocks));
+            self.fix_inode(ino, |f| f.blocks = owned)?;
         }
-        let xattr_nodes = self.check_xattrs(ino, di)?;
-        let data = self.check_data(ino, di)?;
-        if let (Some(x), Some(d)) = (xattr_nodes, data) {
-            if di.blocks != x + d {
-                self.out.fixable(format!("inode {ino}: blocks {} but owns {}", di.blocks, x + d));
-                self.fix_inode(ino, |f| f.blocks = x + d)?;
-            }
-        }
-        Ok(())
+        Ok(true)
     }
 
-    fn check_symlink(&mut self, ino: u64, di: &DiskInode) -> Result<()> {
+    /// What is wrong with a symlink's target, if anything that cannot be recounted.
+    fn check_symlink(&mut self, ino: u64, di: &DiskInode) -> Result<Option<String>> {
+        if !di.is_symlink() {
+            return Ok(None);
+        }
         match di.fork {
             Fork::Inline { len, .. } if di.size != u64::from(len) => {
                 self.out.fixable(format!("inode {ino}: symlink size {} but its inline target has {len} bytes", di.size));
                 self.fix_inode(ino, |d| d.size = u64::from(len))?;
             }
             Fork::Inline { .. } => {}
-            _ if di.size == 0 || di.size > SYMLINK_MAX as u64 => self.out.unfixable(format!("inode {ino}: symlink target of {} bytes", di.size)),
+            _ if di.size == 0 || di.size > SYMLINK_MAX as u64 => return Ok(Some(format!("symlink target of {} bytes", di.size))),
             _ => {}
         }
-        Ok(())
+        Ok(None)
     }
 
-    /// Verify one of `ino`'s B+trees and claim its nodes. Returns how many it has, or None
-    /// (reported) if it is damaged: then what it owns is unknown.
-    fn check_tree(&mut self, ino: u64, what: &str, root: u64) -> Result<Option<u64>> {
+    /// Verify one of `ino`'s B+trees and claim its nodes. Returns how many it has, or what is
+    /// wrong with it: then none of its nodes is claimed, as the repair drops the tree.
+    fn check_tree(&mut self, ino: u64, what: &str, root: u64) -> Result<std::result::Result<u64, String>> {
         let mut nodes = Vec::new();
-        let checked = btree::check(&mut DevStore::new(self.dev, &self.geo, ino), root, &mut |b| nodes.push(b));
-        for b in nodes {
-            self.claim(b, 1, Owner::Inode(ino));
-        }
-        match checked {
-            Ok(stats) => Ok(Some(stats.nodes)),
-            Err(e) => {
-                self.out.unfixable(format!("inode {ino}: {what} B+tree {}", node_detail(&finding(e)?)));
-                self.complete = false;
-                Ok(None)
+        match btree::check(&mut DevStore::new(self.dev, &self.geo, ino), root, &mut |b| nodes.push(b)) {
+            Ok(stats) => {
+                for b in nodes {
+                    self.claim(b, 1, Owner::Inode(ino));
+                }
+                Ok(Ok(stats.nodes))
             }
+            Err(e) => Ok(Err(format!("{what} B+tree {}", node_detail(&finding(e)?)))),
         }
     }
 
-    /// Verify the xattr tree and its records; returns the nodes it owns (None if damaged).
-    fn check_xattrs(&mut self, ino: u64, di: &DiskInode) -> Result<Option<u64>> {
-        let nodes = self.check_tree(ino, "xattr", di.xattr_root)?;
-        if nodes.is_some() {
+    /// Verify the xattr tree and its records; returns the nodes it owns. A damaged tree or
+    /// record loses the inode's tree-held xattrs (the tree is dropped), not the inode.
+    fn check_xattrs(&mut self, ino: u64, di: &DiskInode) -> Result<u64> {
+        let claims_before = self.claims.len();
+        let mut damage = self.check_tree(ino, "xattr", di.xattr_root)?.err();
+        if damage.is_none() {
             let (dev, geo) = (self.dev, self.geo);
             btree::range(&mut DevStore::new(dev, &geo, ino), di.xattr_root, 0, &mut |key, v| {
-                if let Some(why) = xattr_record_problem(key, v) {
-                    self.out.unfixable(format!("inode {ino}: xattr record {key:#x}: {why}"));
-                }
-                Ok(true)
+                damage = xattr_record_problem(key, v).map(|why| format!("xattr record {key:#x}: {why}"));
+                Ok(damage.is_none())
             })?;
         }
-        Ok(nodes)
+        let Some(why) = damage else {
+            return Ok((self.claims.len() - claims_before) as u64);
+        };
+        self.out.fixable(format!("inode {ino}: {why}; its xattr tree is dropped"));
+        self.claims.truncate(claims_before);
+        self.fix_inode(ino, |d| d.xattr_root = 0)?;
+        Ok(0)
     }
 
-    /// Claim a file's data blocks and extent-tree nodes; returns how many (None if damaged).
-    fn check_data(&mut self, ino: u64, di: &DiskInode) -> Result<Option<u64>> {
+    /// Verify a file's data map (extents, extent-tree nodes) and claim what it maps; returns
+    /// what is wrong with it, if anything.
+    fn check_data(&mut self, ino: u64, di: &DiskInode) -> Result<std::result::Result<(), String>> {
         match &di.fork {
             Fork::Extents { n, ext } => {
-                let (mut prev_end, mut ok) = (0, true);
-                for e in &ext[..*n as usize] {
-                    ok &= self.claim_extent(ino, di.is_reg(), e, &mut prev_end);
-                }
-                Ok(ok.then(|| ext[..*n as usize].iter().map(|e| u64::from(e.len)).sum()))
+                let mut prev_end = 0;
+                Ok(ext[..*n as usize].iter().try_for_each(|e| self.claim_extent(ino, di.is_reg(), e, &mut prev_end)))
             }
             Fork::Btree(root) => self.check_extent_tree(ino, di.is_reg(), *root),
-            Fork::Empty | Fork::Inline { .. } | Fork::Device(_) => Ok(Some(0)),
+            Fork::Empty | Fork::Inline { .. } | Fork::Device(_) => Ok(Ok(())),
         }
     }
 
-    fn check_extent_tree(&mut self, ino: u64, regular: bool, root: u64) -> Result<Option<u64>> {
-        let Some(nodes) = self.check_tree(ino, "extent map", root)? else {
-            return Ok(None);
-        };
-        let (mut blocks, mut prev_end, mut ok) = (nodes, 0u64, true);
+    fn check_extent_tree(&mut self, ino: u64, regular: bool, root: u64) -> Result<std::result::Result<(), String>> {
+        if let Err(why) = self.check_tree(ino, "extent map", root)? {
+            return Ok(Err(why));
+        }
+        let (mut prev_end, mut damage) = (0u64, None);
         let (dev, geo) = (self.dev, self.geo);
         btree::range(&mut DevStore::new(dev, &geo, ino), root, 0, &mut |lblk, v| {
-            let Ok(raw) = <[u8; 8]>::try_from(v) else {
-                self.out.unfixable(format!("inode {ino}: extent map entry at file block {lblk} has {} bytes", v.len()));
-                self.complete = false;
-                ok = false;
-                return Ok(true);
+            let checked = match <[u8; 8]>::try_from(v) {
+                Err(_) => Err(format!("extent map entry at file block {lblk} has {} bytes", v.len())),
+                Ok(raw) => self.claim_extent(ino, regular, &Extent::unpack(lblk, u64::from_le_bytes(raw)), &mut prev_end),
             };
-            let e = Extent::unpack(lblk, u64::from_le_bytes(raw));
-            if self.claim_extent(ino, regular, &e, &mut prev_end) {
-                blocks += u64::from(e.len);
-            } else {
-                ok = false;
-            }
-            Ok(true)
+            damage = checked.err();
+            Ok(damage.is_none())
         })?;
-        Ok(ok.then_some(blocks))
+        Ok(damage.map_or(Ok(()), Err))
     }
 
-    /// Check one extent of `ino` (extents come in file order) and claim its blocks. A bad one
-    /// is reported and leaves the file's ownership unknown. Unwritten (preallocated) extents
-    /// are valid in `regular` files only, anywhere in the file: fallocate with KEEP_SIZE
-    /// maps them past the end.
-    fn claim_extent(&mut self, ino: u64, regular: bool, e: &Extent, prev_end: &mut u64) -> bool {
+    /// Check one extent of `ino` (extents come in file order) and claim its blocks; returns
+    /// what is wrong with it, if anything. Unwritten (preallocated) extents are valid in
+    /// `regular` files only, anywhere in the file: fallocate with KEEP_SIZE maps them past
+    /// the end.
+    fn claim_extent(&mut self, ino: u64, regular: bool, e: &Extent, prev_end: &mut u64) -> std::result::Result<(), String> {
         let end = e.lblk.checked_add(u64::from(e.len)).filter(|&end| end <= MAX_FILE_BLOCKS);
         let problem = match end {
             _ if e.len == 0 => "is empty",
@@ -1250,12 +1388,10 @@ impl<'a> Checker<'a> {
             Some(end) => {
                 *prev_end = end;
                 self.claim(e.pblk, u64::from(e.len), Owner::Inode(ino));
-                return true;
+                return Ok(());
             }
         };
-        self.out.unfixable(format!("inode {ino}: extent at file block {} ({} at block {}) {problem}", e.lblk, count(e.len.into(), "block", "blocks"), e.pblk));
-        self.complete = false;
-        false
+        Err(format!("extent at file block {} ({} at block {}) {problem}", e.lblk, count(e.len.into(), "block", "blocks"), e.pblk))
     }
 
     // ---- orphans and link counts ---------------------------------------------------------
@@ -1285,13 +1421,15 @@ impl<'a> Checker<'a> {
         } else {
             match read_inode(self.dev, &self.geo, ino) {
                 Err(e) => {
-                    self.out.unfixable(format!("{at}: inode {ino}: {}", detail(&finding(e)?)));
-                    self.complete = false;
-                    return Ok(());
+                    self.clear_inode(ino);
+                    format!("inode {ino}: {}; inode cleared", detail(&finding(e)?))
                 }
                 Ok((di, _)) if di.orphan_slot == slot + 1 => {
                     self.out.note(format!("{at}: inode {ino}: unlinked while open; the next read-write mount frees it"));
-                    return self.adopt_orphan(ino, di);
+                    if self.adopt_orphan(ino, di)? {
+                        return Ok(());
+                    }
+                    format!("inode {ino} was cleared")
                 }
                 Ok((di, _)) => format!("inode {ino} does not point back at it (its orphan slot field is {})", di.orphan_slot),
             }
@@ -1302,11 +1440,12 @@ impl<'a> Checker<'a> {
     }
 
     /// A valid pending orphan that no name reaches: live, and what it owns is in use.
-    fn adopt_orphan(&mut self, ino: u64, di: DiskInode) -> Result<()> {
+    /// Returns false if it was damaged and cleared.
+    fn adopt_orphan(&mut self, ino: u64, di: DiskInode) -> Result<bool> {
         self.inodes.insert(ino, Tally::new(&di, false));
         if di.is_dir() {
             self.pending_dirs.push((ino, di));
-            return Ok(());
+            return Ok(true);
         }
         self.check_file(ino, &di)
     }
@@ -1324,16 +1463,172 @@ impl<'a> Checker<'a> {
         Ok(())
     }
 
+    // ---- disconnected inodes and /lost+found -------------------------------------------
+
+    /// Inodes a verified bitmap block allocates that no name and no orphan slot reaches, but
+    /// that decode and still count links: they lost their name to damage (a removed entry, a lost leaf, a
+    /// cleared or recreated directory). Each is named `#<ino>` in /lost+found, as e2fsck does:
+    /// first the roots of detached subtrees (directories whose parent is not detached too), so
+    /// that a detached directory keeps what it holds, then the rest.
+    fn reconnect(&mut self) -> Result<()> {
+        let mut detached = Vec::new();
+        for agno in 0..self.geo.ag_count {
+            for ino in (0..self.geo.inodes_per_ag).map(|i| make_ino(agno, i)) {
+                if ino == 0 || !self.inode_marked(ino) || self.inodes.contains_key(&ino) || self.cleared.contains(&ino) {
+                    continue;
+                }
+                match read_inode(self.dev, &self.geo, ino) {
+                    Ok((di, _)) if di.nlink > 0 => detached.push((ino, di)),
+                    Ok(_) => {} // unlinked and on no orphan list: leaked, the inode map frees it
+                    Err(e) => drop(finding(e)?),
+                }
+            }
+        }
+        let detached_dirs: HashSet<u64> = detached.iter().filter(|(_, di)| di.is_dir()).map(|(ino, _)| *ino).collect();
+        let rank = |di: &DiskInode| match (di.is_dir(), detached_dirs.contains(&di.parent)) {
+            (true, false) => 0,
+            (true, true) => 1,
+            (false, _) => 2,
+        };
+        detached.sort_by_key(|(ino, di)| (rank(di), *ino));
+        for (ino, di) in detached {
+            // An earlier one's subtree may have reached it, or cleared it.
+            if !self.inodes.contains_key(&ino) && !self.cleared.contains(&ino) {
+                self.connect_lost(ino, di)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn connect_lost(&mut self, ino: u64, di: DiskInode) -> Result<()> {
+        let lf = self.lost_found()?;
+        self.out.fixable(format!("inode {ino}: a {} (nlink {}) that no name reaches; reconnected as /lost+found/#{ino}", kind_name(di.mode), di.nlink));
+        let (is_dir, ftype) = (di.is_dir(), ftype_of(di.mode));
+        let mut tally = Tally::new(&di, true);
+        tally.names = 1;
+        self.inodes.insert(ino, tally);
+        if !self.reach(lf, ino, di)? {
+            return Ok(());
+        }
+        if is_dir {
+            self.count_subdir(lf);
+        }
+        self.dir_edits.entry(lf).or_default().add.push((format!("#{ino}").into_bytes(), ino, ftype));
+        self.drain_dirs()
+    }
+
+    /// The root's lost+found directory, made (mode 0700, as e2fsck makes it) if there is none.
+    fn lost_found(&mut self) -> Result<u64> {
+        if let Some(lf) = self.lost_found {
+            return Ok(lf);
+        }
+        let ino = self.free_inode().ok_or(Error::NoSpace)?;
+        let mut di = DiskInode::new(S_IFDIR | 0o700, 0, 0, mkfs::now(), 1);
+        di.nlink = 2;
+        di.parent = ROOT_INO;
+        self.new_inode(ino, di);
+        if let Some(t) = self.inodes.get_mut(&ino) {
+            t.names = 1;
+        }
+        self.count_subdir(ROOT_INO);
+        self.out.note(format!("created /lost+found (inode {ino})"));
+        self.dir_edits.insert(ino, DirEdit { rebuild: Some(Vec::new()), ..DirEdit::default() });
+        self.dir_edits.entry(ROOT_INO).or_default().add.push((LOST_FOUND.to_vec(), ino, ftype_of(S_IFDIR)));
+        self.lost_found = Some(ino);
+        Ok(ino)
+    }
+
+    /// The first inode number that is free and that no finding has used.
+    fn free_inode(&self) -> Option<u64> {
+        let geo = &self.geo;
+        (0..geo.ag_count)
+            .flat_map(|agno| (0..geo.inodes_per_ag).map(move |i| make_ino(agno, i)))
+            .find(|&ino| ino > ROOT_INO && !self.inode_allocated(ino) && !self.inodes.contains_key(&ino) && !self.cleared.contains(&ino))
+    }
+
+    // ---- directory changes -----------------------------------------------------------------
+
+    /// Apply every directory's pending changes, now that every block's owner is known: what
+    /// nothing claims is free for new nodes.
+    fn apply_dir_edits(&mut self) -> Result<()> {
+        let mut used = BitSet::new(self.geo.block_count);
+        for b in self.claims.iter().flat_map(|c| c.start..c.end()) {
+            used.insert(b);
+        }
+        let mut free = FreeBlocks { used, next: 0 };
+        for (dir, edit) in std::mem::take(&mut self.dir_edits) {
+            if !edit.is_empty() {
+                self.apply_dir_edit(dir, edit, &mut free)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Edit a directory's tree in memory (or build a new one from the salvaged entries), then
+    /// queue the changed nodes, claim the new ones, release the freed ones and fix the inode.
+    fn apply_dir_edit(&mut self, dir: u64, edit: DirEdit, free: &mut FreeBlocks) -> Result<()> {
+        let mut root = match edit.rebuild {
+            Some(_) => 0,
+            None => match self.inode_fixes.get(&dir) {
+                Some(fix) => dir::root_of(&fix.di),
+                None => dir::root_of(&read_inode(self.dev, &self.geo, dir)?.0),
+            },
+        };
+        let geo = self.geo;
+        let mut store = EditStore { dev: DevStore::new(self.dev, &geo, dir), free, nodes: HashMap::new(), dirty: BTreeSet::new(), freed: Vec::new(), fresh: Vec::new() };
+        for (key, value) in edit.rebuild.iter().flatten().chain(&edit.replace) {
+            btree::insert(&mut store, &mut root, *key, value)?;
+        }
+        for &key in &edit.remove {
+            btree::remove(&mut store, &mut root, key)?;
+        }
+        for (name, ino, ftype) in &edit.add {
+            let (name, key) = free_name(&mut store, root, dir, name)?;
+            let mut value = ino.to_le_bytes().to_vec();
+            value.push(*ftype);
+            value.extend_from_slice(&name);
+            btree::insert(&mut store, &mut root, key, &value)?;
+        }
+        let stats = btree::check(&mut store, root, &mut |_| {})?;
+        let EditStore { nodes, dirty, freed, fresh, .. } = store;
+        for (&blkno, node) in dirty.iter().filter(|b| !freed.contains(b)).filter_map(|b| nodes.get_key_value(b)) {
+            let mut img = Box::new(**node.read());
+            let lsn = format::header_lsn(&img[..]);
+            format::seal_block(&mut img[..], lsn);
+            self.block_writes.insert(blkno, img);
+        }
+        for &blkno in fresh.iter().filter(|b| !freed.contains(b)) {
+            self.claim(blkno, 1, Owner::Inode(dir));
+            self.set_block_bit(blkno, true);
+            self.fresh_nodes.insert(blkno);
+        }
+        for &blkno in freed.iter().filter(|b| !fresh.contains(b)) {
+            self.release(dir, blkno);
+        }
+        self.fix_inode(dir, |d| {
+            dir::set_root(d, root);
+            d.size = stats.entries;
+            d.blocks = stats.nodes + edit.xattr_nodes;
+        })
+    }
+
+    /// A node of `dir` the repair freed: no longer claimed, and free in the block bitmap.
+    fn release(&mut self, dir: u64, blkno: u64) {
+        self.released.insert((blkno, Owner::Inode(dir)));
+        self.set_block_bit(blkno, false);
+    }
+
+    fn set_block_bit(&mut self, blkno: u64, used: bool) {
+        let l = self.geo.ag_layout(self.geo.block_ag(blkno));
+        self.ags[l.agno as usize].block_map.set_bit(blkno - l.start, used);
+    }
+
     fn check_link_counts(&mut self) -> Result<()> {
         let wrong: Vec<(u64, u32, u32, String)> =
             self.inodes.iter().filter(|(_, t)| t.nlink != t.expected_nlink()).map(|(&ino, t)| (ino, t.nlink, t.expected_nlink(), t.link_basis())).collect();
         for (ino, have, want, basis) in wrong {
-            // With part of the tree unreadable some names may be missing: never lower a count.
-            let fixable = self.complete || want > have;
-            self.out.error(fixable, format!("inode {ino}: nlink {have} but {basis}"));
-            if fixable {
-                self.fix_inode(ino, |d| d.nlink = want)?;
-            }
+            self.out.fixable(format!("inode {ino}: nlink {have} but {basis}"));
+            self.fix_inode(ino, |d| d.nlink = want)?;
         }
         Ok(())
     }
@@ -1353,11 +1648,11 @@ impl<'a> Checker<'a> {
     }
 
     fn check_inode_maps(&mut self) -> Result<()> {
-        let (dev, geo, complete) = (self.dev, self.geo, self.complete);
+        let (dev, geo) = (self.dev, self.geo);
         for agno in 0..geo.ag_count {
             let expected = self.expected_inodes(agno);
             let Checker { ags, out, .. } = &mut *self;
-            let want = |i: u64, used: bool| expected.get(i) || (!complete && used);
+            let want = |i: u64, _: bool| expected.get(i);
             ags[agno as usize].inode_map.reconcile(u64::from(geo.inodes_per_ag), want, |first, n, used| {
                 let what = format!("AG {agno} inode bitmap");
                 if first >= u64::from(geo.inodes_per_ag) {
@@ -1411,10 +1706,9 @@ impl<'a> Checker<'a> {
             expected.insert(b - l.start);
         }
         self.blocks_used += expected.len();
-        let complete = self.complete;
         let out = &mut self.out;
         let what = format!("AG {} block bitmap", l.agno);
-        let want = |i: u64, used: bool| expected.get(i) || (!complete && used);
+        let want = |i: u64, _: bool| expected.get(i);
         self.ags[l.agno as usize].block_map.reconcile(l.blocks, want, |first, n, used| {
             let blocks = blocks_desc(l.start + first, n);
             match (first >= l.blocks, used) {
@@ -1428,16 +1722,24 @@ impl<'a> Checker<'a> {
 
     // ---- repair and report ---------------------------------------------------------------
 
+    /// Write the repaired image in three flushed steps, so that a crash leaves an image this
+    /// checker repairs again: first new tree nodes (nothing on disk points at them yet, so
+    /// they are leaked free blocks until step 2 lands), then everything that points (edited
+    /// nodes, inodes, AG headers, superblock copies, a reset log), then the allocation maps
+    /// and orphan tables, which are derived from the rest.
     fn write_repairs(&mut self) -> Result<()> {
         (self.progress)("repair", 0, 1);
         let dev = self.dev;
-        for (&blkno, img) in &self.block_writes {
+        let (fresh, in_place): (Vec<_>, Vec<_>) = self.block_writes.iter().partition(|(b, _)| self.fresh_nodes.contains(b));
+        for (&blkno, img) in fresh {
             dev.write_at(&img[..], blkno * BS)?;
         }
-        for ag in &mut self.ags {
-            ag.block_map.write(dev)?;
-            ag.inode_map.write(dev)?;
-            ag.orphans.write(dev)?;
+        dev.flush()?;
+        for (&blkno, img) in in_place {
+            dev.write_at(&img[..], blkno * BS)?;
+        }
+        for &ino in &self.cleared {
+            dev.write_at(&[0u8; INODE_SIZE], self.geo.inode_offset(ino)?)?;
         }
         for (&ino, fix) in &self.inode_fixes {
             let mut img = [0u8; INODE_SIZE];
@@ -1445,14 +1747,17 @@ impl<'a> Checker<'a> {
             dev.write_at(&img, self.geo.inode_offset(ino)?)?;
         }
         dev.flush()?;
+        for ag in &mut self.ags {
+            ag.block_map.write(dev)?;
+            ag.inode_map.write(dev)?;
+            ag.orphans.write(dev)?;
+        }
+        dev.flush()?;
         (self.progress)("repair", 1, 1);
         Ok(())
     }
 
-    fn into_report(mut self) -> FsckReport {
-        if !self.complete {
-            self.out.note("some structures could not be read, so unreferenced blocks and inodes were neither reported nor freed (they may belong to them)");
-        }
+    fn into_report(self) -> FsckReport {
         let mut messages = self.out.messages;
         if self.out.unshown > 0 {
             messages.push(format!("... and {} more messages", self.out.unshown));

@@ -8,6 +8,7 @@ use ferrofs::format::{self, DiskInode, Fork, Geometry, BITMAP_BITS, BLOCK_SIZE, 
 use ferrofs::fsck::{check, FsckOptions, FsckReport};
 use ferrofs::journal::JournalConfig;
 use ferrofs::*;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 const ROOT: u64 = 1;
@@ -566,14 +567,20 @@ fn wrong_entry_file_type_is_rewritten() {
 }
 
 #[test]
-fn misplaced_and_invalid_names_are_reported_and_left() {
+fn misplaced_and_invalid_names_are_removed() {
     let (dev, p) = populated_image();
     edit_entry(&dev, p.a, b"f", |v| v[9] = b'/');
-    let r = fsck(&dev, true);
-    assert_finds(&r, &format!("directory {} entry \"/\": invalid name [not fixed]", p.a));
-    assert_finds(&r, &format!("directory {} entry \"/\": key", p.a));
-    assert_finds(&r, "is outside its name's hash range (lookups cannot find it) [not fixed]");
-    assert_eq!(r.exit_code(), 4, "{:#?}", r.messages);
+    let r = find_then_repair(&dev);
+    assert_finds(&r, &format!("directory {} entry \"/\": invalid name; removed", p.a));
+    assert_finds(&r, &format!("inode {}: nlink 2 but 1 name", p.linked));
+    let (dev2, p2) = populated_image();
+    edit_entry(&dev2, p2.a, b"f", |v| v[9] = b'g');
+    let r = find_then_repair(&dev2);
+    assert_finds(&r, &format!("directory {} entry \"g\": key", p2.a));
+    assert_finds(&r, "is outside its name's hash range (lookups cannot find it); removed");
+    let fs = mount(&dev2);
+    assert_eq!(fs.resolve("/b/g").unwrap().ino, p2.linked, "the file keeps its other name");
+    unmount(fs);
 }
 
 #[test]
@@ -604,8 +611,9 @@ fn directory_cycle_is_found_without_hanging_and_cut() {
     });
     let r = find_then_repair(&dev);
     assert_finds(&r, &format!("directory {sub} entry \"loop\": directory {} already has a name", p.a));
-    assert_finds(&r, &format!("inode {victim} is allocated but neither reachable nor on an orphan list (leaked regular file"));
+    assert_finds(&r, &format!("inode {victim}: a regular file (nlink 1) that no name reaches; reconnected as /lost+found/#{victim}"));
     let fs = mount(&dev);
+    assert_eq!(fs.resolve(&format!("/lost+found/#{victim}")).unwrap().ino, victim);
     let mut names = 0;
     fs.readdir(sub, 0, &mut |_| {
         names += 1;
@@ -617,27 +625,17 @@ fn directory_cycle_is_found_without_hanging_and_cut() {
 }
 
 #[test]
-fn corrupt_btree_node_is_reported_and_left_alone() {
+fn damaged_extent_tree_clears_its_file() {
     let (dev, p) = populated_image();
-    let root = tree_root(&dev, p.big);
-    assert_eq!(read_block(&dev, root)[32], 1, "the big directory's tree has two levels");
-    corrupt_block(&dev, root, 3000);
-    let before = dev.to_bytes();
-    for repair in [false, true] {
-        let r = fsck(&dev, repair);
-        assert_finds(&r, &format!("inode {}: directory B+tree node {root}: checksum mismatch", p.big));
-        assert_finds(&r, "neither reported nor freed");
-        assert!(r.errors_found > r.errors_fixed);
-        assert_eq!(r.exit_code(), 4, "{:#?}", r.messages);
-        assert!(!r.messages.iter().any(|m| m.contains("leaked")), "nothing is a leak while a tree is unreadable: {:#?}", r.messages);
-    }
-    assert!(dev.to_bytes() == before, "repair changed an image it could not fully read");
-
-    let (dev, p) = populated_image();
-    corrupt_block(&dev, tree_root(&dev, p.sparse), 100);
-    let r = fsck(&dev, true);
-    assert_finds(&r, &format!("inode {}: extent map B+tree node", p.sparse));
-    assert_eq!(r.exit_code(), 4, "{:#?}", r.messages);
+    let root = tree_root(&dev, p.sparse);
+    corrupt_block(&dev, root, 100);
+    let r = find_then_repair(&dev);
+    assert_finds(&r, &format!("inode {}: extent map B+tree node {root}: checksum mismatch; inode cleared", p.sparse));
+    assert_finds(&r, "used but not referenced (leaked)");
+    let fs = mount(&dev);
+    assert!(matches!(fs.lookup(ROOT, b"sparse"), Err(Error::NotFound)), "the cleared file's entry is gone");
+    assert_eq!(fs.getattr(p.linked).unwrap().size, 200_000, "the other files are intact");
+    unmount(fs);
 }
 
 /// Move the last extent of a two-level extent tree to file block `u64::MAX - 1`: a valid
@@ -658,10 +656,131 @@ fn extent_near_the_end_of_u64(dev: &MemDevice, ino: u64) -> u64 {
 fn extent_past_the_largest_file_is_reported_not_overflowed() {
     let (dev, p) = populated_image();
     extent_near_the_end_of_u64(&dev, p.sparse);
-    let r = fsck(&dev, true);
+    let r = find_then_repair(&dev);
     assert_finds(&r, &format!("inode {}: extent at file block {} (1 block at block", p.sparse, u64::MAX - 1));
-    assert_finds(&r, "ends past the largest file [not fixed]");
-    assert_eq!(r.exit_code(), 4, "{:#?}", r.messages);
+    assert_finds(&r, "ends past the largest file; inode cleared");
+}
+
+// ---- damage with random bytes: what is left is repaired, what is intact is kept ----------
+
+/// /d holds 400 files (a multi-level directory tree) and /t/u/v, /top a few more; every file
+/// has contents of its own. Returns the image and /d.
+fn image_with_contents() -> (Arc<MemDevice>, u64) {
+    let dev = new_image();
+    let fs = mount(&dev);
+    let d = fs.mkdir(ROOT, b"d", 0o755, C).unwrap().ino;
+    for i in 0..400 {
+        let f = fs.create(d, format!("file-with-a-longish-name-{i:04}").as_bytes(), 0o644, C).unwrap().ino;
+        fs.write(f, 0, format!("contents of file {i}").repeat(i + 1).as_bytes()).unwrap();
+    }
+    fs.create_dir_all("/t/u/v", 0o755, C).unwrap();
+    fs.write_file("/t/u/v/deep", b"deep down", C).unwrap();
+    fs.write_file("/t/u/mid", &[9u8; 70_000], C).unwrap();
+    fs.write_file("/top", b"at the top", C).unwrap();
+    unmount(fs);
+    (dev, d)
+}
+
+/// The contents of every regular file reachable from the root, by inode.
+fn contents(dev: &Arc<MemDevice>) -> BTreeMap<u64, Vec<u8>> {
+    let fs = mount(dev);
+    let mut files = Vec::new();
+    fs.walk("/", &mut |_, a| {
+        if a.kind == FileType::RegularFile {
+            files.push((a.ino, a.size));
+        }
+    })
+    .unwrap();
+    let found = files.into_iter().map(|(ino, size)| (ino, fs.read(ino, 0, size as usize).unwrap())).collect();
+    unmount(fs);
+    found
+}
+
+fn entry_count(dev: &Arc<MemDevice>, path: &str) -> usize {
+    let fs = mount(dev);
+    let mut n = 0;
+    fs.readdir(fs.resolve(path).unwrap().ino, 0, &mut |_| {
+        n += 1;
+        true
+    })
+    .unwrap();
+    unmount(fs);
+    n - 2
+}
+
+/// `-n` finds unfixed errors; repair fixes them all (exit 1); `-n` is then clean, and every
+/// file of `before` that `lost` does not name has its contents, wherever it is now.
+fn repair_keeps(dev: &Arc<MemDevice>, before: &BTreeMap<u64, Vec<u8>>, lost: impl Fn(u64) -> bool) -> FsckReport {
+    let dry = fsck(dev, false);
+    assert_eq!(dry.exit_code(), 4, "{:#?}", dry.messages);
+    let r = fsck(dev, true);
+    assert_eq!((r.exit_code(), r.errors_found), (1, dry.errors_found), "{:#?}", r.messages);
+    assert_clean(dev);
+    let after = contents(dev);
+    let kept = before.iter().filter(|(ino, _)| !lost(**ino));
+    for (ino, data) in kept {
+        assert!(after.get(ino) == Some(data), "inode {ino} lost its contents: {:#?}", r.messages);
+    }
+    assert_clean(dev);
+    r
+}
+
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed);
+    (0..len).map(|_| rng.next() as u8).collect()
+}
+
+#[test]
+fn random_inode_table_block_is_cleared_and_the_rest_kept() {
+    let (dev, d) = image_with_contents();
+    let before = contents(&dev);
+    let g = geo(&dev);
+    let victim = *before.keys().nth(200).unwrap();
+    let blkno = g.inode_offset(victim).unwrap() / BS;
+    let in_block = |ino: u64| g.inode_offset(ino).unwrap() / BS == blkno;
+    let lost = before.keys().filter(|&&ino| in_block(ino)).count();
+    assert!(lost > 1 && !in_block(d) && !in_block(ROOT));
+    write_block(&dev, blkno, &random_bytes(BLOCK_SIZE, 0x39));
+    let r = repair_keeps(&dev, &before, in_block);
+    assert_finds(&r, &format!("inode {victim}: bad magic or version; inode cleared, entry removed"));
+    assert_eq!(contents(&dev).len(), before.len() - lost);
+    assert_eq!(entry_count(&dev, "/d"), 400 - lost, "exactly the entries of the cleared inodes went");
+    let r = assert_clean(&dev);
+    assert!(r.inodes < 410, "the cleared inodes are free");
+}
+
+#[test]
+fn random_directory_node_is_rebuilt_from_the_other_leaves() {
+    let (dev, d) = image_with_contents();
+    let before = contents(&dev);
+    let root = read_block(&dev, tree_root(&dev, d));
+    assert!(root[32] >= 1 && u16::from_le_bytes([root[34], root[35]]) >= 3, "/d has a multi-level tree");
+    let node = format::get_u64(&root, 48 + 16 + 8); // the second child
+    write_block(&dev, node, &random_bytes(BLOCK_SIZE, 0x3900));
+    let r = repair_keeps(&dev, &before, |_| false);
+    assert_finds(&r, &format!("inode {d}: directory B+tree node {node}: "));
+    assert_finds(&r, "rebuilt from its readable leaves");
+    assert_finds(&r, "note: created /lost+found");
+    let (in_d, in_lost) = (entry_count(&dev, "/d"), entry_count(&dev, "/lost+found"));
+    assert!(in_d < 400 && in_d + in_lost == 400, "{in_d} entries kept, {in_lost} reconnected");
+    assert_eq!(contents(&dev).len(), before.len(), "every file is still there");
+}
+
+#[test]
+fn random_root_inode_is_recreated_and_its_contents_reconnected() {
+    let (dev, d) = image_with_contents();
+    let before = contents(&dev);
+    let at = geo(&dev).inode_offset(ROOT).unwrap();
+    dev.write_at(&random_bytes(INODE_SIZE, 0x39_0000), at).unwrap();
+    let r = repair_keeps(&dev, &before, |_| false);
+    assert_finds(&r, &format!("root inode {ROOT}: "));
+    assert_finds(&r, "recreated empty");
+    let fs = mount(&dev);
+    assert_eq!(fs.resolve(&format!("/lost+found/#{d}")).unwrap().ino, d, "/d is reconnected whole");
+    assert_eq!(fs.resolve(&format!("/lost+found/#{d}/file-with-a-longish-name-0007")).unwrap().kind, FileType::RegularFile);
+    unmount(fs);
+    assert_eq!(entry_count(&dev, "/"), 1, "the new root holds lost+found");
+    assert_eq!(entry_count(&dev, "/lost+found"), 3, "d, t and top");
 }
 
 // ---- orphans --------------------------------------------------------------------------------
