@@ -561,7 +561,7 @@ impl fuser::Filesystem for FerroFuse {
     fn rename(&self, req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
         let _serving = self.workers.serving(req.pid());
         let (from, to) = ((parent.0, name.as_bytes()), (newparent.0, newname.as_bytes()));
-        let res = self.may_rename(req, from, to, flags.bits()).and_then(|()| self.call("rename", |fs| fs.rename(from.0, from.1, to.0, to.1, flags.bits())));
+        let res = self.may_rename(req, from, to, flags.bits()).and_then(|()| self.call("rename", |fs| fs.rename_as(from.0, from.1, to.0, to.1, flags.bits(), cred(req))));
         reply_empty(reply, res);
     }
 
