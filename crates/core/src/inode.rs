@@ -25,6 +25,8 @@ pub struct Inode {
     referenced: AtomicBool,
     /// File data was written in place since the last fsync.
     pub data_dirty: AtomicBool,
+    /// An unnamed file (`FileSystem::tmpfile`) that `link` may name: Linux's I_LINKABLE.
+    pub linkable: AtomicBool,
     /// Open handles; an unlinked inode is freed when the last one closes.
     pub open_count: AtomicU32,
     pub ino: u64,
@@ -60,6 +62,7 @@ impl Inode {
             last_data_seq: AtomicU64::new(0),
             sharing: AtomicU64::new(0),
             data_dirty: AtomicBool::new(false),
+            linkable: AtomicBool::new(false),
             open_count: AtomicU32::new(0),
             referenced: AtomicBool::new(true),
         })

@@ -96,6 +96,68 @@ fn rename_link_symlink_xattr() {
     assert_eq!(fs.lookup(ROOT, b"t").unwrap().ino, f.ino);
 }
 
+/// RENAME_WHITEOUT leaves a character device 0/0 owned by the caller at the source name,
+/// for files and directories alike; it cannot be combined with RENAME_EXCHANGE.
+#[test]
+fn rename_with_whiteout() {
+    let (dev, fs) = fresh(64 << 20);
+    let a = fs.mkdir(ROOT, b"a", 0o755, C).unwrap();
+    let f = fs.create(a.ino, b"f", 0o644, C).unwrap();
+    let sub = fs.mkdir(a.ino, b"sub", 0o755, C).unwrap();
+    let owner = Cred { uid: 0, gid: 7 };
+    fs.rename_as(a.ino, b"f", ROOT, b"g", RENAME_WHITEOUT, owner).unwrap();
+    fs.rename_as(a.ino, b"sub", ROOT, b"sub2", RENAME_WHITEOUT | RENAME_NOREPLACE, owner).unwrap();
+    assert!(matches!(fs.rename(ROOT, b"g", ROOT, b"sub2", RENAME_WHITEOUT | RENAME_EXCHANGE), Err(Error::Invalid(_))));
+    assert!(matches!(fs.rename(ROOT, b"g", ROOT, b"sub2", RENAME_WHITEOUT | RENAME_NOREPLACE), Err(Error::Exists)));
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.lookup(ROOT, b"g").unwrap().ino, f.ino);
+    assert_eq!(fs.lookup(ROOT, b"sub2").unwrap().ino, sub.ino);
+    for name in [&b"f"[..], b"sub"] {
+        let w = fs.lookup(a.ino, name).unwrap();
+        assert_eq!((w.kind, w.rdev, w.perm, w.nlink, w.uid, w.gid), (FileType::CharDevice, 0, 0, 1, 0, 7));
+    }
+    // The directory moved out: `a` has lost its link from sub/.. and holds two whiteouts.
+    assert_eq!(fs.getattr(a.ino).unwrap().nlink, 2);
+    assert_eq!(names(&fs, a.ino), vec![b".".to_vec(), b"..".to_vec(), b"f".to_vec(), b"sub".to_vec()]);
+    fs.unlink(a.ino, b"f").unwrap();
+    fs.unlink(a.ino, b"sub").unwrap();
+    fs.rmdir(ROOT, b"a").unwrap();
+}
+
+/// An O_TMPFILE file: no name and no link from birth, readable and writable while open,
+/// freed at its last close unless `link` names it; a file made not linkable (O_EXCL) or
+/// one whose last name was removed cannot be named again.
+#[test]
+fn tmpfile_link_and_release() {
+    let (dev, fs) = fresh(64 << 20);
+    let free0 = (fs.statfs().bfree, fs.statfs().ffree);
+    let d = fs.mkdir(ROOT, b"d", 0o2775, Cred { uid: 5, gid: 6 }).unwrap();
+    let t = fs.tmpfile(d.ino, 0o640, C, true).unwrap();
+    assert_eq!((t.nlink, t.perm, t.uid, t.gid, t.kind), (0, 0o640, 1000, 6, FileType::RegularFile));
+    assert_eq!(names(&fs, d.ino).len(), 2, "a tmpfile has no name");
+    fs.write(t.ino, 0, &[9u8; 20_000]).unwrap();
+    let l = fs.link(t.ino, d.ino, b"named").unwrap();
+    assert_eq!(l.nlink, 1);
+    fs.release(t.ino).unwrap();
+    assert_eq!(fs.read(t.ino, 0, 20_000).unwrap(), vec![9u8; 20_000]);
+    // Unlinked while open, it cannot come back: only a tmpfile is linkable, and only once.
+    fs.open(t.ino).unwrap();
+    fs.unlink(d.ino, b"named").unwrap();
+    assert!(matches!(fs.link(t.ino, d.ino, b"again"), Err(Error::NotFound)));
+    fs.release(t.ino).unwrap();
+    let excl = fs.tmpfile(d.ino, 0o600, C, false).unwrap();
+    assert!(matches!(fs.link(excl.ino, d.ino, b"x"), Err(Error::NotFound)));
+    fs.write(excl.ino, 0, b"gone").unwrap();
+    fs.release(excl.ino).unwrap();
+    assert!(fs.getattr(excl.ino).is_err(), "freed at its last close");
+    let plain = fs.create(d.ino, b"plain", 0o600, C).unwrap();
+    assert!(matches!(fs.tmpfile(plain.ino, 0o600, C, true), Err(Error::NotDir)));
+    fs.unlink(d.ino, b"plain").unwrap();
+    fs.rmdir(ROOT, b"d").unwrap();
+    let fs = remount(&dev, fs);
+    assert_eq!((fs.statfs().bfree, fs.statfs().ffree), free0, "everything freed");
+}
+
 #[test]
 fn truncate_sparse_and_unlinked_open() {
     let (dev, fs) = fresh(256 << 20);

@@ -8,6 +8,8 @@
 //! Unless the kernel checks permissions (`default_permissions`), each request is checked
 //! against the engine's attributes with [`crate::access`] before the engine changes anything.
 
+mod tmpfile;
+
 use crate::access::{searchable_by_all, Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
 use crate::seek::{self, Whence};
 use crate::sync_pool::{SyncPool, SYNC_THREADS};
@@ -561,7 +563,7 @@ impl fuser::Filesystem for FerroFuse {
     fn rename(&self, req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
         let _serving = self.workers.serving(req.pid());
         let (from, to) = ((parent.0, name.as_bytes()), (newparent.0, newname.as_bytes()));
-        let res = self.may_rename(req, from, to, flags.bits()).and_then(|()| self.call("rename", |fs| fs.rename(from.0, from.1, to.0, to.1, flags.bits())));
+        let res = self.may_rename(req, from, to, flags.bits()).and_then(|()| self.call("rename", |fs| fs.rename_as(from.0, from.1, to.0, to.1, flags.bits(), cred(req))));
         reply_empty(reply, res);
     }
 
@@ -774,6 +776,11 @@ impl fuser::Filesystem for FerroFuse {
             Ok(a) => reply.created(&ttl, &file_attr(&a), Generation(a.generation as u64), FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(e),
         }
+    }
+
+    fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let _serving = self.workers.serving(req.pid());
+        self.open_tmpfile(req, parent.0, masked(mode, umask), flags, reply);
     }
 
     fn fallocate(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {

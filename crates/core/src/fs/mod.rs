@@ -15,7 +15,7 @@ use crate::dev::BlockDevice;
 use crate::dir;
 use crate::error::{Error, Result};
 use crate::file::{self, MAP_RESERVE, MAX_FILE_BLOCKS};
-use crate::format::inode::{Timespec, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::format::inode::{Timespec, S_IFCHR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID};
 use crate::format::{ino_ag, DiskInode, Extent, Fork, BLOCK_SIZE, ROOT_INO};
 use crate::inode::{Inode, InodeRef};
 use crate::lockstat::{LockClass, Mutex};
@@ -68,6 +68,24 @@ fn now() -> Timespec {
 
 fn ftype_of(mode: u16) -> u8 {
     ((mode & S_IFMT) >> 12) as u8
+}
+
+/// The inode a `RENAME_WHITEOUT` leaves at the source name: claimed before any lock.
+struct Whiteout {
+    ino: u64,
+    gen: u32,
+    log_version: u64,
+    cred: Cred,
+}
+
+/// A setgid directory's new entries take its group, and new directories its setgid bit.
+fn inherit_setgid(parent: &DiskInode, di: &mut DiskInode) {
+    if parent.mode & S_ISGID != 0 {
+        di.gid = parent.gid;
+        if di.is_dir() {
+            di.mode |= S_ISGID;
+        }
+    }
 }
 
 /// Locks on several inodes, taken in ascending inode number (the lock order rule).
@@ -304,6 +322,49 @@ impl FileSystem {
         })
     }
 
+    /// An open regular file without a name (O_TMPFILE) for a file system user in `parent`:
+    /// unlinked from birth and on the orphan list, so that its last close or a crash frees
+    /// it, unless `link` names it first — which only a `linkable` one allows (O_TMPFILE
+    /// without O_EXCL). The caller holds the one open handle and releases it as for `open`.
+    pub fn tmpfile(&self, parent: u64, mode: u16, cred: Cred, linkable: bool) -> Result<Attr> {
+        let p = self.m.iget(parent)?;
+        let mut tx = Tx::new(&self.m)?;
+        let (ino, gen, log_version) = tx.alloc_inode(ino_ag(parent), 0)?;
+        let mut di = DiskInode::new(S_IFREG | (mode & 0o7777), cred.uid, cred.gid, now(), gen);
+        {
+            let pg = p.core.read();
+            if !pg.is_dir() {
+                return Err(Error::NotDir);
+            }
+            if pg.nlink == 0 {
+                return Err(Error::NotFound);
+            }
+            inherit_setgid(&pg, &mut di);
+        }
+        di.nlink = 0;
+        tx.orphan_add(ino, &mut di)?;
+        let inode = Inode::new(ino, di.clone(), log_version);
+        inode.open_count.store(1, Release);
+        inode.linkable.store(linkable, Release);
+        tx.log_inode(&inode, &di, true);
+        self.commit_with_new_inode(tx, Some(inode))?;
+        Ok(Attr::from_inode(ino, &di))
+    }
+
+    /// Commit `tx`, which made `inode`: cached before the commit, as a lookup right after
+    /// it must find the inode; uncached again if the commit fails.
+    fn commit_with_new_inode(&self, tx: Tx, inode: Option<InodeRef>) -> Result<()> {
+        let ino = inode.as_ref().map(|i| i.ino);
+        if let Some(i) = inode {
+            self.m.icache.insert_new(i);
+        }
+        tx.commit().map(|_| ()).inspect_err(|_| {
+            if let Some(ino) = ino {
+                self.m.icache.remove(ino);
+            }
+        })
+    }
+
     fn make_node(&self, parent: u64, name: &[u8], mode: u16, cred: Cred, init: impl FnOnce(&mut Tx, u64, &mut DiskInode) -> Result<()>) -> Result<Attr> {
         dir::check_name(name)?;
         let p = self.m.iget(parent)?;
@@ -330,12 +391,7 @@ impl FileSystem {
             return Err(Error::TooManyLinks);
         }
         let mut di = DiskInode::new(mode, cred.uid, cred.gid, now(), gen);
-        if pg.mode & crate::format::inode::S_ISGID != 0 {
-            di.gid = pg.gid;
-            if is_dir {
-                di.mode |= crate::format::inode::S_ISGID;
-            }
-        }
+        inherit_setgid(&pg, &mut di);
         init(&mut tx, ino, &mut di)?;
         let mut pd = pg.clone();
         let goal = self.dir_goal(parent, &pd);
@@ -352,11 +408,7 @@ impl FileSystem {
         let inode = Inode::new(ino, di.clone(), log_version);
         tx.log_inode(&inode, &di, true);
         tx.log_inode(&p, &pd, false);
-        self.m.icache.insert_new(inode);
-        if let Err(e) = tx.commit() {
-            self.m.icache.remove(ino);
-            return Err(e);
-        }
+        self.commit_with_new_inode(tx, Some(inode))?;
         *pg = pd;
         Ok(Attr::from_inode(ino, &di))
     }
@@ -404,7 +456,9 @@ impl FileSystem {
         if !pd.is_dir() {
             return Err(Error::NotDir);
         }
-        if pd.nlink == 0 || di.nlink == 0 {
+        // A file without names comes back only as a linkable tmpfile (Linux: I_LINKABLE),
+        // and only while open: at its last close it is freed.
+        if pd.nlink == 0 || (di.nlink == 0 && !(i.linkable.load(Acquire) && i.open_count.load(Acquire) > 0)) {
             return Err(Error::NotFound);
         }
         if di.nlink >= LINK_MAX {
@@ -412,6 +466,9 @@ impl FileSystem {
         }
         let (mut nd, mut npd) = (di, pd);
         let mut tx = Tx::new(&self.m)?;
+        if nd.nlink == 0 && nd.orphan_slot != 0 {
+            tx.orphan_remove(ino, &mut nd);
+        }
         tx.route_by(&p);
         tx.reserve(ino_ag(newparent), dir::INSERT_RESERVE)?;
         let goal = self.dir_goal(newparent, &npd);
@@ -426,6 +483,7 @@ impl FileSystem {
         tx.log_inode(&i, &nd, false);
         tx.log_inode(&p, &npd, false);
         tx.commit()?;
+        i.linkable.store(false, Release);
         let attr = Attr::from_inode(ino, &nd);
         l.set(ino, nd);
         l.set(newparent, npd);
@@ -635,17 +693,35 @@ impl FileSystem {
 
     // ---- rename -----------------------------------------------------------------------
 
+    /// rename(2)/renameat2(2); a whiteout left by `RENAME_WHITEOUT` belongs to root (see
+    /// `rename_as`).
     pub fn rename(&self, oldparent: u64, oldname: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<()> {
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
+        self.rename_as(oldparent, oldname, newparent, newname, flags, Cred::default())
+    }
+
+    /// rename, with `cred` owning the whiteout `RENAME_WHITEOUT` leaves (the caller, as on
+    /// Linux).
+    pub fn rename_as(&self, oldparent: u64, oldname: &[u8], newparent: u64, newname: &[u8], flags: u32, cred: Cred) -> Result<()> {
+        let exchange = flags & RENAME_EXCHANGE != 0;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0 || (exchange && flags != RENAME_EXCHANGE) {
             return Err(Error::Invalid("rename flags"));
         }
         dir::check_name(newname)?;
         // Begin (which may wait for CIL space) and reserve for the insertion before any
         // directory lock: threads renaming in one directory then meet only for the entry
-        // changes and the commit.
+        // changes and the commit. A whiteout's inode is claimed here too, as a create's is.
         let mut tx = Tx::new(&self.m)?;
-        tx.reserve(ino_ag(newparent), dir::INSERT_RESERVE).map_err(|e| self.early_claim_error(e, oldparent, oldname, true))?;
-        let Some(tx) = self.rename_under_parent_locks(tx, oldparent, oldname, newparent, newname, flags)? else {
+        let claim_error = |e| self.early_claim_error(e, oldparent, oldname, true);
+        tx.reserve(ino_ag(newparent), dir::INSERT_RESERVE).map_err(claim_error)?;
+        let whiteout = match flags & RENAME_WHITEOUT {
+            0 => None,
+            _ => {
+                let (ino, gen, log_version) = tx.alloc_inode(ino_ag(oldparent), 0).map_err(claim_error)?;
+                Some(Whiteout { ino, gen, log_version, cred })
+            }
+        };
+        let whiteout = whiteout.as_ref();
+        let Some(tx) = self.rename_under_parent_locks(tx, oldparent, oldname, newparent, newname, flags, whiteout)? else {
             return Ok(());
         };
         loop {
@@ -697,7 +773,7 @@ impl FileSystem {
             if new_e.map(|e| e.ino) != dst.as_ref().map(|d| d.ino) || l.get(newparent).nlink == 0 {
                 continue;
             }
-            self.rename_locked(&mut l, tx, [&op, &np, &src], dst.as_ref(), (old_e, oldname), (new_e, newname), flags)?;
+            self.rename_locked(&mut l, tx, [&op, &np, &src], dst.as_ref(), (old_e, oldname), (new_e, newname), flags, whiteout)?;
             drop(l);
             // A replaced target that is open or large is freed now that the locks are gone.
             return match dst.filter(|_| flags & RENAME_EXCHANGE == 0) {
@@ -713,7 +789,8 @@ impl FileSystem {
     /// order: an inode's lock was busy, or a directory moves to another parent (the rename
     /// lock, taken before any inode lock, guards the loop check). The checks and errors are
     /// the slow path's, in its order.
-    fn rename_under_parent_locks<'m>(&'m self, tx: Tx<'m>, oldparent: u64, oldname: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<Option<Tx<'m>>> {
+    #[allow(clippy::too_many_arguments)]
+    fn rename_under_parent_locks<'m>(&'m self, tx: Tx<'m>, oldparent: u64, oldname: &[u8], newparent: u64, newname: &[u8], flags: u32, whiteout: Option<&Whiteout>) -> Result<Option<Tx<'m>>> {
         dir::check_name(oldname)?;
         let (op, np) = (self.m.iget(oldparent)?, self.m.iget(newparent)?);
         let src: InodeRef;
@@ -754,7 +831,7 @@ impl FileSystem {
         if oldparent != newparent && (l.get(src_ino).is_dir() || dst_ino.is_some_and(|d| l.get(d).is_dir())) {
             return Ok(Some(tx));
         }
-        self.rename_locked(&mut l, tx, [&op, &np, &src], dst.as_ref(), (old_e, oldname), (new_e, newname), flags)?;
+        self.rename_locked(&mut l, tx, [&op, &np, &src], dst.as_ref(), (old_e, oldname), (new_e, newname), flags, whiteout)?;
         drop(l);
         // A replaced target that is open or large is freed now that the locks are gone.
         if let Some(d) = dst.filter(|_| flags & RENAME_EXCHANGE == 0) {
@@ -780,7 +857,7 @@ impl FileSystem {
 
     /// `old` and `new`: the names and what they were found to hold under the parents' locks.
     #[allow(clippy::too_many_arguments)]
-    fn rename_locked(&self, l: &mut Locked, mut tx: Tx, [op, np, src]: [&InodeRef; 3], dst: Option<&InodeRef>, (old_e, oldname): (dir::Entry, &[u8]), (new_e, newname): (Option<dir::Entry>, &[u8]), flags: u32) -> Result<()> {
+    fn rename_locked(&self, l: &mut Locked, mut tx: Tx, [op, np, src]: [&InodeRef; 3], dst: Option<&InodeRef>, (old_e, oldname): (dir::Entry, &[u8]), (new_e, newname): (Option<dir::Entry>, &[u8]), flags: u32, whiteout: Option<&Whiteout>) -> Result<()> {
         let (opi, npi) = (op.ino, np.ino);
         let mut sd = l.get(src.ino).clone();
         let mut dd = dst.map(|d| l.get(d.ino).clone());
@@ -815,6 +892,8 @@ impl FileSystem {
             if exchange {
                 let d = dd.as_ref().unwrap();
                 dir::retarget(&mut s, &mut opd, &old_e, oldname, dst.unwrap().ino, ftype_of(d.mode))?;
+            } else if let Some(w) = whiteout {
+                dir::retarget(&mut s, &mut opd, &old_e, oldname, w.ino, ftype_of(S_IFCHR))?;
             } else {
                 dir::remove(&mut s, &mut opd, &old_e)?;
             }
@@ -878,7 +957,15 @@ impl FileSystem {
             npd.ctime = t;
             tx.log_inode(np, npd, false);
         }
-        tx.commit()?;
+        let whiteout = whiteout.map(|w| {
+            let mut di = DiskInode::new(S_IFCHR, w.cred.uid, w.cred.gid, t, w.gen);
+            inherit_setgid(&opd, &mut di);
+            di.fork = Fork::Device(0);
+            let inode = Inode::new(w.ino, di.clone(), w.log_version);
+            tx.log_inode(&inode, &di, true);
+            inode
+        });
+        self.commit_with_new_inode(tx, whiteout)?;
         l.set(src.ino, sd);
         l.set(opi, opd);
         if let Some(npd) = npd {

@@ -5,6 +5,9 @@ use crate::format::{DiskInode, Fork, BLOCK_SIZE};
 
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
+/// Leave a whiteout (a character device 0/0, overlayfs's mark of a deleted name) at the
+/// source name, in the same transaction as the rename.
+pub const RENAME_WHITEOUT: u32 = 4;
 /// fallocate(2) mode bits, Linux's values (`FileSystem::fallocate` says which combinations
 /// are supported).
 pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;

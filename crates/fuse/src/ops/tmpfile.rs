@@ -1,0 +1,22 @@
+//! O_TMPFILE (FUSE_TMPFILE): a file opened without a name.
+
+use super::{cred, file_attr, FerroFuse};
+use crate::access::{MAY_EXEC, MAY_WRITE};
+use fuser::{FileHandle, FopenFlags, Generation, ReplyCreate, Request};
+
+impl FerroFuse {
+    /// As for a create, write and search on the directory; the new file is open once for
+    /// the caller (released as any handle is). O_EXCL makes it a file `link` will not name
+    /// (the kernel refuses that link itself too; the engine keeps it true for every client).
+    pub(super) fn open_tmpfile(&self, req: &Request, dir: u64, mode: u16, flags: i32, reply: ReplyCreate) {
+        let ttl = match self.enter_dir(req, "tmpfile", dir, MAY_WRITE | MAY_EXEC) {
+            Ok(ttl) => ttl,
+            Err(e) => return reply.error(e),
+        };
+        let linkable = flags & libc::O_EXCL == 0;
+        match self.call("tmpfile", |fs| fs.tmpfile(dir, mode, cred(req), linkable)) {
+            Ok(a) => reply.created(&ttl, &file_attr(&a), Generation(a.generation as u64), FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(e),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! What overlayfs and container tools ask of an upper file system, through a real FUSE
+//! mount: renameat2 with RENAME_WHITEOUT, O_TMPFILE and linkat of such a file.
+
+mod common;
+
+use common::*;
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+
+fn renameat2(from: &Path, to: &Path, flags: u32) -> io::Result<i32> {
+    let (f, t) = (cpath(from), cpath(to));
+    // Through syscall(2): the libc wrapper may be missing on older C libraries.
+    let rc = unsafe { libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), flags) };
+    check(rc as i32)
+}
+
+/// Whether `p` is a whiteout: a character device 0/0.
+fn is_whiteout(p: &Path) -> bool {
+    fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == 0)
+}
+
+/// RENAME_WHITEOUT moves the file or directory and leaves a whiteout at the source name,
+/// surviving a remount; it is EINVAL with RENAME_EXCHANGE and keeps RENAME_NOREPLACE's
+/// EEXIST.
+#[test]
+fn rename_whiteout() {
+    if !is_root() {
+        // The kernel asks for CAP_MKNOD: a whiteout is a device node.
+        return skip("rename_whiteout", "RENAME_WHITEOUT needs CAP_MKNOD");
+    }
+    let Some(mut fx) = Fixture::new("whiteout", |_| {}) else { return };
+    let mnt = fx.mnt.clone();
+    let p = |s: &str| mnt.join(s);
+    fs::create_dir_all(p("dir/sub")).unwrap();
+    fs::write(p("f"), b"data").unwrap();
+    fs::write(p("other"), b"").unwrap();
+    let ino = fs::metadata(p("f")).unwrap().ino();
+    renameat2(&p("f"), &p("dir/g"), libc::RENAME_WHITEOUT).unwrap();
+    assert!(is_whiteout(&p("f")));
+    assert_eq!((fs::metadata(p("dir/g")).unwrap().ino(), fs::read(p("dir/g")).unwrap()), (ino, b"data".to_vec()));
+    renameat2(&p("dir/sub"), &p("sub2"), libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE).unwrap();
+    assert!(is_whiteout(&p("dir/sub")) && p("sub2").is_dir());
+    assert_eq!(fs::metadata(p("dir")).unwrap().nlink(), 2, "the moved directory's link left with it");
+    assert_eq!(errno(renameat2(&p("dir/g"), &p("other"), libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE)), libc::EEXIST);
+    assert_eq!(errno(renameat2(&p("dir/g"), &p("other"), libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE)), libc::EINVAL);
+    fx.remount();
+    assert!(is_whiteout(&p("f")) && is_whiteout(&p("dir/sub")));
+    assert_eq!(fs::read(p("dir/g")).unwrap(), b"data");
+    fs::remove_file(p("f")).unwrap();
+    fx.unmount();
+    assert_fsck_clean(&fx.image);
+}
+
+/// open(2) of `dir` with O_TMPFILE and `flags`.
+fn open_tmpfile(dir: &Path, flags: i32) -> io::Result<File> {
+    let fd = check(unsafe { libc::open(cpath(dir).as_ptr(), libc::O_TMPFILE | libc::O_RDWR | flags, 0o640) })?;
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// linkat(2) of an open file to `to`: through /proc/self/fd (any user), or with
+/// AT_EMPTY_PATH on the descriptor itself (CAP_DAC_READ_SEARCH).
+fn link_open_file(f: &File, to: &Path, empty_path: bool) -> io::Result<i32> {
+    let to = cpath(to);
+    let rc = if empty_path {
+        unsafe { libc::linkat(f.as_raw_fd(), c"".as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_EMPTY_PATH) }
+    } else {
+        let proc_path = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
+        unsafe { libc::linkat(libc::AT_FDCWD, proc_path.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW) }
+    };
+    check(rc)
+}
+
+fn free_inodes(p: &Path) -> u64 {
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    check(unsafe { libc::statvfs(cpath(p).as_ptr(), &mut st) }).unwrap();
+    st.f_ffree
+}
+
+/// O_TMPFILE gives an open file with no name and no link, which linkat names (through
+/// /proc/self/fd, and with AT_EMPTY_PATH as root) and keeps across a remount; one never
+/// named is freed at its close; O_TMPFILE|O_EXCL cannot be named.
+#[test]
+fn tmpfile_and_linkat() {
+    let Some(mut fx) = Fixture::new("tmpfile", |_| {}) else { return };
+    let mnt = fx.mnt.clone();
+    let p = |s: &str| mnt.join(s);
+    fs::create_dir(p("dir")).unwrap();
+    let free = free_inodes(&mnt);
+    let ways: &[bool] = if is_root() { &[false, true] } else { &[false] };
+    for &empty_path in ways {
+        let name = format!("dir/named-{empty_path}");
+        let mut f = open_tmpfile(&p("dir"), 0).unwrap();
+        let md = f.metadata().unwrap();
+        assert_eq!((md.nlink(), md.mode() & 0o7777, md.is_file()), (0, 0o640 & !0o022 & 0o640, true));
+        f.write_all(&[7u8; 70_000]).unwrap();
+        assert_eq!(fs::read_dir(p("dir")).unwrap().count(), usize::from(empty_path), "the tmpfile has no name");
+        link_open_file(&f, &p(&name), empty_path).unwrap();
+        assert_eq!((f.metadata().unwrap().nlink(), fs::metadata(p(&name)).unwrap().ino()), (1, md.ino()));
+        f.write_all(b"tail").unwrap();
+        drop(f);
+        let back = fs::read(p(&name)).unwrap();
+        assert_eq!((back.len(), &back[70_000..]), (70_004, &b"tail"[..]));
+    }
+    // Never named: freed at its close.
+    let mut f = open_tmpfile(&p("dir"), 0).unwrap();
+    f.write_all(&[1u8; 8192]).unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert_eq!(back, vec![1u8; 8192]);
+    drop(f);
+    // O_EXCL: never linkable.
+    let f = open_tmpfile(&p("dir"), libc::O_EXCL).unwrap();
+    assert_eq!(errno(link_open_file(&f, &p("dir/excl"), false)), libc::ENOENT);
+    drop(f);
+    assert_eq!(errno(open_tmpfile(&p("dir/named-false"), 0)), libc::ENOTDIR);
+    fx.remount();
+    assert_eq!(free_inodes(&mnt), free - ways.len() as u64, "only the named tmpfiles hold inodes");
+    for &empty_path in ways {
+        assert_eq!(fs::metadata(p(&format!("dir/named-{empty_path}"))).unwrap().len(), 70_004);
+    }
+    fx.unmount();
+    assert_fsck_clean(&fx.image);
+}
