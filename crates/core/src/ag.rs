@@ -28,6 +28,10 @@ pub struct AgState {
     inodes: Bitmap,
     orphan_free: Vec<u32>,
     reserved_blocks: u64,
+    /// Blocks freed by committed transactions whose checkpoint is not yet durable: still
+    /// set in `blocks`, but free on disk once it is (`release_busy`), so statfs counts them
+    /// free and a reservation that finds no space forces the log (`Tx::reserve`).
+    busy_blocks: u64,
     block_cursor: u64,
     inode_cursor: u64,
     next_generation: u32,
@@ -43,8 +47,8 @@ pub struct Ag {
     /// preallocated space and operations that free space get their B+tree blocks on a full
     /// file system.
     pool: u64,
-    /// Mirrors of the free counts for statfs, which must not take AG locks (blocks: without
-    /// the pool, which no program can fill).
+    /// Mirrors of the free counts for statfs, which must not take AG locks (blocks: busy
+    /// ones included, reserved ones and the pool, which no program can fill, left out).
     free_blocks: AtomicU64,
     free_inodes: AtomicU64,
     /// A mirror of the in-memory inode bitmap, changed under the lock with it, read without
@@ -177,6 +181,7 @@ impl Ag {
         }
         let state = AgState {
             reserved_blocks: 0,
+            busy_blocks: 0,
             block_cursor: l.data_start - l.start,
             inode_cursor: 0,
             next_generation: (l.start as u32).wrapping_mul(2_654_435_761) ^ std::process::id(),
@@ -226,7 +231,8 @@ impl Ag {
     }
 
     fn sync_counts(&self, s: &AgState) {
-        self.free_blocks.store(s.blocks.free().saturating_sub(s.reserved_blocks + self.pool), Relaxed);
+        debug_assert!(s.blocks.free() + s.busy_blocks <= self.layout.blocks, "busy blocks are a part of the claimed ones");
+        self.free_blocks.store((s.blocks.free() + s.busy_blocks).saturating_sub(s.reserved_blocks + self.pool), Relaxed);
         self.free_inodes.store(s.inodes.free(), Relaxed);
     }
 
@@ -334,8 +340,16 @@ impl Ag {
         Self::set_disk_bits(&self.inode_bitmap, idx as u64, 1, false)
     }
 
-    /// Commit-time change of the on-disk block bitmap; returns the blocks to log. Freed
-    /// blocks stay claimed in memory until the freeing checkpoint is durable (`release_busy`).
+    /// Commit-time free of blocks: cleared in the on-disk bitmap, but busy (still claimed in
+    /// memory) until the freeing checkpoint is durable (`release_busy`). Returns the blocks
+    /// to log.
+    pub fn free_disk_blocks(&self, s: &mut AgState, start: u64, len: u64) -> Vec<BufRef> {
+        s.busy_blocks += len;
+        self.sync_counts(s);
+        self.set_disk_blocks(start, len, false)
+    }
+
+    /// Commit-time change of the on-disk block bitmap; returns the blocks to log.
     pub fn set_disk_blocks(&self, start: u64, len: u64, used: bool) -> Vec<BufRef> {
         let rel = start - self.layout.start;
         let mut out: Vec<BufRef> = Vec::new();
@@ -432,6 +446,8 @@ impl Ag {
     /// A checkpoint that freed these blocks is durable: they may be handed out again.
     pub fn release_busy(&self, start: u64, len: u64) {
         let mut s = self.lock();
+        debug_assert!(s.busy_blocks >= len, "released more busy blocks than were freed");
+        s.busy_blocks -= len;
         self.unclaim_blocks(&mut s, start, len);
     }
 

@@ -303,7 +303,7 @@ impl<'m> Tx<'m> {
                 AgOp::InodeFree { ino, log_version } => bufs.push(ag.free_disk_inode(g, ino_index(ino), log_version)),
                 AgOp::BlockAlloc { start, len } => bufs.extend(ag.set_disk_blocks(start, len, true)),
                 AgOp::BlockFree { start, len, meta } => {
-                    bufs.extend(ag.set_disk_blocks(start, len, false));
+                    bufs.extend(ag.free_disk_blocks(g, start, len));
                     busy.push(BusyExtent { blkno: start, len: len as u32 });
                     if meta {
                         revoked.extend(start..start + len);

@@ -947,6 +947,37 @@ fn statfs_and_open_unlinked_files() {
     assert_eq!((again.f_bfree, again.f_ffree), (base.f_bfree, base.f_ffree));
 }
 
+/// Space df reports available can be allocated, also right after `rm` freed it (its blocks
+/// are busy until the checkpoint of the unlink is durable: an allocation that finds no other
+/// space forces the log and retries). What `fallocate -l <available - 1 MiB>; rm;
+/// fallocate -l <the same>` does, in several rounds; then fsck agrees with the last statfs.
+#[test]
+fn freed_space_is_allocatable_at_once() {
+    let Some(mut fx) = Fixture::new("freed-space", |_| {}) else { return };
+    let base = statvfs(&fx.mnt);
+    let len = (base.f_bavail * 4096 - (1 << 20)) as i64;
+    for round in 0..3 {
+        let f = File::create(fx.path("big")).unwrap();
+        check(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) }).unwrap_or_else(|e| panic!("round {round}: fallocate of {len} bytes: {e}"));
+        drop(f);
+        fs::remove_file(fx.path("big")).unwrap();
+    }
+    // The last close's release may still be on its way: the space comes back within moments.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while statvfs(&fx.mnt).f_bavail != base.f_bavail {
+        assert!(Instant::now() < deadline, "freed space not reported available: {} of {} blocks", statvfs(&fx.mnt).f_bavail, base.f_bavail);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let end = statvfs(&fx.mnt);
+    fx.unmount();
+    let report = assert_fsck_clean(&fx.image);
+    let dev = ferrofs::dev::FileDevice::open(&fx.image, true).unwrap();
+    let engine = ferrofs::FileSystem::mount_device(std::sync::Arc::new(dev), &ferrofs::MountOptions { read_only: true, ..Default::default() }).unwrap();
+    let pool: u64 = engine.mount().ags.iter().map(|ag| ag.pool()).sum();
+    assert_eq!(end.f_blocks - end.f_bfree, report.blocks_used + pool, "blocks in use: statfs (the pools counted used) against fsck");
+    assert_eq!(end.f_files - end.f_ffree - 1, report.inodes, "inodes in use: statfs against fsck");
+}
+
 #[test]
 fn files_over_4_gib() {
     let Some(mut fx) = Fixture::new("big4g", |_| {}) else { return };

@@ -73,11 +73,13 @@ pub fn replayed_records(image: &Path) -> u64 {
     fs.mount().recovery.records
 }
 
-/// Run the engine's fsck (read-only) on an unmounted image; panics with its findings.
-pub fn assert_fsck_clean(image: &Path) {
+/// Run the engine's fsck (read-only) on an unmounted image; panics with its findings,
+/// returns its counts.
+pub fn assert_fsck_clean(image: &Path) -> ferrofs::fsck::FsckReport {
     let dev = FileDevice::open_wait(image, true, Duration::from_secs(10)).expect("open image");
     let report = ferrofs::fsck::check(&dev, &ferrofs::fsck::FsckOptions::default(), &|_, _, _| {}).expect("fsck");
     assert!(report.is_clean(), "fsck found errors:\n{}", report.messages.join("\n"));
+    report
 }
 
 pub struct Fixture {
