@@ -127,3 +127,104 @@ fn tmpfile_and_linkat() {
     fx.unmount();
     assert_fsck_clean(&fx.image);
 }
+
+/// An overlayfs mount, detached again when dropped (also when the test fails).
+struct Overlay {
+    merged: std::path::PathBuf,
+}
+
+impl Overlay {
+    fn mount(lower: &Path, upper: &Path, work: &Path, merged: &Path) -> io::Result<Overlay> {
+        fs::create_dir_all(merged)?;
+        // redirect_dir=on: a lower directory renames in place (the kernel records where it
+        // came from in trusted.overlay.redirect) instead of failing with EXDEV.
+        let opts = format!("lowerdir={},upperdir={},workdir={},redirect_dir=on", lower.display(), upper.display(), work.display());
+        let (src, target, kind, data) = (c"overlay", cpath(merged), c"overlay", CString::new(opts).unwrap());
+        check(unsafe { libc::mount(src.as_ptr(), target.as_ptr(), kind.as_ptr(), 0, data.as_ptr().cast()) })?;
+        Ok(Overlay { merged: merged.to_path_buf() })
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        unsafe { libc::umount2(cpath(&self.merged).as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// The kernel log's overlayfs lines (empty where the log cannot be read).
+fn overlayfs_messages() -> Vec<String> {
+    let out = std::process::Command::new("dmesg").output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    text.lines().filter(|l| l.contains("overlayfs")).map(str::to_string).collect()
+}
+
+fn overlay_supported() -> bool {
+    fs::read_to_string("/proc/filesystems").is_ok_and(|f| f.lines().any(|l| l.ends_with("\toverlay")))
+}
+
+/// overlayfs with its lower, upper and work directories on ferrofs (what container tools
+/// do): the mount succeeds without a complaint in the kernel log, and a create, a write to a
+/// lower file (copy-up), a delete of a lower file (a whiteout in the upper directory) and a
+/// rename of a lower directory (a redirect) read back through the overlay, also after it is
+/// mounted again.
+#[test]
+fn overlayfs_with_upper_and_work_on_ferrofs() {
+    if !is_root() {
+        return skip("overlayfs_with_upper_and_work_on_ferrofs", "mounting overlayfs needs root");
+    }
+    if !overlay_supported() {
+        return skip("overlayfs_with_upper_and_work_on_ferrofs", "the kernel has no overlay file system");
+    }
+    let Some(mut fx) = Fixture::new("overlay", |_| {}) else { return };
+    let mnt = fx.mnt.clone();
+    let p = |s: &str| mnt.join(s);
+    for d in ["lower/ldir/sub", "upper", "work"] {
+        fs::create_dir_all(p(d)).unwrap();
+    }
+    fs::write(p("lower/gone"), b"deleted through the overlay").unwrap();
+    fs::write(p("lower/grow"), b"lower ").unwrap();
+    fs::write(p("lower/ldir/sub/deep"), b"deep").unwrap();
+    let merged = fx.dir.join("merged");
+    let m = |s: &str| merged.join(s);
+    let before = overlayfs_messages();
+    let ov = Overlay::mount(&p("lower"), &p("upper"), &p("work"), &merged).unwrap_or_else(|e| panic!("overlayfs refused ferrofs: {e}; kernel log: {:?}", overlayfs_messages()));
+    let complaints: Vec<String> = overlayfs_messages().into_iter().filter(|l| !before.contains(l)).collect();
+    assert!(complaints.is_empty(), "overlayfs complained: {complaints:?}");
+
+    fs::write(m("new"), b"created").unwrap();
+    fs::OpenOptions::new().append(true).open(m("grow")).unwrap().write_all(b"and upper").unwrap();
+    fs::remove_file(m("gone")).unwrap();
+    fs::rename(m("ldir"), m("moved")).unwrap();
+    let check_merged = || {
+        assert_eq!(fs::read(m("new")).unwrap(), b"created");
+        assert_eq!(fs::read(m("grow")).unwrap(), b"lower and upper");
+        assert_eq!(errno(fs::metadata(m("gone"))), libc::ENOENT);
+        assert_eq!(errno(fs::metadata(m("ldir"))), libc::ENOENT);
+        assert_eq!(fs::read(m("moved/sub/deep")).unwrap(), b"deep");
+        let mut names: Vec<String> = fs::read_dir(&merged).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        assert_eq!(names, ["grow", "moved", "new"]);
+    };
+    check_merged();
+    // What overlayfs left on ferrofs: the new and copied-up files, whiteouts for the deleted
+    // file and the moved directory's old name, and the lower layer untouched.
+    assert_eq!(fs::read(p("upper/new")).unwrap(), b"created");
+    assert_eq!(fs::read(p("upper/grow")).unwrap(), b"lower and upper");
+    assert!(is_whiteout(&p("upper/gone")) && is_whiteout(&p("upper/ldir")));
+    assert!(p("upper/moved").is_dir());
+    assert_eq!(fs::read(p("lower/gone")).unwrap(), b"deleted through the overlay");
+    assert_eq!(fs::read(p("lower/grow")).unwrap(), b"lower ");
+
+    drop(ov);
+    let ov = Overlay::mount(&p("lower"), &p("upper"), &p("work"), &merged).unwrap();
+    check_merged();
+    drop(ov);
+    fx.remount();
+    let ov = Overlay::mount(&p("lower"), &p("upper"), &p("work"), &merged).unwrap();
+    check_merged();
+    drop(ov);
+    let complaints: Vec<String> = overlayfs_messages().into_iter().filter(|l| !before.contains(l)).collect();
+    assert!(complaints.is_empty(), "overlayfs complained: {complaints:?}");
+    fx.unmount();
+    assert_fsck_clean(&fx.image);
+}
