@@ -1,5 +1,7 @@
-//! What overlayfs and container tools ask of an upper file system, through a real FUSE
-//! mount: renameat2 with RENAME_WHITEOUT, O_TMPFILE and linkat of such a file.
+//! Linux semantics beyond POSIX that programs rely on, through a real FUSE mount: what
+//! overlayfs and container tools ask of an upper file system (renameat2 with
+//! RENAME_WHITEOUT, O_TMPFILE and linkat of such a file, an overlayfs mount on ferrofs), and
+//! copy_file_range served by the engine.
 
 mod common;
 
@@ -225,6 +227,72 @@ fn overlayfs_with_upper_and_work_on_ferrofs() {
     drop(ov);
     let complaints: Vec<String> = overlayfs_messages().into_iter().filter(|l| !before.contains(l)).collect();
     assert!(complaints.is_empty(), "overlayfs complained: {complaints:?}");
+    fx.unmount();
+    assert_fsck_clean(&fx.image);
+}
+
+/// copy_file_range(2) of `len` bytes, looping as its callers do; the total copied.
+fn copy_range(from: &File, off_in: u64, to: &File, off_out: u64, len: usize) -> io::Result<usize> {
+    let (mut off_in, mut off_out) = (off_in as i64, off_out as i64);
+    let mut total = 0;
+    while total < len {
+        let n = check_size(unsafe { libc::copy_file_range(from.as_raw_fd(), &mut off_in, to.as_raw_fd(), &mut off_out, len - total, 0) })?;
+        if n == 0 {
+            break;
+        }
+        total += n;
+    }
+    Ok(total)
+}
+
+/// copy_file_range through the mount: data, holes and the source's end come out as in the
+/// source, a hole copied past the destination's end allocates nothing (the kernel's own
+/// fallback, a read and a write through the page cache, would write zeros: so the engine
+/// served it), non-overlapping ranges of one file copy, overlapping ones are EINVAL, and
+/// `cp --reflink=never` (which uses copy_file_range) makes an identical sparse copy.
+#[test]
+fn copy_file_range_in_the_engine() {
+    let Some(mut fx) = Fixture::new("copy-range", |_| {}) else { return };
+    let mnt = fx.mnt.clone();
+    let p = |s: &str| mnt.join(s);
+    let pattern: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8 + 1).collect();
+    {
+        let src = File::create(p("src")).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&src, &pattern, 0).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&src, &pattern[..5000], 64 << 20).unwrap();
+    }
+    let size = (64 << 20) + 5000;
+    let src = File::open(p("src")).unwrap();
+    let dst = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(p("dst")).unwrap();
+    assert_eq!(copy_range(&src, 0, &dst, 0, 1 << 30).unwrap(), size, "stops at the source's end");
+    let md = dst.metadata().unwrap();
+    assert_eq!(md.len(), size as u64);
+    assert!(md.blocks() * 512 < 1 << 20, "the 64 MiB hole was written: {} blocks", md.blocks());
+    let back = fs::read(p("dst")).unwrap();
+    assert!(back[..300_000] == pattern[..] && back[300_000..64 << 20].iter().all(|&b| b == 0) && back[64 << 20..] == pattern[..5000]);
+    // Over the destination's data: the source's hole becomes zeros there; past the source's
+    // end nothing is copied.
+    let over = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(p("over")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&over, &[0xee; 400_000], 0).unwrap();
+    assert_eq!(copy_range(&src, 290_000, &over, 10, 100_000).unwrap(), 100_000);
+    let back = fs::read(p("over")).unwrap();
+    assert!(back[..10].iter().all(|&b| b == 0xee) && back[10..10_010] == pattern[290_000..] && back[10_010..100_010].iter().all(|&b| b == 0) && back[100_010..].iter().all(|&b| b == 0xee));
+    assert_eq!(copy_range(&src, size as u64, &over, 0, 100).unwrap(), 0);
+    // Within one file: apart, copied; overlapping, EINVAL.
+    let same = fs::OpenOptions::new().read(true).write(true).open(p("over")).unwrap();
+    assert_eq!(copy_range(&same, 10, &same, 200_000, 1000).unwrap(), 1000);
+    assert_eq!(fs::read(p("over")).unwrap()[200_000..201_000], pattern[290_000..291_000]);
+    assert_eq!(errno(copy_range(&same, 0, &same, 500, 1000)), libc::EINVAL);
+    drop((src, dst, over, same));
+    let cp = std::process::Command::new("cp").arg("--reflink=never").arg(p("src")).arg(p("cp")).status();
+    if cp.is_ok_and(|s| s.success()) {
+        assert!(fs::read(p("cp")).unwrap() == fs::read(p("src")).unwrap(), "cp's copy differs");
+    } else {
+        skip("copy_file_range_in_the_engine (cp part)", "cp --reflink=never is not available");
+    }
+    fx.remount();
+    let back = fs::read(p("dst")).unwrap();
+    assert!(back[..300_000] == pattern[..] && back[64 << 20..] == pattern[..5000]);
     fx.unmount();
     assert_fsck_clean(&fx.image);
 }
