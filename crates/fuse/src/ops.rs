@@ -8,6 +8,7 @@
 //! Unless the kernel checks permissions (`default_permissions`), each request is checked
 //! against the engine's attributes with [`crate::access`] before the engine changes anything.
 
+mod copy;
 mod tmpfile;
 
 use crate::access::{searchable_by_all, Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
@@ -781,6 +782,23 @@ impl fuser::Filesystem for FerroFuse {
     fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
         let _serving = self.workers.serving(req.pid());
         self.open_tmpfile(req, parent.0, masked(mode, umask), flags, reply);
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let _serving = self.workers.serving(req.pid());
+        self.copy_range((ino_in.0, offset_in), (ino_out.0, offset_out), len, reply);
     }
 
     fn fallocate(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {

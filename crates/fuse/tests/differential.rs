@@ -103,6 +103,7 @@ enum Op {
     Close { slot: usize },
     Pwrite { slot: usize, off: u64, data: Vec<u8> },
     Pread { slot: usize, off: u64, len: usize },
+    CopyFileRange { from: usize, off_in: u64, to: usize, off_out: u64, len: usize },
     Ftruncate { slot: usize, len: u64 },
     Fstat { slot: usize },
     WriteFile { path: String, off: u64, data: Vec<u8> },
@@ -194,6 +195,11 @@ impl Side {
                 let mut buf = vec![0u8; *len];
                 let n = errno_of(check_size(unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), *len, *off as i64) }))?;
                 Ok(format!("{n} bytes {:?}", digest(&buf[..n])))
+            }
+            Op::CopyFileRange { from, off_in, to, off_out, len } => {
+                let (mut off_in, mut off_out) = (*off_in as i64, *off_out as i64);
+                let n = unsafe { libc::copy_file_range(self.fd(*from)?, &mut off_in, self.fd(*to)?, &mut off_out, *len, 0) };
+                errno_of(check_size(n)).map(|n| n.to_string())
             }
             Op::Ftruncate { slot, len } => rc(unsafe { libc::ftruncate(self.fd(*slot)?, *len as i64) }),
             Op::Fstat { slot } => {
@@ -356,8 +362,15 @@ impl Gen {
             }
             10..=13 => Op::Close { slot },
             14..=25 => Op::Pwrite { slot, off: self.offset(), data: self.data() },
-            26..=31 => Op::Pread { slot, off: self.offset(), len: self.rng.gen_range(1..50_000) },
-            32..=34 => Op::Ftruncate { slot, len: self.offset() },
+            26..=29 => Op::Pread { slot, off: self.offset(), len: self.rng.gen_range(1..50_000) },
+            30..=32 => {
+                // Between two open descriptors, sometimes one (overlapping ranges: EINVAL);
+                // from near the start, where most files have data.
+                let to = if self.rng.gen_bool(0.2) || open.is_empty() { slot } else { open[self.rng.gen_range(0..open.len())] };
+                let off_in = self.rng.gen_range(0..20_000);
+                Op::CopyFileRange { from: slot, off_in, to, off_out: self.offset(), len: self.rng.gen_range(1..100_000) }
+            }
+            33..=34 => Op::Ftruncate { slot, len: self.offset() },
             35..=36 => Op::Fstat { slot },
             37..=44 => Op::WriteFile { path: self.path(), off: self.offset(), data: self.data() },
             45..=47 => Op::Truncate { path: self.path(), len: self.offset() },

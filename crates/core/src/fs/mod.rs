@@ -6,6 +6,7 @@
 //! inside commit. Inode changes are made on a copy of the inode and stored back only once the
 //! transaction committed, so an error leaves the cached inode as it was.
 
+mod copy;
 mod path;
 mod types;
 
