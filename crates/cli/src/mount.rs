@@ -67,6 +67,8 @@ pub fn run(args: &MountArgs) -> CliResult<()> {
         mkfs::run(&MkfsArgs::for_new_image(args.image.clone(), size))?;
     }
     let mut cfg = config(args).map_err(|why| Failure::new(what(), why))?;
+    // Before forking: a bad mount point or option is reported by this command, not lost.
+    ferrofs_fuse::check(&cfg).context(what)?;
     if let Some(dir) = mounted_on(&cfg.image) {
         return Err(Failure::new(what(), format!("the image is already mounted on {dir}")));
     }

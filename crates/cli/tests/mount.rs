@@ -177,3 +177,100 @@ fn damaged_image_is_refused_without_a_stale_mount() {
     assert!(err.starts_with("ferrofs: ") && err.contains("superblock"), "{err}");
     assert!(!is_mounted(&s.mnt));
 }
+
+/// The fstype and source of the top mount on `dir`, if any.
+fn top_mount(dir: &std::path::Path) -> Option<(String, String)> {
+    let canon = dir.canonicalize().unwrap();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().rfind(|l| l.split(' ').nth(4).is_some_and(|m| std::path::Path::new(m) == canon)).and_then(|l| {
+        let mut right = l.split_once(" - ")?.1.split(' ');
+        Some((right.next()?.to_string(), right.next()?.to_string()))
+    })
+}
+
+fn write_files(dir: &std::path::Path, n: usize) {
+    for i in 0..n {
+        std::fs::write(dir.join(format!("f{i}")), i.to_string()).unwrap();
+    }
+}
+
+#[test]
+fn exiting_daemon_leaves_what_was_mounted_after_it_alone() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED exiting_daemon_leaves: {why}");
+    }
+    let s = Scratch::new("replaced");
+    assert!(run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(&s.image)).status.success());
+    for round in 0..3 {
+        let o = s.mount(&[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        write_files(&s.mnt, 300);
+        s.umount();
+        assert!(Command::new("mount").args(["-t", "tmpfs", "tmpfs"]).arg(&s.mnt).status().unwrap().success());
+        // The daemon has exited once it lets go of the image: whatever it did on its way out
+        // is done.
+        s.wait_released();
+        assert_eq!(top_mount(&s.mnt).map(|m| m.0).as_deref(), Some("tmpfs"), "round {round}: the tmpfs was unmounted");
+        s.umount();
+    }
+    s.fsck_clean();
+}
+
+#[test]
+fn one_umount_of_stacked_mounts_ends_only_the_top_one() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED stacked_mounts: {why}");
+    }
+    let s = Scratch::new("stacked");
+    let upper = Scratch { image: s.dir.join("upper.img"), mnt: s.mnt.clone(), dir: s.dir.join("upper") };
+    for image in [&s.image, &upper.image] {
+        assert!(run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(image)).status.success());
+    }
+    assert!(s.mount(&[]).status.success());
+    std::fs::write(s.mnt.join("lower-file"), b"lower").unwrap();
+    let o = upper.mount(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    write_files(&s.mnt, 100);
+    s.umount();
+    upper.wait_released();
+    let canon = s.image.canonicalize().unwrap();
+    assert_eq!(top_mount(&s.mnt), Some(("fuse.ferrofs".to_string(), canon.display().to_string())), "the lower mount was unmounted too");
+    assert_eq!(std::fs::read(s.mnt.join("lower-file")).unwrap(), b"lower");
+    s.umount();
+    s.wait_released();
+    s.fsck_clean();
+    upper.fsck_clean();
+}
+
+#[test]
+fn mount_point_that_is_not_a_directory_is_refused_before_forking() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED mount_point_not_a_directory: {why}");
+    }
+    let s = Scratch::new("notdir");
+    assert!(run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(&s.image)).status.success());
+    let file = s.dir.join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    for (target, why) in [(&file, "is not a directory"), (&s.dir.join("missing"), "does not exist")] {
+        let o = run(Command::new(BIN).args(["mount", "--daemon"]).arg(&s.image).arg(target));
+        assert!(!o.status.success());
+        assert!(stderr(&o).contains(&format!("mount point {} {why}", target.display())), "{}", stderr(&o));
+    }
+    assert!(!is_mounted(&file));
+    // Nothing was left holding the image.
+    ferrofs::dev::FileDevice::open(&s.image, false).unwrap();
+}
+
+#[test]
+fn unknown_mount_option_is_named() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED unknown_mount_option: {why}");
+    }
+    let s = Scratch::new("bogus");
+    assert!(run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(&s.image)).status.success());
+    let o = s.mount(&["-o", "noatime,bogus"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("unknown mount option 'bogus'") && !stderr(&o).contains("MsFlags"), "{}", stderr(&o));
+    assert!(!is_mounted(&s.mnt));
+    ferrofs::dev::FileDevice::open(&s.image, false).unwrap();
+}
