@@ -274,3 +274,27 @@ fn unknown_mount_option_is_named() {
     assert!(!is_mounted(&s.mnt));
     ferrofs::dev::FileDevice::open(&s.image, false).unwrap();
 }
+
+#[test]
+fn fsck_right_after_umount_waits_for_the_daemon() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED fsck_after_umount: {why}");
+    }
+    let s = Scratch::new("umount-fsck");
+    assert!(run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(&s.image)).status.success());
+    for round in 0..10 {
+        let o = s.mount(&[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        std::fs::create_dir(s.mnt.join(format!("d{round}"))).unwrap();
+        write_files(&s.mnt.join(format!("d{round}")), 300);
+        // While mounted, the tools refuse at once and say where.
+        let started = Instant::now();
+        let o = run(Command::new(BIN).arg("fsck").arg("-n").arg(&s.image));
+        assert!(!o.status.success() && stderr(&o).contains(&format!("mounted on {}", s.mnt.canonicalize().unwrap().display())), "{}", stderr(&o));
+        assert!(started.elapsed() < Duration::from_secs(5), "a mounted image must not be waited for");
+        // `umount DIR && fsck IMG`, as scripts do.
+        s.umount();
+        let o = run(Command::new(BIN).arg("fsck").arg("-n").arg(&s.image));
+        assert!(o.status.success(), "round {round}: {}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    }
+}
