@@ -130,15 +130,19 @@ pub(crate) fn config(args: &MountArgs) -> Result<MountConfig, String> {
     Ok(cfg)
 }
 
-/// Where `image` is mounted through FUSE now, if it is. A mount of an image that is merely
-/// locked (its daemon is finishing an unmount) waits for the lock instead.
+/// Where `image` is mounted through FUSE now, if it is: by whatever name (the image file, a
+/// loop device of it) it was mounted, the same image ([`ferrofs::dev::identity`]). A mount of
+/// an image that is merely locked (its daemon is finishing an unmount) waits for the lock
+/// instead.
 pub(crate) fn mounted_on(image: &std::path::Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let identity = ferrofs::dev::identity_of_path(image).ok()?;
     info.lines().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
         let mut r = right.split(' ');
         let (fstype, source) = (r.next()?, r.next()?);
-        (fstype.starts_with("fuse") && std::path::Path::new(source) == image).then(|| left.split(' ').nth(4).unwrap_or("?").to_string())
+        let same = |source: &str| std::path::Path::new(source) == image || ferrofs::dev::identity_of_path(source).is_ok_and(|i| i == identity);
+        (fstype.starts_with("fuse") && same(source)).then(|| left.split(' ').nth(4).unwrap_or("?").to_string())
     })
 }
 

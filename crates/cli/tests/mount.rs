@@ -35,6 +35,11 @@ impl Scratch {
         run(Command::new(BIN).arg("mount").arg("--daemon").args(extra).arg(&self.image).arg(&self.mnt))
     }
 
+    fn mkfs(&self) {
+        let o = run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(&self.image));
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+
     fn umount(&self) {
         assert!(Command::new("umount").arg(&self.mnt).status().unwrap().success());
     }
@@ -200,7 +205,7 @@ fn exiting_daemon_leaves_what_was_mounted_after_it_alone() {
         return eprintln!("SKIPPED exiting_daemon_leaves: {why}");
     }
     let s = Scratch::new("replaced");
-    assert!(run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(&s.image)).status.success());
+    s.mkfs();
     for round in 0..3 {
         let o = s.mount(&[]);
         assert!(o.status.success(), "{}", stderr(&o));
@@ -223,9 +228,8 @@ fn one_umount_of_stacked_mounts_ends_only_the_top_one() {
     }
     let s = Scratch::new("stacked");
     let upper = Scratch { image: s.dir.join("upper.img"), mnt: s.mnt.clone(), dir: s.dir.join("upper") };
-    for image in [&s.image, &upper.image] {
-        assert!(run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(image)).status.success());
-    }
+    s.mkfs();
+    upper.mkfs();
     assert!(s.mount(&[]).status.success());
     std::fs::write(s.mnt.join("lower-file"), b"lower").unwrap();
     let o = upper.mount(&[]);
@@ -248,7 +252,7 @@ fn mount_point_that_is_not_a_directory_is_refused_before_forking() {
         return eprintln!("SKIPPED mount_point_not_a_directory: {why}");
     }
     let s = Scratch::new("notdir");
-    assert!(run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(&s.image)).status.success());
+    s.mkfs();
     let file = s.dir.join("a-file");
     std::fs::write(&file, b"").unwrap();
     for (target, why) in [(&file, "is not a directory"), (&s.dir.join("missing"), "does not exist")] {
@@ -267,7 +271,7 @@ fn unknown_mount_option_is_named() {
         return eprintln!("SKIPPED unknown_mount_option: {why}");
     }
     let s = Scratch::new("bogus");
-    assert!(run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(&s.image)).status.success());
+    s.mkfs();
     let o = s.mount(&["-o", "noatime,bogus"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("unknown mount option 'bogus'") && !stderr(&o).contains("MsFlags"), "{}", stderr(&o));
@@ -281,7 +285,7 @@ fn fsck_right_after_umount_waits_for_the_daemon() {
         return eprintln!("SKIPPED fsck_after_umount: {why}");
     }
     let s = Scratch::new("umount-fsck");
-    assert!(run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(&s.image)).status.success());
+    s.mkfs();
     for round in 0..10 {
         let o = s.mount(&[]);
         assert!(o.status.success(), "{}", stderr(&o));
@@ -297,4 +301,60 @@ fn fsck_right_after_umount_waits_for_the_daemon() {
         let o = run(Command::new(BIN).arg("fsck").arg("-n").arg(&s.image));
         assert!(o.status.success(), "round {round}: {}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
     }
+}
+
+/// A loop device bound to a file, detached on drop.
+struct Loop(PathBuf);
+
+impl Loop {
+    /// `None` where loop devices cannot be set up here.
+    fn attach(file: &std::path::Path) -> Option<Loop> {
+        let o = Command::new("losetup").args(["-f", "--show"]).arg(file).output().ok()?;
+        o.status.success().then(|| Loop(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())))
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn an_image_and_its_loop_device_are_one_image() {
+    use ferrofs::dev::FileDevice;
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED image_through_loop_device: {why}");
+    }
+    let s = Scratch::new("loop");
+    s.mkfs();
+    let Some(dev) = Loop::attach(&s.image) else {
+        return eprintln!("SKIPPED image_through_loop_device: losetup cannot attach a loop device here");
+    };
+    // The lock itself, by either name.
+    let held = FileDevice::open(&s.image, false).unwrap();
+    assert_eq!(FileDevice::open(&dev.0, true).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    drop(held);
+    let held = FileDevice::open(&dev.0, false).unwrap();
+    assert_eq!(FileDevice::open(&s.image, true).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    drop(held);
+    // Mounted by one name, refused at once by the other, and the tools say where it is mounted.
+    let second = s.dir.join("second");
+    std::fs::create_dir(&second).unwrap();
+    assert!(s.mount(&[]).status.success());
+    let mnt = s.mnt.canonicalize().unwrap();
+    let o = run(Command::new(BIN).args(["mount", "--daemon"]).arg(&dev.0).arg(&second));
+    assert!(!o.status.success() && stderr(&o).contains(&format!("already mounted on {}", mnt.display())), "{}", stderr(&o));
+    assert!(!is_mounted(&second));
+    let o = run(Command::new(BIN).arg("fsck").arg("-n").arg(&dev.0));
+    assert!(!o.status.success() && stderr(&o).contains(&format!("mounted on {}", mnt.display())), "{}", stderr(&o));
+    s.umount();
+    let o = run(Command::new(BIN).args(["mount", "--daemon"]).arg(&dev.0).arg(&second));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = s.mount(&[]);
+    assert!(!o.status.success() && stderr(&o).contains("already mounted on"), "{}", stderr(&o));
+    assert!(Command::new("umount").arg(&second).status().unwrap().success());
+    s.wait_released();
+    drop(dev);
+    s.fsck_clean();
 }

@@ -28,15 +28,8 @@ use std::thread::JoinHandle;
 /// Longest command line a client may send.
 const COMMAND_MAX: u64 = 64;
 
-/// The directory of this user's ferrofs sockets: `/run/ferrofs` for root (and for a user
-/// without `$XDG_RUNTIME_DIR`), else `$XDG_RUNTIME_DIR/ferrofs`.
-pub fn runtime_dir() -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    match (unsafe { libc::geteuid() }, std::env::var_os("XDG_RUNTIME_DIR")) {
-        (0, _) | (_, None) => PathBuf::from("/run/ferrofs"),
-        (_, Some(d)) => Path::new(&d).join("ferrofs"),
-    }
-}
+/// The directory of this user's ferrofs sockets (and image locks).
+pub use ferrofs::dev::runtime_dir;
 
 /// Where the control socket of the mount on `mountpoint` lives.
 pub fn socket_path(mountpoint: &Path) -> io::Result<PathBuf> {
