@@ -63,6 +63,9 @@ pub struct MountArgs {
 pub fn run(args: &MountArgs) -> CliResult<()> {
     cap_malloc_arenas();
     let what = || format!("mount {} on {}", args.image.display(), args.mountpoint.display());
+    if args.options.iter().any(|o| o.trim() == "remount") {
+        return remount(args);
+    }
     if let (Some(size), false) = (args.mkfs, args.image.exists()) {
         mkfs::run(&MkfsArgs::for_new_image(args.image.clone(), size))?;
     }
@@ -89,6 +92,22 @@ pub fn run(args: &MountArgs) -> CliResult<()> {
         )
     })
     .context(what)
+}
+
+/// `-o remount,ro` or `-o remount,rw` (the last of the two counts; without either nothing
+/// changes): switch the mount on the mount point. The other options are those mount(8) passes
+/// along from fstab; a FUSE mount cannot change them on a remount, so they are ignored.
+fn remount(args: &MountArgs) -> CliResult<()> {
+    let what = || format!("remount {}", args.mountpoint.display());
+    let read_only = args.options.iter().rev().find_map(|o| match o.trim() {
+        "ro" => Some(true),
+        "rw" => Some(false),
+        _ => None,
+    });
+    match read_only {
+        Some(read_only) => ferrofs_fuse::remount(&args.mountpoint, read_only).context(what),
+        None => Ok(()),
+    }
 }
 
 /// Build the mount configuration from the arguments and `-o` options.

@@ -358,3 +358,60 @@ fn an_image_and_its_loop_device_are_one_image() {
     drop(dev);
     s.fsck_clean();
 }
+
+/// The per-mount options of the top mount on `dir` (`rw,nosuid,...`).
+fn mount_options(dir: &std::path::Path) -> String {
+    let canon = dir.canonicalize().unwrap();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info.lines().rfind(|l| l.split(' ').nth(4).is_some_and(|m| std::path::Path::new(m) == canon)).expect("mounted");
+    line.split(' ').nth(5).unwrap().to_string()
+}
+
+#[test]
+fn remount_read_only_and_back_through_the_helper() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED remount: {why}");
+    }
+    let s = Scratch::new("remount");
+    s.mkfs();
+    assert!(s.mount(&[]).status.success());
+    write_files(&s.mnt, 200);
+    let helper = s.dir.join("mount.fuse.ferrofs");
+    symlink(BIN, &helper).unwrap();
+    // A copy of the image as it is on disk now, checked while the mount goes on: consistent,
+    // its log empty, and the last file written is in it.
+    let image_is_clean = || {
+        let copy = s.dir.join("copy.img");
+        assert!(Command::new("cp").arg("--sparse=always").arg(&s.image).arg(&copy).status().unwrap().success());
+        let fsck = run(Command::new(BIN).arg("fsck").arg("-n").arg(&copy));
+        let info = String::from_utf8_lossy(&run(Command::new(BIN).arg("info").arg(&copy)).stdout).into_owned();
+        let dev = std::sync::Arc::new(ferrofs::dev::FileDevice::open(&copy, true).unwrap());
+        let fs = ferrofs::FileSystem::mount_device(dev, &ferrofs::MountOptions { read_only: true, ..Default::default() }).unwrap();
+        let last = fs.lookup(1, b"f199").and_then(|a| fs.read(a.ino, 0, 8));
+        drop(fs);
+        std::fs::remove_file(&copy).unwrap();
+        fsck.status.success() && info.lines().any(|l| l.split_whitespace().eq(["log", "clean"])) && last.is_ok_and(|d| d == b"199")
+    };
+    // As mount(8) runs the helper for `mount -o remount,ro DIR`.
+    let o = run(Command::new(&helper).arg(&s.image).arg(&s.mnt).args(["-o", "remount,ro"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(mount_options(&s.mnt).starts_with("ro,"), "{}", mount_options(&s.mnt));
+    let erofs = |r: std::io::Result<()>| r.unwrap_err().raw_os_error() == Some(libc::EROFS);
+    assert!(erofs(std::fs::write(s.mnt.join("new"), b"x")));
+    assert!(erofs(std::fs::write(s.mnt.join("f1"), b"x")));
+    assert!(erofs(std::fs::create_dir(s.mnt.join("dir"))));
+    assert_eq!(std::fs::read(s.mnt.join("f7")).unwrap(), b"7");
+    assert!(image_is_clean(), "remount ro writes the log home");
+    let o = run(Command::new(&helper).arg(&s.image).arg(&s.mnt).args(["-o", "remount,rw"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(mount_options(&s.mnt).starts_with("rw,"), "{}", mount_options(&s.mnt));
+    std::fs::write(s.mnt.join("new"), b"after").unwrap();
+    std::fs::create_dir(s.mnt.join("dir")).unwrap();
+    s.umount();
+    s.wait_released();
+    s.fsck_clean();
+    assert!(s.mount(&[]).status.success());
+    assert_eq!(std::fs::read(s.mnt.join("new")).unwrap(), b"after");
+    s.umount();
+    s.wait_released();
+}

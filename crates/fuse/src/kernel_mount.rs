@@ -228,6 +228,29 @@ impl KernelMount {
     }
 }
 
+/// Remount the mount on `mountpoint` read-only or read-write (`MS_REMOUNT`, root only). The
+/// mount's other flags are given again as it has them now, since a remount sets them all.
+pub(crate) fn remount_kernel(mountpoint: &Path, read_only: bool) -> io::Result<()> {
+    use nix::sys::statvfs::{statvfs, FsFlags};
+    let now = statvfs(mountpoint)?.flags();
+    let kept = [
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_SYNCHRONOUS, MsFlags::MS_SYNCHRONOUS),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ];
+    let mut flags = MsFlags::MS_REMOUNT;
+    for (has, flag) in kept {
+        flags.set(flag, now.contains(has));
+    }
+    flags.set(MsFlags::MS_RDONLY, read_only);
+    nix::mount::mount(None::<&str>, mountpoint, None::<&str>, flags, None::<&str>)?;
+    Ok(())
+}
+
 /// `mount(2)` as root: our own `/dev/fuse` descriptor, the mount point's file type as the
 /// root's, our ids as the mount's owner.
 fn mount_syscall(mountpoint: &Path, opts: &KernelOptions) -> io::Result<OwnedFd> {

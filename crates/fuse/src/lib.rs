@@ -367,6 +367,26 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     Ok(MountHandle { mountpoint: opts.mountpoint.clone(), image: opts.image.clone(), engine, kernel: Arc::new(kernel), thread: Some(thread) })
 }
 
+/// Remount the ferrofs mount on `mountpoint` read-only or read-write, as `mount -o
+/// remount,ro` asks through the mount helper. To read-only: the kernel first (it refuses while
+/// a file is open for writing, and from then on fails every change with EROFS itself), then the
+/// daemon, through its control socket, which writes its log home (the image on disk is clean
+/// while it stays so) and refuses changes too. To read-write: the daemon first, then the
+/// kernel; if the kernel refuses, the daemon goes back to read-only.
+pub fn remount(mountpoint: &Path, read_only: bool) -> io::Result<()> {
+    let tell_daemon = |read_only: bool| control::request(mountpoint, if read_only { "remount ro" } else { "remount rw" }).map(drop);
+    if read_only {
+        kernel_mount::remount_kernel(mountpoint, true)?;
+        return tell_daemon(true);
+    }
+    tell_daemon(false)?;
+    kernel_mount::remount_kernel(mountpoint, false).inspect_err(|_| {
+        if let Err(e) = tell_daemon(true) {
+            eprintln!("ferrofs: {} stays read-only in the kernel, but its daemon could not go back to read-only: {e}", mountpoint.display());
+        }
+    })
+}
+
 /// What mount(8) would refuse, refused before the image is opened: a mount point that is not
 /// a directory, an unknown option, too many threads. A daemonising caller checks before it
 /// forks, so that the user sees the reason at once.
