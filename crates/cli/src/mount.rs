@@ -268,7 +268,12 @@ pub(crate) fn log_to_syslog(msg: &str) {
 
 /// Translate a mount helper's command line (`IMAGE DIR [-sfnv] [-o OPTS]`, as mount(8) runs
 /// it) into `ferrofs mount --daemon IMAGE DIR -o OPTS`.
-pub fn helper_argv(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+///
+/// mount(8) passes `nosuid` and `nodev` on when they are given, but never `suid` or `dev`:
+/// their absence is its default, suid and dev, as ext4 gets. So for `root`, as mount.fuse3
+/// does for every FUSE file system, the helper adds `suid` and `dev` unless `nosuid` or
+/// `nodev` was given; `ferrofs mount` run directly keeps FUSE's `nosuid,nodev` default.
+pub fn helper_argv(args: Vec<OsString>, root: bool) -> Result<Vec<OsString>, String> {
     let mut out: Vec<OsString> = vec!["ferrofs".into(), "mount".into(), "--daemon".into()];
     let mut positional = Vec::new();
     let mut it = args.into_iter().skip(1);
@@ -290,6 +295,13 @@ pub fn helper_argv(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     }
     if positional.len() != 2 {
         return Err("usage: mount.fuse.ferrofs IMAGE MOUNTPOINT [-o OPTIONS]".into());
+    }
+    if root {
+        let given = |flag: &str| out.iter().filter_map(|a| a.to_str()).any(|a| a.split(',').any(|o| o == flag));
+        let implied: Vec<&str> = [("nosuid", "suid"), ("nodev", "dev")].into_iter().filter(|(no, _)| !given(no)).map(|(_, yes)| yes).collect();
+        if !implied.is_empty() {
+            out.extend(["-o".into(), implied.join(",").into()]);
+        }
     }
     out.extend(positional);
     Ok(out)
@@ -333,10 +345,18 @@ mod tests {
     fn helper_command_lines() {
         let argv = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
         assert_eq!(
-            helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-n", "-o", "rw,noatime"])).unwrap(),
+            helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-n", "-o", "rw,noatime"]), false).unwrap(),
             argv(&["ferrofs", "mount", "--daemon", "-o", "rw,noatime", "/i.img", "/mnt"])
         );
-        assert!(helper_argv(argv(&["mount.fuse.ferrofs", "/i.img"])).is_err());
-        assert!(helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-x"])).unwrap_err().contains("-x"));
+        assert_eq!(
+            helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-o", "rw"]), true).unwrap(),
+            argv(&["ferrofs", "mount", "--daemon", "-o", "rw", "-o", "suid,dev", "/i.img", "/mnt"])
+        );
+        assert_eq!(
+            helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-o", "rw,nosuid"]), true).unwrap(),
+            argv(&["ferrofs", "mount", "--daemon", "-o", "rw,nosuid", "-o", "dev", "/i.img", "/mnt"])
+        );
+        assert!(helper_argv(argv(&["mount.fuse.ferrofs", "/i.img"]), false).is_err());
+        assert!(helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-x"]), false).unwrap_err().contains("-x"));
     }
 }

@@ -415,3 +415,38 @@ fn remount_read_only_and_back_through_the_helper() {
     s.umount();
     s.wait_released();
 }
+
+#[test]
+fn suid_and_dev_are_honoured_for_root_and_off_by_default() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED suid_dev: {why}");
+    }
+    let s = Scratch::new("suid-dev");
+    s.mkfs();
+    let helper = s.dir.join("mount.fuse.ferrofs");
+    symlink(BIN, &helper).unwrap();
+    let null = s.mnt.join("null");
+    // `ferrofs mount` keeps FUSE's safe default; mount(8) passes no `suid,dev` (they are its
+    // default) but does pass `nosuid,nodev`, and the helper reads it as mount.fuse3 does.
+    let cases: [(&std::path::Path, &str, bool); 4] = [(BIN.as_ref(), "rw", true), (BIN.as_ref(), "suid,dev", false), (&helper, "rw", false), (&helper, "rw,nosuid,nodev", true)];
+    for (command, options, nosuid_nodev) in cases {
+        let o = if command == helper {
+            run(Command::new(command).arg(&s.image).arg(&s.mnt).args(["-o", options]))
+        } else {
+            s.mount(&["-o", options])
+        };
+        assert!(o.status.success(), "{}", stderr(&o));
+        let flags = mount_options(&s.mnt);
+        let flags: Vec<&str> = flags.split(',').collect();
+        assert_eq!((flags.contains(&"nosuid"), flags.contains(&"nodev")), (nosuid_nodev, nosuid_nodev), "{command:?} -o {options}: {flags:?}");
+        // The kernel opens device nodes itself: a node of /dev/null works only with `dev`.
+        if !null.exists() {
+            assert!(Command::new("mknod").arg(&null).args(["c", "1", "3"]).status().unwrap().success());
+        }
+        let opened = std::fs::OpenOptions::new().write(true).open(&null);
+        assert_eq!(opened.is_ok(), !nosuid_nodev, "{command:?} -o {options}: {opened:?}");
+        drop(opened);
+        s.umount();
+        s.wait_released();
+    }
+}
