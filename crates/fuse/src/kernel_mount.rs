@@ -366,6 +366,32 @@ mod tests {
         assert_eq!(k.fuse, ["subtype=ferrofs", "max_read=131072", "default_permissions"]);
     }
 
+    /// The path a user's mount takes, run as root: fusermount3 mounts and sends the
+    /// descriptor back; the mount is then known and detached by its device.
+    #[test]
+    fn fusermount3_sends_the_descriptor_back() {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if !root || std::fs::File::open("/dev/fuse").is_err() || Command::new(FUSERMOUNT).arg("-V").output().is_err() {
+            return eprintln!("SKIPPED fusermount3_sends_the_descriptor_back: needs root, /dev/fuse and {FUSERMOUNT}");
+        }
+        let dir = std::env::temp_dir().join(format!("ferrofs-fusermount-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut k = opts(&["subtype=ferrofs", "noatime"]).unwrap();
+        k.source = "/odd,name\\.img".into();
+        let fuse = mount_fusermount(&dir, &k).unwrap();
+        let (_, dev, mount_root) = look_at(&dir).unwrap();
+        assert!(mount_root && fuse.as_raw_fd() > 2);
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let line = info.lines().find(|l| l.contains(&format!(" {}:{} ", libc::major(dev), libc::minor(dev)))).unwrap().to_string();
+        let mount = KernelMount { mountpoint: dir.canonicalize().unwrap(), dev };
+        assert_eq!(mount.detach().unwrap(), Detach::Detached);
+        drop(fuse);
+        assert_eq!(mount.detach().unwrap(), Detach::Gone);
+        std::fs::remove_dir(&dir).unwrap();
+        assert!(line.contains(" - fuse.ferrofs /odd,name") && line.contains("noatime"), "{line}");
+    }
+
     #[test]
     fn unknown_options_are_named() {
         assert_eq!(opts(&["noatime", "bogus"]).unwrap_err(), "unknown mount option 'bogus'");
