@@ -235,6 +235,9 @@ fn one_umount_of_stacked_mounts_ends_only_the_top_one() {
     let o = upper.mount(&[]);
     assert!(o.status.success(), "{}", stderr(&o));
     write_files(&s.mnt, 100);
+    // A remount would reach one daemon by the mount point's control socket, maybe not the top's.
+    let o = upper.mount(&["-o", "remount,ro"]);
+    assert!(!o.status.success() && stderr(&o).contains("stacked"), "{}", stderr(&o));
     s.umount();
     upper.wait_released();
     let canon = s.image.canonicalize().unwrap();

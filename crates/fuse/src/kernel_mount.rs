@@ -251,6 +251,13 @@ pub(crate) fn remount_kernel(mountpoint: &Path, read_only: bool) -> io::Result<(
     Ok(())
 }
 
+/// How many mounts `/proc/self/mountinfo` lists on `mountpoint` (stacked ones count each).
+pub(crate) fn mounts_on(mountpoint: &Path) -> io::Result<usize> {
+    let canon = mountpoint.canonicalize()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info.lines().filter(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(m) == canon)).count())
+}
+
 /// `mount(2)` as root: our own `/dev/fuse` descriptor, the mount point's file type as the
 /// root's, our ids as the mount's owner.
 fn mount_syscall(mountpoint: &Path, opts: &KernelOptions) -> io::Result<OwnedFd> {

@@ -374,6 +374,11 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
 /// while it stays so) and refuses changes too. To read-write: the daemon first, then the
 /// kernel; if the kernel refuses, the daemon goes back to read-only.
 pub fn remount(mountpoint: &Path, read_only: bool) -> io::Result<()> {
+    // The control socket is named after the mount point, so with mounts stacked there it
+    // reaches the daemon of one of them only, not necessarily the top one the kernel remounts.
+    if kernel_mount::mounts_on(mountpoint)? > 1 {
+        return Err(io::Error::other(format!("several mounts are stacked on {}: unmount the others first", mountpoint.display())));
+    }
     let tell_daemon = |read_only: bool| control::request(mountpoint, if read_only { "remount ro" } else { "remount rw" }).map(drop);
     if read_only {
         kernel_mount::remount_kernel(mountpoint, true)?;
@@ -407,7 +412,14 @@ fn checked(opts: &MountConfig) -> Result<(Config, KernelOptions), MountError> {
 
 fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
     let path = opts.image.clone();
-    let dev = FileDevice::open_wait(&opts.image, opts.read_only, opts.lock_timeout).map_err(|source| {
+    let dev = FileDevice::open(&opts.image, opts.read_only).or_else(|e| match e.kind() {
+        io::ErrorKind::WouldBlock if !opts.lock_timeout.is_zero() => {
+            eprintln!("ferrofs: {} is locked by another process; waiting up to {} s for it to let go", path.display(), opts.lock_timeout.as_secs());
+            FileDevice::open_wait(&opts.image, opts.read_only, opts.lock_timeout)
+        }
+        _ => Err(e),
+    });
+    let dev = dev.map_err(|source| {
         if source.kind() == io::ErrorKind::WouldBlock {
             MountError::ImageInUse { path: path.clone() }
         } else {
