@@ -349,8 +349,9 @@ fn look_at(path: &Path) -> io::Result<(OwnedFd, u64, bool)> {
         return Err(io::Error::last_os_error());
     }
     let dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
-    let mount_root = stx.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0;
-    debug_assert!(stx.stx_attributes_mask & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0, "kernel before 5.8: no STATX_ATTR_MOUNT_ROOT");
+    // Kernels before 5.8 do not say; the device alone then names the mount.
+    let root_bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    let mount_root = stx.stx_attributes_mask & root_bit == 0 || stx.stx_attributes & root_bit != 0;
     Ok((fd, dev, mount_root))
 }
 
