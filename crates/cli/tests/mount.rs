@@ -183,14 +183,23 @@ fn damaged_image_is_refused_without_a_stale_mount() {
     assert!(!is_mounted(&s.mnt));
 }
 
-/// The fstype and source of the top mount on `dir`, if any.
-fn top_mount(dir: &std::path::Path) -> Option<(String, String)> {
+/// The mountinfo line of the top mount on `dir`, if any.
+fn top_mount_line(dir: &std::path::Path) -> Option<String> {
     let canon = dir.canonicalize().unwrap();
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines().rfind(|l| l.split(' ').nth(4).is_some_and(|m| std::path::Path::new(m) == canon)).and_then(|l| {
-        let mut right = l.split_once(" - ")?.1.split(' ');
-        Some((right.next()?.to_string(), right.next()?.to_string()))
-    })
+    info.lines().rfind(|l| l.split(' ').nth(4).is_some_and(|m| std::path::Path::new(m) == canon)).map(str::to_string)
+}
+
+/// The fstype and source of the top mount on `dir`, if any.
+fn top_mount(dir: &std::path::Path) -> Option<(String, String)> {
+    let line = top_mount_line(dir)?;
+    let mut right = line.split_once(" - ")?.1.split(' ');
+    Some((right.next()?.to_string(), right.next()?.to_string()))
+}
+
+/// The per-mount options of the top mount on `dir` (`rw,nosuid,...`).
+fn mount_options(dir: &std::path::Path) -> String {
+    top_mount_line(dir).expect("mounted").split(' ').nth(5).unwrap().to_string()
 }
 
 fn write_files(dir: &std::path::Path, n: usize) {
@@ -360,14 +369,6 @@ fn an_image_and_its_loop_device_are_one_image() {
     s.wait_released();
     drop(dev);
     s.fsck_clean();
-}
-
-/// The per-mount options of the top mount on `dir` (`rw,nosuid,...`).
-fn mount_options(dir: &std::path::Path) -> String {
-    let canon = dir.canonicalize().unwrap();
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let line = info.lines().rfind(|l| l.split(' ').nth(4).is_some_and(|m| std::path::Path::new(m) == canon)).expect("mounted");
-    line.split(' ').nth(5).unwrap().to_string()
 }
 
 #[test]
