@@ -52,9 +52,10 @@ const VFS_FLAGS: [(&str, MsFlags, bool); 21] = [
     ("nolazytime", MsFlags::MS_LAZYTIME, false),
 ];
 
-/// Options of the kernel's FUSE file system that a user may give (the others, `fd=`,
-/// `rootmode=`, `user_id=`, `group_id=`, are the mount's own).
-const FUSE_OPTIONS: [&str; 4] = ["default_permissions", "allow_other", "max_read", "subtype"];
+/// Options the kernel takes in a FUSE mount's option string that a user may give: FUSE's own
+/// (the others, `fd=`, `rootmode=`, `user_id=`, `group_id=`, are the mount's) and the security
+/// modules' contexts.
+const FUSE_OPTIONS: [&str; 8] = ["default_permissions", "allow_other", "max_read", "subtype", "context", "fscontext", "defcontext", "rootcontext"];
 
 /// A mount's options as mount(2) takes them, and as fusermount3 does.
 #[derive(Clone, Debug, PartialEq)]
