@@ -1,6 +1,7 @@
 //! Opening image files (or block devices) for the subcommands, and reading what they hold.
 
 use crate::failure::{CliResult, Context, Failure};
+use crate::mount;
 use ferrofs::dev::{BlockDevice, FileDevice};
 use ferrofs::format::Superblock;
 use ferrofs::{FileSystem, MountOptions};
@@ -9,13 +10,27 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Open an existing image; writable opens take the exclusive lock, read-only ones a shared one.
+///
+/// An image that is mounted fails at once, naming where. One that is locked but not mounted
+/// is most likely held by a daemon still finishing its unmount (`umount` returns before the
+/// daemon has checkpointed and closed the image): wait for it, bounded, and say so.
 pub fn open(path: &Path, read_only: bool) -> CliResult<Arc<FileDevice>> {
     match FileDevice::open(path, read_only) {
+        Ok(dev) => return Ok(Arc::new(dev)),
+        Err(e) if e.kind() != ErrorKind::WouldBlock => return Err(Failure::new(format!("open {}", path.display()), e)),
+        Err(_) => {}
+    }
+    if let Some(dir) = path.canonicalize().ok().and_then(|p| mount::mounted_on(&p)) {
+        return Err(Failure::new(path.display().to_string(), format!("in use: mounted on {dir}")));
+    }
+    eprintln!(
+        "ferrofs: {} is locked by another process; waiting up to {} s for it to let go",
+        path.display(),
+        mount::LOCK_WAIT.as_secs()
+    );
+    match FileDevice::open_wait(path, read_only, mount::LOCK_WAIT) {
         Ok(dev) => Ok(Arc::new(dev)),
-        Err(e) if e.kind() == ErrorKind::WouldBlock => Err(Failure::new(
-            path.display().to_string(),
-            "in use by another process (is it mounted?)",
-        )),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Err(Failure::new(path.display().to_string(), "in use by another process")),
         Err(e) => Err(Failure::new(format!("open {}", path.display()), e)),
     }
 }

@@ -78,7 +78,9 @@ fn main() -> ExitCode {
 fn mount_helper_argv() -> Option<Result<Vec<std::ffi::OsString>, String>> {
     let argv: Vec<_> = std::env::args_os().collect();
     let name = std::path::Path::new(argv.first()?).file_name()?.to_str()?;
-    mount::HELPER_NAMES.contains(&name).then(|| mount::helper_argv(argv))
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    mount::HELPER_NAMES.contains(&name).then(|| mount::helper_argv(argv, root))
 }
 
 /// `ferrofs info img | head -1` should end quietly, as other Unix tools do, rather than

@@ -63,10 +63,15 @@ pub struct MountArgs {
 pub fn run(args: &MountArgs) -> CliResult<()> {
     cap_malloc_arenas();
     let what = || format!("mount {} on {}", args.image.display(), args.mountpoint.display());
+    if args.options.iter().any(|o| o.trim() == "remount") {
+        return remount(args);
+    }
     if let (Some(size), false) = (args.mkfs, args.image.exists()) {
         mkfs::run(&MkfsArgs::for_new_image(args.image.clone(), size))?;
     }
     let mut cfg = config(args).map_err(|why| Failure::new(what(), why))?;
+    // Before forking: a bad mount point or option is reported by this command, not lost.
+    ferrofs_fuse::check(&cfg).context(what)?;
     if let Some(dir) = mounted_on(&cfg.image) {
         return Err(Failure::new(what(), format!("the image is already mounted on {dir}")));
     }
@@ -87,6 +92,22 @@ pub fn run(args: &MountArgs) -> CliResult<()> {
         )
     })
     .context(what)
+}
+
+/// `-o remount,ro` or `-o remount,rw` (the last of the two counts; without either nothing
+/// changes): switch the mount on the mount point. The other options are those mount(8) passes
+/// along from fstab; a FUSE mount cannot change them on a remount, so they are ignored.
+fn remount(args: &MountArgs) -> CliResult<()> {
+    let what = || format!("remount {}", args.mountpoint.display());
+    let read_only = args.options.iter().rev().find_map(|o| match o.trim() {
+        "ro" => Some(true),
+        "rw" => Some(false),
+        _ => None,
+    });
+    match read_only {
+        Some(read_only) => ferrofs_fuse::remount(&args.mountpoint, read_only).context(what),
+        None => Ok(()),
+    }
 }
 
 /// Build the mount configuration from the arguments and `-o` options.
@@ -128,15 +149,19 @@ pub(crate) fn config(args: &MountArgs) -> Result<MountConfig, String> {
     Ok(cfg)
 }
 
-/// Where `image` is mounted through FUSE now, if it is. A mount of an image that is merely
-/// locked (its daemon is finishing an unmount) waits for the lock instead.
+/// Where `image` is mounted through FUSE now, if it is: by whatever name (the image file, a
+/// loop device of it) it was mounted, the same image ([`ferrofs::dev::identity`]). A mount of
+/// an image that is merely locked (its daemon is finishing an unmount) waits for the lock
+/// instead.
 pub(crate) fn mounted_on(image: &std::path::Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let identity = ferrofs::dev::identity_of_path(image).ok()?;
     info.lines().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
         let mut r = right.split(' ');
         let (fstype, source) = (r.next()?, r.next()?);
-        (fstype.starts_with("fuse") && std::path::Path::new(source) == image).then(|| left.split(' ').nth(4).unwrap_or("?").to_string())
+        let same = |source: &str| std::path::Path::new(source) == image || ferrofs::dev::identity_of_path(source).is_ok_and(|i| i == identity);
+        (fstype.starts_with("fuse") && same(source)).then(|| left.split(' ').nth(4).unwrap_or("?").to_string())
     })
 }
 
@@ -243,7 +268,12 @@ pub(crate) fn log_to_syslog(msg: &str) {
 
 /// Translate a mount helper's command line (`IMAGE DIR [-sfnv] [-o OPTS]`, as mount(8) runs
 /// it) into `ferrofs mount --daemon IMAGE DIR -o OPTS`.
-pub fn helper_argv(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+///
+/// mount(8) passes `nosuid` and `nodev` on when they are given, but never `suid` or `dev`:
+/// their absence is its default, suid and dev, as ext4 gets. So for `root`, as mount.fuse3
+/// does for every FUSE file system, the helper adds `suid` and `dev` unless `nosuid` or
+/// `nodev` was given; `ferrofs mount` run directly keeps FUSE's `nosuid,nodev` default.
+pub fn helper_argv(args: Vec<OsString>, root: bool) -> Result<Vec<OsString>, String> {
     let mut out: Vec<OsString> = vec!["ferrofs".into(), "mount".into(), "--daemon".into()];
     let mut positional = Vec::new();
     let mut it = args.into_iter().skip(1);
@@ -265,6 +295,13 @@ pub fn helper_argv(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     }
     if positional.len() != 2 {
         return Err("usage: mount.fuse.ferrofs IMAGE MOUNTPOINT [-o OPTIONS]".into());
+    }
+    if root {
+        let given = |flag: &str| out.iter().filter_map(|a| a.to_str()).any(|a| a.split(',').any(|o| o == flag));
+        let implied: Vec<&str> = [("nosuid", "suid"), ("nodev", "dev")].into_iter().filter(|(no, _)| !given(no)).map(|(_, yes)| yes).collect();
+        if !implied.is_empty() {
+            out.extend(["-o".into(), implied.join(",").into()]);
+        }
     }
     out.extend(positional);
     Ok(out)
@@ -308,10 +345,18 @@ mod tests {
     fn helper_command_lines() {
         let argv = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
         assert_eq!(
-            helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-n", "-o", "rw,noatime"])).unwrap(),
+            helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-n", "-o", "rw,noatime"]), false).unwrap(),
             argv(&["ferrofs", "mount", "--daemon", "-o", "rw,noatime", "/i.img", "/mnt"])
         );
-        assert!(helper_argv(argv(&["mount.fuse.ferrofs", "/i.img"])).is_err());
-        assert!(helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-x"])).unwrap_err().contains("-x"));
+        assert_eq!(
+            helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-o", "rw"]), true).unwrap(),
+            argv(&["ferrofs", "mount", "--daemon", "-o", "rw", "-o", "suid,dev", "/i.img", "/mnt"])
+        );
+        assert_eq!(
+            helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-o", "rw,nosuid"]), true).unwrap(),
+            argv(&["ferrofs", "mount", "--daemon", "-o", "rw,nosuid", "-o", "dev", "/i.img", "/mnt"])
+        );
+        assert!(helper_argv(argv(&["mount.fuse.ferrofs", "/i.img"]), false).is_err());
+        assert!(helper_argv(argv(&["mount.fuse.ferrofs", "/i.img", "/mnt", "-x"]), false).unwrap_err().contains("-x"));
     }
 }

@@ -35,6 +35,11 @@ impl Scratch {
         run(Command::new(BIN).arg("mount").arg("--daemon").args(extra).arg(&self.image).arg(&self.mnt))
     }
 
+    fn mkfs(&self) {
+        let o = run(Command::new(BIN).args(["mkfs", "--size", "128M"]).arg(&self.image));
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+
     fn umount(&self) {
         assert!(Command::new("umount").arg(&self.mnt).status().unwrap().success());
     }
@@ -176,4 +181,276 @@ fn damaged_image_is_refused_without_a_stale_mount() {
     let err = stderr(&o);
     assert!(err.starts_with("ferrofs: ") && err.contains("superblock"), "{err}");
     assert!(!is_mounted(&s.mnt));
+}
+
+/// The mountinfo line of the top mount on `dir`, if any.
+fn top_mount_line(dir: &std::path::Path) -> Option<String> {
+    let canon = dir.canonicalize().unwrap();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().rfind(|l| l.split(' ').nth(4).is_some_and(|m| std::path::Path::new(m) == canon)).map(str::to_string)
+}
+
+/// The fstype and source of the top mount on `dir`, if any.
+fn top_mount(dir: &std::path::Path) -> Option<(String, String)> {
+    let line = top_mount_line(dir)?;
+    let mut right = line.split_once(" - ")?.1.split(' ');
+    Some((right.next()?.to_string(), right.next()?.to_string()))
+}
+
+/// The per-mount options of the top mount on `dir` (`rw,nosuid,...`).
+fn mount_options(dir: &std::path::Path) -> String {
+    top_mount_line(dir).expect("mounted").split(' ').nth(5).unwrap().to_string()
+}
+
+fn write_files(dir: &std::path::Path, n: usize) {
+    for i in 0..n {
+        std::fs::write(dir.join(format!("f{i}")), i.to_string()).unwrap();
+    }
+}
+
+#[test]
+fn exiting_daemon_leaves_what_was_mounted_after_it_alone() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED exiting_daemon_leaves: {why}");
+    }
+    let s = Scratch::new("replaced");
+    s.mkfs();
+    for round in 0..3 {
+        let o = s.mount(&[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        write_files(&s.mnt, 300);
+        s.umount();
+        assert!(Command::new("mount").args(["-t", "tmpfs", "tmpfs"]).arg(&s.mnt).status().unwrap().success());
+        // The daemon has exited once it lets go of the image: whatever it did on its way out
+        // is done.
+        s.wait_released();
+        assert_eq!(top_mount(&s.mnt).map(|m| m.0).as_deref(), Some("tmpfs"), "round {round}: the tmpfs was unmounted");
+        s.umount();
+    }
+    s.fsck_clean();
+}
+
+#[test]
+fn one_umount_of_stacked_mounts_ends_only_the_top_one() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED stacked_mounts: {why}");
+    }
+    let s = Scratch::new("stacked");
+    let upper = Scratch { image: s.dir.join("upper.img"), mnt: s.mnt.clone(), dir: s.dir.join("upper") };
+    s.mkfs();
+    upper.mkfs();
+    assert!(s.mount(&[]).status.success());
+    std::fs::write(s.mnt.join("lower-file"), b"lower").unwrap();
+    let o = upper.mount(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    write_files(&s.mnt, 100);
+    // A remount would reach one daemon by the mount point's control socket, maybe not the top's.
+    let o = upper.mount(&["-o", "remount,ro"]);
+    assert!(!o.status.success() && stderr(&o).contains("stacked"), "{}", stderr(&o));
+    s.umount();
+    upper.wait_released();
+    let canon = s.image.canonicalize().unwrap();
+    assert_eq!(top_mount(&s.mnt), Some(("fuse.ferrofs".to_string(), canon.display().to_string())), "the lower mount was unmounted too");
+    assert_eq!(std::fs::read(s.mnt.join("lower-file")).unwrap(), b"lower");
+    s.umount();
+    s.wait_released();
+    s.fsck_clean();
+    upper.fsck_clean();
+}
+
+#[test]
+fn mount_point_that_is_not_a_directory_is_refused_before_forking() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED mount_point_not_a_directory: {why}");
+    }
+    let s = Scratch::new("notdir");
+    s.mkfs();
+    let file = s.dir.join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    for (target, why) in [(&file, "is not a directory"), (&s.dir.join("missing"), "does not exist")] {
+        let o = run(Command::new(BIN).args(["mount", "--daemon"]).arg(&s.image).arg(target));
+        assert!(!o.status.success());
+        assert!(stderr(&o).contains(&format!("mount point {} {why}", target.display())), "{}", stderr(&o));
+    }
+    assert!(!is_mounted(&file));
+    // Nothing was left holding the image.
+    ferrofs::dev::FileDevice::open(&s.image, false).unwrap();
+}
+
+#[test]
+fn unknown_mount_option_is_named() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED unknown_mount_option: {why}");
+    }
+    let s = Scratch::new("bogus");
+    s.mkfs();
+    let o = s.mount(&["-o", "noatime,bogus"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("unknown mount option 'bogus'") && !stderr(&o).contains("MsFlags"), "{}", stderr(&o));
+    assert!(!is_mounted(&s.mnt));
+    ferrofs::dev::FileDevice::open(&s.image, false).unwrap();
+}
+
+#[test]
+fn fsck_right_after_umount_waits_for_the_daemon() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED fsck_after_umount: {why}");
+    }
+    let s = Scratch::new("umount-fsck");
+    s.mkfs();
+    for round in 0..10 {
+        let o = s.mount(&[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        std::fs::create_dir(s.mnt.join(format!("d{round}"))).unwrap();
+        write_files(&s.mnt.join(format!("d{round}")), 300);
+        // While mounted, the tools refuse at once and say where.
+        let started = Instant::now();
+        let o = run(Command::new(BIN).arg("fsck").arg("-n").arg(&s.image));
+        assert!(!o.status.success() && stderr(&o).contains(&format!("mounted on {}", s.mnt.canonicalize().unwrap().display())), "{}", stderr(&o));
+        assert!(started.elapsed() < Duration::from_secs(5), "a mounted image must not be waited for");
+        // `umount DIR && fsck IMG`, as scripts do.
+        s.umount();
+        let o = run(Command::new(BIN).arg("fsck").arg("-n").arg(&s.image));
+        assert!(o.status.success(), "round {round}: {}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    }
+}
+
+/// A loop device bound to a file, detached on drop.
+struct Loop(PathBuf);
+
+impl Loop {
+    /// `None` where loop devices cannot be set up here.
+    fn attach(file: &std::path::Path) -> Option<Loop> {
+        let o = Command::new("losetup").args(["-f", "--show"]).arg(file).output().ok()?;
+        o.status.success().then(|| Loop(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())))
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn an_image_and_its_loop_device_are_one_image() {
+    use ferrofs::dev::FileDevice;
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED image_through_loop_device: {why}");
+    }
+    let s = Scratch::new("loop");
+    s.mkfs();
+    let Some(dev) = Loop::attach(&s.image) else {
+        return eprintln!("SKIPPED image_through_loop_device: losetup cannot attach a loop device here");
+    };
+    // The lock itself, by either name.
+    let held = FileDevice::open(&s.image, false).unwrap();
+    assert_eq!(FileDevice::open(&dev.0, true).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    drop(held);
+    let held = FileDevice::open(&dev.0, false).unwrap();
+    assert_eq!(FileDevice::open(&s.image, true).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    drop(held);
+    // Mounted by one name, refused at once by the other, and the tools say where it is mounted.
+    let second = s.dir.join("second");
+    std::fs::create_dir(&second).unwrap();
+    assert!(s.mount(&[]).status.success());
+    let mnt = s.mnt.canonicalize().unwrap();
+    let o = run(Command::new(BIN).args(["mount", "--daemon"]).arg(&dev.0).arg(&second));
+    assert!(!o.status.success() && stderr(&o).contains(&format!("already mounted on {}", mnt.display())), "{}", stderr(&o));
+    assert!(!is_mounted(&second));
+    let o = run(Command::new(BIN).arg("fsck").arg("-n").arg(&dev.0));
+    assert!(!o.status.success() && stderr(&o).contains(&format!("mounted on {}", mnt.display())), "{}", stderr(&o));
+    s.umount();
+    let o = run(Command::new(BIN).args(["mount", "--daemon"]).arg(&dev.0).arg(&second));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = s.mount(&[]);
+    assert!(!o.status.success() && stderr(&o).contains("already mounted on"), "{}", stderr(&o));
+    assert!(Command::new("umount").arg(&second).status().unwrap().success());
+    s.wait_released();
+    drop(dev);
+    s.fsck_clean();
+}
+
+#[test]
+fn remount_read_only_and_back_through_the_helper() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED remount: {why}");
+    }
+    let s = Scratch::new("remount");
+    s.mkfs();
+    assert!(s.mount(&[]).status.success());
+    write_files(&s.mnt, 200);
+    let helper = s.dir.join("mount.fuse.ferrofs");
+    symlink(BIN, &helper).unwrap();
+    // A copy of the image as it is on disk now, checked while the mount goes on: consistent,
+    // its log empty, and the last file written is in it.
+    let image_is_clean = || {
+        let copy = s.dir.join("copy.img");
+        assert!(Command::new("cp").arg("--sparse=always").arg(&s.image).arg(&copy).status().unwrap().success());
+        let fsck = run(Command::new(BIN).arg("fsck").arg("-n").arg(&copy));
+        let info = String::from_utf8_lossy(&run(Command::new(BIN).arg("info").arg(&copy)).stdout).into_owned();
+        let dev = std::sync::Arc::new(ferrofs::dev::FileDevice::open(&copy, true).unwrap());
+        let fs = ferrofs::FileSystem::mount_device(dev, &ferrofs::MountOptions { read_only: true, ..Default::default() }).unwrap();
+        let last = fs.lookup(1, b"f199").and_then(|a| fs.read(a.ino, 0, 8));
+        drop(fs);
+        std::fs::remove_file(&copy).unwrap();
+        fsck.status.success() && info.lines().any(|l| l.split_whitespace().eq(["log", "clean"])) && last.is_ok_and(|d| d == b"199")
+    };
+    // As mount(8) runs the helper for `mount -o remount,ro DIR`.
+    let o = run(Command::new(&helper).arg(&s.image).arg(&s.mnt).args(["-o", "remount,ro"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(mount_options(&s.mnt).starts_with("ro,"), "{}", mount_options(&s.mnt));
+    let erofs = |r: std::io::Result<()>| r.unwrap_err().raw_os_error() == Some(libc::EROFS);
+    assert!(erofs(std::fs::write(s.mnt.join("new"), b"x")));
+    assert!(erofs(std::fs::write(s.mnt.join("f1"), b"x")));
+    assert!(erofs(std::fs::create_dir(s.mnt.join("dir"))));
+    assert_eq!(std::fs::read(s.mnt.join("f7")).unwrap(), b"7");
+    assert!(image_is_clean(), "remount ro writes the log home");
+    let o = run(Command::new(&helper).arg(&s.image).arg(&s.mnt).args(["-o", "remount,rw"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(mount_options(&s.mnt).starts_with("rw,"), "{}", mount_options(&s.mnt));
+    std::fs::write(s.mnt.join("new"), b"after").unwrap();
+    std::fs::create_dir(s.mnt.join("dir")).unwrap();
+    s.umount();
+    s.wait_released();
+    s.fsck_clean();
+    assert!(s.mount(&[]).status.success());
+    assert_eq!(std::fs::read(s.mnt.join("new")).unwrap(), b"after");
+    s.umount();
+    s.wait_released();
+}
+
+#[test]
+fn suid_and_dev_are_honoured_for_root_and_off_by_default() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED suid_dev: {why}");
+    }
+    let s = Scratch::new("suid-dev");
+    s.mkfs();
+    let helper = s.dir.join("mount.fuse.ferrofs");
+    symlink(BIN, &helper).unwrap();
+    let null = s.mnt.join("null");
+    // `ferrofs mount` keeps FUSE's safe default; mount(8) passes no `suid,dev` (they are its
+    // default) but does pass `nosuid,nodev`, and the helper reads it as mount.fuse3 does.
+    let cases: [(&std::path::Path, &str, bool); 4] = [(BIN.as_ref(), "rw", true), (BIN.as_ref(), "suid,dev", false), (&helper, "rw", false), (&helper, "rw,nosuid,nodev", true)];
+    for (command, options, nosuid_nodev) in cases {
+        let o = if command == helper {
+            run(Command::new(command).arg(&s.image).arg(&s.mnt).args(["-o", options]))
+        } else {
+            s.mount(&["-o", options])
+        };
+        assert!(o.status.success(), "{}", stderr(&o));
+        let flags = mount_options(&s.mnt);
+        let flags: Vec<&str> = flags.split(',').collect();
+        assert_eq!((flags.contains(&"nosuid"), flags.contains(&"nodev")), (nosuid_nodev, nosuid_nodev), "{command:?} -o {options}: {flags:?}");
+        // The kernel opens device nodes itself: a node of /dev/null works only with `dev`.
+        if !null.exists() {
+            assert!(Command::new("mknod").arg(&null).args(["c", "1", "3"]).status().unwrap().success());
+        }
+        let opened = std::fs::OpenOptions::new().write(true).open(&null);
+        assert_eq!(opened.is_ok(), !nosuid_nodev, "{command:?} -o {options}: {opened:?}");
+        drop(opened);
+        s.umount();
+        s.wait_released();
+    }
 }

@@ -77,11 +77,16 @@ fn split_at_units(off: u64, len: usize, unit: u64) -> impl Iterator<Item = Range
 const LOCK_RETRY: Duration = Duration::from_millis(20);
 
 /// A device backed by an image file or a block-device node: what real mounts run on.
-/// It holds an advisory `flock` for its whole lifetime (exclusive when writable, shared when
-/// read-only) so two processes can never mount the same image and corrupt it.
+/// It holds advisory `flock`s for its whole lifetime (exclusive when writable, shared when
+/// read-only) so two processes can never mount the same image and corrupt it: one on the file
+/// it opened, and one on a lock file named after what the image *is* ([`identity`]), so that
+/// the same image reached through a loop device, or a loop device through its backing file, is
+/// locked as well.
 #[derive(Debug)]
 pub struct FileDevice {
     file: File,
+    /// The lock on the image's identity; `None` where no runtime directory can be made.
+    _identity_lock: Option<IdentityLock>,
     path: PathBuf,
     size: u64,
     read_only: bool,
@@ -98,11 +103,12 @@ impl FileDevice {
             .truncate(false)
             .open(path)?;
         // Lock before truncating, so an image in use elsewhere is never clobbered.
-        lock(&file, path, false)?;
+        let identity_lock = lock_image(&file, path, false)?;
         file.set_len(0)?;
         file.set_len(size)?;
         Ok(Self {
             file,
+            _identity_lock: identity_lock,
             path: path.to_path_buf(),
             size,
             read_only: false,
@@ -124,16 +130,21 @@ impl FileDevice {
         let path = path.as_ref();
         let file = OpenOptions::new().read(true).write(!read_only).open(path)?;
         let deadline = Instant::now().checked_add(timeout);
-        while let Err(err) = lock(&file, path, read_only) {
+        let identity_lock = loop {
+            let err = match lock_image(&file, path, read_only) {
+                Ok(identity_lock) => break identity_lock,
+                Err(err) => err,
+            };
             let left = deadline.map_or(LOCK_RETRY, |d| d.saturating_duration_since(Instant::now()));
             if err.kind() != io::ErrorKind::WouldBlock || left.is_zero() {
                 return Err(err);
             }
             std::thread::sleep(left.min(LOCK_RETRY));
-        }
+        };
         let size = device_size(&file)?;
         Ok(Self {
             file,
+            _identity_lock: identity_lock,
             path: path.to_path_buf(),
             size,
             read_only,
@@ -143,6 +154,144 @@ impl FileDevice {
     /// The path this device was opened from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// The directory of ferrofs's runtime files (image locks, control sockets): `/run/ferrofs`
+/// for root (and for a user without `$XDG_RUNTIME_DIR`), else `$XDG_RUNTIME_DIR/ferrofs`.
+pub fn runtime_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    match (unsafe { libc::geteuid() }, std::env::var_os("XDG_RUNTIME_DIR")) {
+        (0, _) | (_, None) => PathBuf::from("/run/ferrofs"),
+        (_, Some(d)) => Path::new(&d).join("ferrofs"),
+    }
+}
+
+/// What the image at `path` is, whichever name it is reached by: see [`identity`]. Only a
+/// block device is opened (read-only, to ask a loop device for its backing file).
+pub fn identity_of_path(path: impl AsRef<Path>) -> io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(&path)?;
+    match meta.file_type() {
+        t if t.is_block_device() => identity(&File::open(path)?),
+        t if t.is_file() => Ok(file_identity(meta.dev(), meta.ino(), 0)),
+        _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "neither a file nor a block device")),
+    }
+}
+
+/// What an open image is, independent of the path that opened it: a regular file's
+/// `(st_dev, st_ino)`; for a loop device, the same of its backing file (and the offset into
+/// it, when not 0), as `LOOP_GET_STATUS64` reports them; for another block device, its device
+/// number.
+pub fn identity(file: &File) -> io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_block_device() {
+        return Ok(file_identity(meta.dev(), meta.ino(), 0));
+    }
+    Ok(match loop_backing_file(file, meta.rdev())? {
+        Some((dev, ino, offset)) => file_identity(dev, ino, offset),
+        None => format!("bdev-{:x}", meta.rdev()),
+    })
+}
+
+/// The identity of the bytes of file `(dev, ino)` from `offset` on.
+fn file_identity(dev: u64, ino: u64, offset: u64) -> String {
+    match offset {
+        0 => format!("file-{dev:x}-{ino}"),
+        _ => format!("file-{dev:x}-{ino}-at-{offset}"),
+    }
+}
+
+/// `struct loop_info64` of `<linux/loop.h>`.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232, "the kernel's struct loop_info64");
+
+const LOOP_MAJOR: u32 = 7;
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+
+/// The backing file of a bound loop device: its `(st_dev, st_ino)` and the offset into it.
+fn loop_backing_file(file: &File, rdev: u64) -> io::Result<Option<(u64, u64, u64)>> {
+    if libc::major(rdev) != LOOP_MAJOR {
+        return Ok(None);
+    }
+    // SAFETY: LoopInfo64 is plain old data; all zeroes is a valid value.
+    let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+    // SAFETY: `file` owns an open descriptor; LOOP_GET_STATUS64 writes one `loop_info64`,
+    // which `info` is, and keeps no pointer to it.
+    if unsafe { libc::ioctl(file.as_raw_fd(), LOOP_GET_STATUS64 as _, &mut info as *mut LoopInfo64) } != 0 {
+        let err = io::Error::last_os_error();
+        // ENXIO: a loop device bound to nothing is a device of its own.
+        return if err.raw_os_error() == Some(libc::ENXIO) { Ok(None) } else { Err(err) };
+    }
+    Ok(Some((info.lo_device, info.lo_inode, info.lo_offset)))
+}
+
+/// Lock the opened image and then its identity's lock file (in [`runtime_dir`]), both
+/// non-blocking and of the same kind. The identity lock is skipped where its file cannot be
+/// made (a user without `$XDG_RUNTIME_DIR`, a read-only `/run`): the lock on the opened file
+/// still keeps out every open by the same name.
+fn lock_image(file: &File, path: &Path, read_only: bool) -> io::Result<Option<IdentityLock>> {
+    lock(file, path, read_only)?;
+    let lock_path = runtime_dir().join(format!("image-{}.lock", identity(file)?));
+    match IdentityLock::take(lock_path, path, read_only) {
+        Err(e) if matches!(e.kind(), io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem) => Ok(None),
+        r => r.map(Some),
+    }
+}
+
+/// A `flock`ed lock file named after an image's identity. The last holder removes it, so they
+/// do not pile up; a taker therefore checks, once it holds the lock, that the name still
+/// leads to the file it locked (a holder may have removed it in between), and else starts over.
+#[derive(Debug)]
+struct IdentityLock {
+    file: File,
+    path: PathBuf,
+}
+
+impl IdentityLock {
+    /// How often a taker starts over because the lock file was removed under it.
+    const RETRIES_MAX: usize = 8;
+
+    fn take(path: PathBuf, image: &Path, read_only: bool) -> io::Result<IdentityLock> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+        let dir = path.parent().expect("a lock file has a directory");
+        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
+        for _ in 0..Self::RETRIES_MAX {
+            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&path)?;
+            lock(&file, image, read_only)?;
+            let (held, named) = (file.metadata()?, std::fs::metadata(&path));
+            if named.is_ok_and(|n| (n.dev(), n.ino()) == (held.dev(), held.ino())) {
+                return Ok(IdentityLock { file, path });
+            }
+        }
+        Err(io::Error::other(format!("lock file {} keeps being removed", path.display())))
+    }
+}
+
+impl Drop for IdentityLock {
+    fn drop(&mut self) {
+        // Exclusive now means no one else holds it: remove the name while still holding it.
+        // SAFETY: `file` owns an open descriptor for the whole call; flock takes no pointers.
+        if unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 

@@ -38,6 +38,9 @@ pub struct Mount {
     /// then, so that orphan processing finishes there what a read-write mount would finish
     /// on disk (`seal_read_only`).
     read_only: AtomicBool,
+    /// A read-write mount remounted read-only ([`Mount::remount`]): changes fail with EROFS,
+    /// while the journal, its log written home, stays up for a remount read-write.
+    writes_refused: AtomicBool,
     dead: AtomicBool,
     /// Benchmark-only switch (see [`Mount::set_orphan_tracking_unsafe`]).
     orphan_tracking: AtomicBool,
@@ -124,6 +127,7 @@ impl Mount {
             recovery,
             orphans_found,
             read_only: AtomicBool::new(false),
+            writes_refused: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             orphan_tracking: AtomicBool::new(true),
         });
@@ -161,10 +165,34 @@ impl Mount {
     }
 
     pub fn check_writable(&self) -> Result<()> {
-        if self.is_read_only() {
+        if self.refuses_writes() {
             return Err(Error::ReadOnly);
         }
         self.check_alive()
+    }
+
+    /// Remount read-only (`true`): from now on every transaction fails with EROFS as it
+    /// begins, and the log is checkpointed and written home, so that the image on disk is
+    /// clean for as long as this lasts. A transaction that began before the switch may still
+    /// commit; the caller (a kernel remount, which waits for no writer and fails while one is
+    /// busy) makes sure none is left. `false`: accept changes again. A file system mounted
+    /// read-only (its image opened read-only, its log replayed in memory) cannot turn
+    /// read-write.
+    pub fn remount(&self, read_only: bool) -> Result<()> {
+        if self.is_read_only() {
+            return if read_only { Ok(()) } else { Err(Error::ReadOnly) };
+        }
+        self.check_alive()?;
+        self.writes_refused.store(read_only, Release);
+        if read_only {
+            self.journal.quiesce()?;
+        }
+        Ok(())
+    }
+
+    /// Whether changes are refused now: mounted or remounted read-only.
+    pub fn refuses_writes(&self) -> bool {
+        self.is_read_only() || self.writes_refused.load(Acquire)
     }
 
     /// Stop all further changes. The on-disk image stays at its last durable checkpoint.

@@ -473,3 +473,29 @@ fn threads_sharing_a_directory_lose_nothing() {
         assert_eq!(&names(&fs, private[t]), want, "private directory {t}");
     }
 }
+
+#[test]
+fn remount_read_only_refuses_changes_and_leaves_the_image_clean() {
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"before", 0o644, C).unwrap();
+    fs.write(f.ino, 0, b"kept").unwrap();
+    fs.mount().remount(true).unwrap();
+    assert_eq!(fs.create(ROOT, b"refused", 0o644, C).unwrap_err().errno(), libc::EROFS);
+    assert_eq!(fs.write(f.ino, 0, b"x").unwrap_err().errno(), libc::EROFS);
+    assert_eq!(fs.read(f.ino, 0, 4).unwrap(), b"kept");
+    // The image as it is on disk now: nothing left in the log, and consistent.
+    let copy = Arc::new(dev.snapshot());
+    let ro = FileSystem::mount_device(copy.clone(), &MountOptions { read_only: true, ..MountOptions::default() }).unwrap();
+    assert_eq!(ro.mount().recovery.records, 0, "the log was written home");
+    let report = ferrofs::fsck::check(&*copy, &ferrofs::fsck::FsckOptions { repair: false }, &|_, _, _| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.messages);
+    fs.mount().remount(false).unwrap();
+    fs.create(ROOT, b"after", 0o644, C).unwrap();
+    let fs = remount(&dev, fs);
+    assert_eq!(names(&fs, ROOT), [b".".to_vec(), b"..".to_vec(), b"after".to_vec(), b"before".to_vec()]);
+    // A read-only mount stays so.
+    fs.unmount().unwrap();
+    drop(fs);
+    let ro = FileSystem::mount_device(dev.clone(), &MountOptions { read_only: true, ..MountOptions::default() }).unwrap();
+    assert!(ro.mount().remount(true).is_ok() && ro.mount().remount(false).is_err());
+}

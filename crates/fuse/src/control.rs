@@ -14,6 +14,7 @@
 //! | `memory`       | the daemon's memory as JSON: its cache budget's limit, estimated use and, for a budget that bounds the process, the rest of the process's memory as last sampled (`cache_`), the heap in use (allocations counted whole, touched or not: each worker's 16 MiB request buffer is in it; and of it, chunks malloc mapped on their own) and held free by malloc (`heap_`), RSS and peak RSS |
 //! | `reset`        | zero the counters (to measure one workload); answers `ok` |
 //! | `timing on`/`timing off` | switch hold-time measurement at run time; answers `ok` |
+//! | `remount ro`/`remount rw` | refuse every change (EROFS) after writing the log home, or accept changes again (what `mount -o remount,ro` asks for after the kernel's own remount); answers `ok` |
 
 use crate::workers::Workers;
 use ferrofs::{lockstat, memory, FileSystem};
@@ -28,15 +29,8 @@ use std::thread::JoinHandle;
 /// Longest command line a client may send.
 const COMMAND_MAX: u64 = 64;
 
-/// The directory of this user's ferrofs sockets: `/run/ferrofs` for root (and for a user
-/// without `$XDG_RUNTIME_DIR`), else `$XDG_RUNTIME_DIR/ferrofs`.
-pub fn runtime_dir() -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    match (unsafe { libc::geteuid() }, std::env::var_os("XDG_RUNTIME_DIR")) {
-        (0, _) | (_, None) => PathBuf::from("/run/ferrofs"),
-        (_, Some(d)) => Path::new(&d).join("ferrofs"),
-    }
-}
+/// The directory of this user's ferrofs sockets (and image locks).
+pub use ferrofs::dev::runtime_dir;
 
 /// Where the control socket of the mount on `mountpoint` lives.
 pub fn socket_path(mountpoint: &Path) -> io::Result<PathBuf> {
@@ -142,11 +136,16 @@ fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String
             lockstat::reset();
             "ok\n".into()
         }
+        (Some("remount"), Some(mode @ ("ro" | "rw")), None) => match engine.upgrade().map(|fs| fs.mount().remount(mode == "ro")) {
+            Some(Ok(())) => "ok\n".into(),
+            Some(Err(e)) => format!("error: remount {mode}: {e}\n"),
+            None => "error: the file system is being unmounted\n".into(),
+        },
         (Some("timing"), Some(on @ ("on" | "off")), None) => {
             lockstat::set_timing(on == "on");
             "ok\n".into()
         }
-        _ => format!("error: unknown command '{command}' (table N, json, journal, memory, reset, timing on|off)\n"),
+        _ => format!("error: unknown command '{command}' (table N, json, journal, memory, reset, timing on|off, remount ro|rw)\n"),
     }
 }
 
@@ -178,6 +177,8 @@ mod tests {
         assert!(answer("frobnicate", &gone, &w).starts_with("error: unknown command"));
         assert!(answer("journal", &gone, &w).starts_with("error: "));
         assert!(answer("memory", &gone, &w).starts_with("error: "));
+        assert!(answer("remount ro", &gone, &w).starts_with("error: "));
+        assert!(answer("remount sideways", &gone, &w).starts_with("error: unknown command"));
     }
 
     #[test]

@@ -103,6 +103,7 @@
 
 mod access;
 mod control;
+mod kernel_mount;
 mod ops;
 mod options;
 mod seek;
@@ -112,11 +113,12 @@ mod workers;
 use ferrofs::cache::{CacheBudget, CacheOwner};
 use ferrofs::dev::FileDevice;
 use ferrofs::{FileSystem, MountOptions};
-use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
+use fuser::{Config, MountOption, Session, SessionACL};
+use kernel_mount::{Detach, KernelMount, KernelOptions};
 use std::io;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -254,6 +256,9 @@ impl MountConfig {
 pub enum MountError {
     #[error("invalid mount configuration: {0}")]
     Config(String),
+    /// A mount point or an option that mount(8) would refuse as well.
+    #[error("{0}")]
+    Refused(String),
     #[error("image {path} is in use by another process (another ferrofs mount or tool holds its lock)")]
     ImageInUse { path: PathBuf },
     #[error("cannot open image {path}: {source}")]
@@ -275,7 +280,7 @@ impl MountError {
             MountError::Image { source, .. } | MountError::Fuse { source, .. } | MountError::Session { source, .. } => source.raw_os_error(),
             MountError::Engine { source, .. } | MountError::Unmount { source, .. } => Some(source.errno()),
             MountError::ImageInUse { .. } => Some(libc::EWOULDBLOCK),
-            MountError::Config(_) => Some(libc::EINVAL),
+            MountError::Config(_) | MountError::Refused(_) => Some(libc::EINVAL),
         }
     }
 }
@@ -283,8 +288,9 @@ impl MountError {
 /// Mount and serve until unmounted or SIGTERM/SIGINT, then checkpoint the engine. `ready`
 /// runs once the mount point is usable (a daemonising caller tells its parent there).
 ///
-/// On a signal the mount is unmounted; if files are still open there (EBUSY) it is detached
-/// lazily instead and served until the last one is closed. Installing the signal handlers is
+/// On a signal the mount is detached, if the mount point still shows this mount (never
+/// another one mounted there since); it is served until the last file open on it is closed
+/// (`kernel_mount.rs`). Installing the signal handlers is
 /// process-wide and lasts past the return (the signals are then ignored, not fatal).
 pub fn mount(opts: &MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
     // Catch the signals before mounting: one arriving mid-mount then unmounts cleanly
@@ -294,15 +300,16 @@ pub fn mount(opts: &MountConfig, ready: impl FnOnce()) -> Result<(), MountError>
     let signal_handle = signals.handle();
     let handle = spawn_mount(opts)?;
     ready();
-    let unmounter = handle.unmounter.clone();
-    let mountpoint = opts.mountpoint.clone();
+    let kernel = handle.kernel.clone();
     let watcher = std::thread::Builder::new()
         .name("ferrofs-signals".into())
         .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                eprintln!("ferrofs: signal {} received: unmounting {}", sig, mountpoint.display());
-                if let Err(e) = request_unmount(&unmounter, &mountpoint) {
-                    eprintln!("ferrofs: unmount of {} failed: {}", mountpoint.display(), e);
+            // Every signal until the session ends: one that finds the mount covered by another
+            // leaves it served, and the next may come after that one is gone.
+            for sig in signals.forever() {
+                eprintln!("ferrofs: signal {} received: unmounting {}", sig, kernel.mountpoint().display());
+                if let Err(e) = request_unmount(&kernel) {
+                    eprintln!("ferrofs: {e}");
                 }
             }
         })
@@ -316,9 +323,7 @@ pub fn mount(opts: &MountConfig, ready: impl FnOnce()) -> Result<(), MountError>
 /// Mount and serve in background threads. Returns once the kernel has initialised the
 /// connection: the mount point is usable when this returns.
 pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
-    if opts.threads > THREADS_MAX {
-        return Err(MountError::Config(format!("{} threads requested, at most {} allowed", opts.threads, THREADS_MAX)));
-    }
+    let (config, kernel_options) = checked(opts)?;
     let fs = Arc::new(open_engine(opts)?);
     // Until the session exists, a failure leaves the image as clean as we found it.
     let abandon = |err: MountError| {
@@ -330,7 +335,13 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     let adapter = ops::FerroFuse::new(fs.clone(), opts).map_err(|source| abandon(MountError::Session { path: opts.mountpoint.clone(), source }))?;
     let notifier = adapter.notifier_slot();
     let workers = adapter.workers();
-    let mut session = Session::new(adapter, &opts.mountpoint, &opts.fuser_config()).map_err(|source| abandon(MountError::Fuse { path: opts.mountpoint.clone(), source }))?;
+    let (fuse, kernel) = KernelMount::mount(&opts.mountpoint, &kernel_options).map_err(|source| abandon(MountError::Fuse { path: opts.mountpoint.clone(), source }))?;
+    let session = Session::from_fd(adapter, fuse, config.acl, config).map_err(|source| {
+        if let Err(e) = kernel.detach() {
+            eprintln!("ferrofs: detaching the failed mount on {}: {e}", opts.mountpoint.display());
+        }
+        abandon(MountError::Fuse { path: opts.mountpoint.clone(), source })
+    })?;
     // Before any request is served: the session's threads start only in `run`.
     let _ = notifier.set(session.notifier());
     // Without it a parked worker could not tell that the connection has ended, so none parks.
@@ -338,7 +349,6 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
         Ok(conn) => workers.attach(conn),
         Err(e) => eprintln!("ferrofs: cannot watch the connection of {} (its extra workers will not park): {e}", opts.mountpoint.display()),
     }
-    let unmounter = session.unmount_callable();
     let mountpoint = opts.mountpoint.clone();
     // Weak: the handle reads the cache usage while the session lives, but must not keep the
     // engine (and its caches, counted against a shared budget) alive after it has ended.
@@ -354,12 +364,62 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
             serve(session, fs, mountpoint)
         })
         .map_err(|source| MountError::Session { path: opts.mountpoint.clone(), source })?;
-    Ok(MountHandle { mountpoint: opts.mountpoint.clone(), image: opts.image.clone(), engine, unmounter: Arc::new(Mutex::new(unmounter)), thread: Some(thread) })
+    Ok(MountHandle { mountpoint: opts.mountpoint.clone(), image: opts.image.clone(), engine, kernel: Arc::new(kernel), thread: Some(thread) })
+}
+
+/// Remount the ferrofs mount on `mountpoint` read-only or read-write, as `mount -o
+/// remount,ro` asks through the mount helper. To read-only: the kernel first (it refuses while
+/// a file is open for writing, and from then on fails every change with EROFS itself), then the
+/// daemon, through its control socket, which writes its log home (the image on disk is clean
+/// while it stays so) and refuses changes too. To read-write: the daemon first, then the
+/// kernel; if the kernel refuses, the daemon goes back to read-only.
+pub fn remount(mountpoint: &Path, read_only: bool) -> io::Result<()> {
+    // The control socket is named after the mount point, so with mounts stacked there it
+    // reaches the daemon of one of them only, not necessarily the top one the kernel remounts.
+    if kernel_mount::mounts_on(mountpoint)? > 1 {
+        return Err(io::Error::other(format!("several mounts are stacked on {}: unmount the others first", mountpoint.display())));
+    }
+    let tell_daemon = |read_only: bool| control::request(mountpoint, if read_only { "remount ro" } else { "remount rw" }).map(drop);
+    if read_only {
+        kernel_mount::remount_kernel(mountpoint, true)?;
+        return tell_daemon(true);
+    }
+    tell_daemon(false)?;
+    kernel_mount::remount_kernel(mountpoint, false).inspect_err(|_| {
+        if let Err(e) = tell_daemon(true) {
+            eprintln!("ferrofs: {} stays read-only in the kernel, but its daemon could not go back to read-only: {e}", mountpoint.display());
+        }
+    })
+}
+
+/// What mount(8) would refuse, refused before the image is opened: a mount point that is not
+/// a directory, an unknown option, too many threads. A daemonising caller checks before it
+/// forks, so that the user sees the reason at once.
+pub fn check(opts: &MountConfig) -> Result<(), MountError> {
+    checked(opts).map(drop)
+}
+
+/// [`check`], returning fuser's configuration and the kernel's options.
+fn checked(opts: &MountConfig) -> Result<(Config, KernelOptions), MountError> {
+    if opts.threads > THREADS_MAX {
+        return Err(MountError::Config(format!("{} threads requested, at most {} allowed", opts.threads, THREADS_MAX)));
+    }
+    kernel_mount::check_mountpoint(&opts.mountpoint).map_err(MountError::Refused)?;
+    let config = opts.fuser_config();
+    let kernel_options = KernelOptions::new(&config.mount_options, config.acl).map_err(MountError::Refused)?;
+    Ok((config, kernel_options))
 }
 
 fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
     let path = opts.image.clone();
-    let dev = FileDevice::open_wait(&opts.image, opts.read_only, opts.lock_timeout).map_err(|source| {
+    let dev = FileDevice::open(&opts.image, opts.read_only).or_else(|e| match e.kind() {
+        io::ErrorKind::WouldBlock if !opts.lock_timeout.is_zero() => {
+            eprintln!("ferrofs: {} is locked by another process; waiting up to {} s for it to let go", path.display(), opts.lock_timeout.as_secs());
+            FileDevice::open_wait(&opts.image, opts.read_only, opts.lock_timeout)
+        }
+        _ => Err(e),
+    });
+    let dev = dev.map_err(|source| {
         if source.kind() == io::ErrorKind::WouldBlock {
             MountError::ImageInUse { path: path.clone() }
         } else {
@@ -392,41 +452,25 @@ fn serve(session: Session<ops::FerroFuse>, fs: Arc<FileSystem>, mountpoint: Path
     checkpoint.map_err(|source| MountError::Unmount { path: mountpoint, source })
 }
 
-/// Unmount; if the mount is busy (files open), detach it lazily: the kernel then ends the
-/// connection once the last file is closed.
-fn request_unmount(unmounter: &Mutex<SessionUnmounter>, mountpoint: &Path) -> io::Result<()> {
-    let res = unmounter.lock().unwrap_or_else(|p| p.into_inner()).unmount();
-    match res {
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => lazy_unmount(mountpoint),
-        r => r,
+/// Detach our mount (lazily: the kernel ends the connection once the last open file on it is
+/// closed) if the mount point still shows it; an error if another mount covers it.
+fn request_unmount(kernel: &KernelMount) -> io::Result<()> {
+    match kernel.detach()? {
+        Detach::Detached | Detach::Gone => Ok(()),
+        Detach::Covered => Err(io::Error::other(format!(
+            "not unmounting {}: another mount now covers this one there (unmount that one first)",
+            kernel.mountpoint().display()
+        ))),
     }
 }
 
-fn lazy_unmount(mountpoint: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
-            return Ok(());
-        }
-        return Err(io::Error::last_os_error());
-    }
-    let status = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(mountpoint).status()?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!("fusermount3 -u -z {} failed: {}", mountpoint.display(), status)))
-    }
-}
-
-/// A mount served by background threads. Dropping it unmounts (lazily if busy) and waits.
+/// A mount served by background threads. Dropping it detaches the mount (if it is still there)
+/// and waits for the session to end.
 pub struct MountHandle {
     mountpoint: PathBuf,
     image: PathBuf,
     engine: Weak<FileSystem>,
-    unmounter: Arc<Mutex<SessionUnmounter>>,
+    kernel: Arc<KernelMount>,
     thread: Option<JoinHandle<Result<(), MountError>>>,
 }
 
@@ -462,7 +506,7 @@ impl MountHandle {
         if self.is_finished() {
             return Ok(());
         }
-        request_unmount(&self.unmounter, &self.mountpoint).map_err(|source| MountError::Session { path: self.mountpoint.clone(), source })
+        request_unmount(&self.kernel).map_err(|source| MountError::Session { path: self.mountpoint.clone(), source })
     }
 
     /// Wait until the file system is unmounted from outside (`umount`, `fusermount3 -u`).
@@ -482,8 +526,9 @@ impl Drop for MountHandle {
     fn drop(&mut self) {
         if self.thread.is_some() {
             if !self.is_finished() {
-                if let Err(e) = request_unmount(&self.unmounter, &self.mountpoint) {
-                    eprintln!("ferrofs: unmount of {} failed: {}", self.mountpoint.display(), e);
+                if let Err(e) = request_unmount(&self.kernel) {
+                    // Waiting would wait for an unmount that will not come.
+                    return eprintln!("ferrofs: unmount of {} failed: {}", self.mountpoint.display(), e);
                 }
             }
             if let Err(e) = self.wait() {
