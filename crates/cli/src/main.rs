@@ -11,6 +11,7 @@ mod mkfs;
 mod mount;
 mod progress;
 mod shared;
+mod signature;
 mod units;
 
 use clap::{Parser, Subcommand};

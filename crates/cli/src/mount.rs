@@ -66,6 +66,7 @@ pub fn run(args: &MountArgs) -> CliResult<()> {
     if let (Some(size), false) = (args.mkfs, args.image.exists()) {
         mkfs::run(&MkfsArgs::for_new_image(args.image.clone(), size))?;
     }
+    crate::image::require_ferrofs(&args.image)?;
     let mut cfg = config(args).map_err(|why| Failure::new(what(), why))?;
     if let Some(dir) = mounted_on(&cfg.image) {
         return Err(Failure::new(what(), format!("the image is already mounted on {dir}")));
