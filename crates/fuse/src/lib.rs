@@ -300,9 +300,9 @@ pub fn mount(opts: &MountConfig, ready: impl FnOnce()) -> Result<(), MountError>
         .name("ferrofs-signals".into())
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
-                eprintln!("ferrofs: signal {} received: unmounting {}", sig, mountpoint.display());
+                log::info!("signal {} received: unmounting {}", sig, mountpoint.display());
                 if let Err(e) = request_unmount(&unmounter, &mountpoint) {
-                    eprintln!("ferrofs: unmount of {} failed: {}", mountpoint.display(), e);
+                    log::error!("unmount of {} failed: {}", mountpoint.display(), e);
                 }
             }
         })
@@ -323,7 +323,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     // Until the session exists, a failure leaves the image as clean as we found it.
     let abandon = |err: MountError| {
         if let Err(e) = fs.unmount() {
-            eprintln!("ferrofs: checkpoint after failed FUSE mount: {}", e);
+            log::error!("checkpoint after failed FUSE mount: {}", e);
         }
         err
     };
@@ -336,7 +336,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     // Without it a parked worker could not tell that the connection has ended, so none parks.
     match session.as_fd().try_clone_to_owned() {
         Ok(conn) => workers.attach(conn),
-        Err(e) => eprintln!("ferrofs: cannot watch the connection of {} (its extra workers will not park): {e}", opts.mountpoint.display()),
+        Err(e) => log::warn!("cannot watch the connection of {} (its extra workers will not park): {e}", opts.mountpoint.display()),
     }
     let unmounter = session.unmount_callable();
     let mountpoint = opts.mountpoint.clone();
@@ -345,7 +345,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     let engine = Arc::downgrade(&fs);
     // Statistics are a diagnostic: a mount without its control socket still serves files.
     let control = control::ControlServer::start(&opts.mountpoint, engine.clone(), workers)
-        .inspect_err(|e| eprintln!("ferrofs: no control socket for {} (ferrofs lockstat will not reach it): {e}", opts.mountpoint.display()))
+        .inspect_err(|e| log::warn!("no control socket for {} (ferrofs lockstat will not reach it): {e}", opts.mountpoint.display()))
         .ok();
     let thread = std::thread::Builder::new()
         .name("ferrofs-session".into())
@@ -381,7 +381,7 @@ fn serve(session: Session<ops::FerroFuse>, fs: Arc<FileSystem>, mountpoint: Path
     // error.
     let served = session.run().or_else(|e| match e.raw_os_error() {
         Some(libc::ECONNABORTED) => {
-            eprintln!("ferrofs: the kernel aborted the connection of {}", mountpoint.display());
+            log::warn!("the kernel aborted the connection of {}", mountpoint.display());
             Ok(())
         }
         _ => Err(e),
@@ -483,11 +483,11 @@ impl Drop for MountHandle {
         if self.thread.is_some() {
             if !self.is_finished() {
                 if let Err(e) = request_unmount(&self.unmounter, &self.mountpoint) {
-                    eprintln!("ferrofs: unmount of {} failed: {}", self.mountpoint.display(), e);
+                    log::error!("unmount of {} failed: {}", self.mountpoint.display(), e);
                 }
             }
             if let Err(e) = self.wait() {
-                eprintln!("ferrofs: {}", e);
+                log::error!("{}", e);
             }
         }
     }
