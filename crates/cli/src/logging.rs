@@ -83,7 +83,9 @@ impl MountLog {
 
 impl Log for MountLog {
     fn enabled(&self, metadata: &Metadata) -> bool {
-        metadata.level() <= log::max_level()
+        // fuser's notices ("Mounting DIR") would reach the terminal `--daemon` returns to.
+        let quiet = metadata.target().starts_with("fuser") && metadata.level() > Level::Warn;
+        metadata.level() <= log::max_level() && !quiet
     }
 
     fn log(&self, record: &Record) {
