@@ -32,6 +32,7 @@ pub struct FsckArgs {
 pub fn run(args: &FsckArgs) -> CliResult<u8> {
     let repair = args.yes;
     let dev = image::open(&args.image, !repair)?;
+    image::require_ferrofs(&args.image)?;
     let bar = progress::counter(true, 0, "checking");
     let shown_phase = RefCell::new(String::new());
     let show = |phase: &str, done: u64, total: u64| {

@@ -2,8 +2,8 @@
 
 use crate::failure::{CliResult, Context, Failure};
 use crate::mount;
+use crate::signature::{self, Contents};
 use ferrofs::dev::{BlockDevice, FileDevice};
-use ferrofs::format::Superblock;
 use ferrofs::{FileSystem, MountOptions};
 use std::io::ErrorKind;
 use std::path::Path;
@@ -35,14 +35,22 @@ pub fn open(path: &Path, read_only: bool) -> CliResult<Arc<FileDevice>> {
     }
 }
 
-/// The superblock, if the device holds a ferrofs file system.
-pub fn superblock(dev: &dyn BlockDevice) -> Option<Superblock> {
-    ferrofs::mount::read_superblock(dev).ok()
+/// Fail with what the image is instead, unless it holds a ferrofs file system (a damaged one
+/// included: the engine then says what is wrong with it).
+pub fn require_ferrofs(path: &Path) -> CliResult<()> {
+    match signature::contents(path) {
+        Ok(found @ (Contents::Foreign(_) | Contents::Zeros | Contents::Unknown)) => {
+            Err(Failure::new(path.display().to_string(), format!("not a ferrofs image (found: {found})")))
+        }
+        // Unreadable: opening it again says why, in the words of the command that needs it.
+        Ok(Contents::Ferrofs(_) | Contents::DamagedFerrofs) | Err(_) => Ok(()),
+    }
 }
 
 /// Mount read-only: the log is replayed into memory, the image is not written.
 pub fn mount_read_only(path: &Path) -> CliResult<FileSystem> {
     let dev: Arc<dyn BlockDevice> = open(path, true)?;
+    require_ferrofs(path)?;
     let opts = MountOptions {
         read_only: true,
         ..MountOptions::default()

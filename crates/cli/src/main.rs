@@ -7,10 +7,12 @@ mod geometry;
 mod image;
 mod info;
 mod lockstat;
+mod logging;
 mod mkfs;
 mod mount;
 mod progress;
 mod shared;
+mod signature;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -55,6 +57,10 @@ fn main() -> ExitCode {
         }
         None => Cli::parse(),
     };
+    // A mount sets up its own logger: it knows its image, and where a daemon's lines go.
+    if !matches!(cli.command, Command::Mount(_)) {
+        logging::init(None, None);
+    }
     let (result, failure_code) = match &cli.command {
         Command::Mkfs(a) => (mkfs::run(a).map(|()| 0), 1),
         Command::Fsck(a) => (fsck::run(a), fsck::EXIT_OPERATIONAL),

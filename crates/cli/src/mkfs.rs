@@ -4,6 +4,7 @@ use crate::failure::{CliResult, Context, Failure};
 use crate::geometry;
 use crate::image;
 use crate::progress;
+use crate::signature::{self, Contents};
 use crate::units::{human_bytes, parse_size};
 use clap::Args;
 use ferrofs::dev::{BlockDevice, FileDevice};
@@ -40,7 +41,8 @@ pub struct MkfsArgs {
     /// Capped at half an allocation group.
     #[arg(long, value_parser = parse_size)]
     pub log_size: Option<u64>,
-    /// Overwrite an image that already holds a ferrofs file system.
+    /// Overwrite an image or device that holds a file system (ferrofs or another), an
+    /// encrypted volume, swap or a partition table.
     #[arg(long)]
     pub force: bool,
 }
@@ -90,7 +92,8 @@ pub fn run(args: &MkfsArgs) -> CliResult<()> {
     Ok(())
 }
 
-/// Look at the path; refuse to overwrite a ferrofs image unless forced.
+/// Look at the path; refuse to overwrite a file system, volume or partition table unless
+/// forced.
 fn inspect(path: &Path, force: bool) -> CliResult<Target> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
@@ -105,13 +108,8 @@ fn inspect(path: &Path, force: bool) -> CliResult<Target> {
         ));
     }
     let dev = image::open(path, true)?;
-    if let Some(sb) = image::superblock(&*dev).filter(|_| !force) {
-        let why = format!(
-            "already holds a ferrofs file system ({}, uuid {}); use --force to overwrite it",
-            human_bytes(sb.geo.block_count * BLOCK_SIZE as u64),
-            geometry::uuid_string(&sb.uuid)
-        );
-        return Err(Failure::new(path.display().to_string(), why));
+    if !force {
+        refuse_to_overwrite(path)?;
     }
     let len = dev.size();
     Ok(if is_block {
@@ -119,6 +117,20 @@ fn inspect(path: &Path, force: bool) -> CliResult<Target> {
     } else {
         Target::File { len }
     })
+}
+
+fn refuse_to_overwrite(path: &Path) -> CliResult<()> {
+    let found = signature::contents(path).context(|| format!("mkfs: look at {}", path.display()))?;
+    let what = match &found {
+        Contents::Zeros | Contents::Unknown => return Ok(()),
+        Contents::Ferrofs(sb) => format!(
+            "{found} ({}, uuid {})",
+            human_bytes(sb.geo.block_count * BLOCK_SIZE as u64),
+            geometry::uuid_string(&sb.uuid)
+        ),
+        _ => found.to_string(),
+    };
+    Err(Failure::new("mkfs", format!("{} contains {what}; use --force to overwrite it", path.display())))
 }
 
 fn image_size(target: &Target, requested: Option<u64>) -> Result<u64, String> {

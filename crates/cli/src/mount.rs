@@ -69,6 +69,7 @@ pub fn run(args: &MountArgs) -> CliResult<()> {
     if let (Some(size), false) = (args.mkfs, args.image.exists()) {
         mkfs::run(&MkfsArgs::for_new_image(args.image.clone(), size))?;
     }
+    crate::image::require_ferrofs(&args.image)?;
     let mut cfg = config(args).map_err(|why| Failure::new(what(), why))?;
     // Before forking: a bad mount point or option is reported by this command, not lost.
     ferrofs_fuse::check(&cfg).context(what)?;
@@ -79,6 +80,8 @@ pub fn run(args: &MountArgs) -> CliResult<()> {
     if args.shared || args.options.iter().any(|o| o.trim() == "shared") {
         return crate::shared::mount(args, &cfg).map_err(|why| Failure::new(what(), why));
     }
+    let log_file = crate::logging::open_log_file(&args.options).map_err(|why| Failure::new(what(), why))?;
+    crate::logging::init(Some(&cfg.image.display().to_string()), log_file);
     // The daemon serves this one image: its cache size bounds all of its memory.
     cfg.cache = Some(CacheBudget::for_process(cfg.cache_bytes.unwrap_or(DEFAULT_CACHE_BYTES)));
     if args.daemon {
@@ -133,8 +136,8 @@ pub(crate) fn config(args: &MountArgs) -> Result<MountConfig, String> {
             "fsname" => cfg.fs_name = value.map(str::to_string),
             "cache_size" => cfg.cache_bytes = Some(value.ok_or(format!("bad option '{o}': cache_size takes a size (e.g. 512M)")).and_then(parse_size).map_err(|e| format!("bad option '{o}': {e}"))?),
             // Options for mount(8) and fstab only, not for the file system.
-            // Handled by `run`: which daemon serves the mount, not how.
-            "shared" => {}
+            // Handled by `run`: which daemon serves the mount, and where it logs.
+            "shared" | "log" => {}
             "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail" | "owner" | "group" | "comment" => {}
             _ if key.starts_with("x-") => {}
             _ => cfg.options.push(o.to_string()),
@@ -216,11 +219,12 @@ fn daemon_main(cfg: &MountConfig, report: std::fs::File) -> i32 {
             let _ = r.write_all(b"ok");
         }
         detach_stdio();
+        crate::logging::detached();
     });
     let Err(e) = res else { return 0 };
     match report.borrow_mut().take() {
         Some(mut r) => drop(write!(r, "{e}")),
-        None => log_to_syslog(&format!("ferrofs: {e}")),
+        None => log::error!("{e}"),
     }
     1
 }
@@ -255,14 +259,6 @@ pub(crate) fn detach_stdio() {
             // SAFETY: dup2 onto a standard descriptor; `null` stays open for the call.
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
-    }
-}
-
-/// A daemon's only voice once detached.
-pub(crate) fn log_to_syslog(msg: &str) {
-    if let Ok(c) = std::ffi::CString::new(msg.replace('%', "%%")) {
-        // SAFETY: both strings are NUL-terminated and live across the call.
-        unsafe { libc::syslog(libc::LOG_ERR | libc::LOG_DAEMON, c"%s".as_ptr(), c.as_ptr()) };
     }
 }
 

@@ -255,6 +255,7 @@ struct Daemon {
 /// until the last mount has ended or a signal has unmounted them all.
 fn daemon_main(cfg: &MountConfig, mut daemon: Daemon, report: OwnedFd) -> i32 {
     mount::become_daemon();
+    crate::logging::init(Some(crate::logging::SHARED_DAEMON), None);
     let mut report = File::from(report);
     let stop = Arc::new(AtomicBool::new(false));
     // Registered before the first mount: a signal arriving during it then unmounts cleanly
@@ -274,6 +275,7 @@ fn daemon_main(cfg: &MountConfig, mut daemon: Daemon, report: OwnedFd) -> i32 {
     let _ = report.write_all(b"ok");
     drop(report);
     mount::detach_stdio();
+    crate::logging::detached();
     // Mount points and images are absolute; do not keep the starter's directory busy.
     let _ = std::env::set_current_dir("/");
     daemon.serve(&stop);
@@ -322,7 +324,7 @@ impl Daemon {
         self.mounts = live;
         for m in ended {
             if let Err(e) = m.join() {
-                mount::log_to_syslog(&format!("ferrofs: {e}"));
+                log::error!("{e}");
             }
         }
     }
@@ -334,12 +336,12 @@ impl Daemon {
         // may take until its last file is closed, which must not hold up the others.
         for m in &self.mounts {
             if let Err(e) = m.request_unmount() {
-                mount::log_to_syslog(&format!("ferrofs: {e}"));
+                log::error!("{e}");
             }
         }
         for m in std::mem::take(&mut self.mounts) {
             if let Err(e) = m.join() {
-                mount::log_to_syslog(&format!("ferrofs: {e}"));
+                log::error!("{e}");
             }
         }
     }

@@ -141,10 +141,115 @@ fn info_and_fsck_fail_cleanly_on_missing_and_foreign_images() {
     let junk = s.path("junk");
     std::fs::write(&junk, vec![0xa5u8; 1 << 20]).unwrap();
     assert_clean_failure(&ferrofs(&["info", &s.path("none.img")]), "No such file");
-    assert_clean_failure(&ferrofs(&["info", &junk]), "superblock");
+    assert_clean_failure(&ferrofs(&["info", &junk]), "not a ferrofs image (found: no known signature)");
     let o = ferrofs(&["fsck", &junk]);
     assert_eq!(o.status.code(), Some(8));
-    assert_clean_failure(&o, "superblock");
+    assert_clean_failure(&o, "not a ferrofs image (found: no known signature)");
+}
+
+/// Run a tool that writes a signature into `img`; false (with a note) if it is not installed.
+fn tool(cmd: &[&str], stdin: &str) -> bool {
+    use std::io::Write;
+    let mut child = match Command::new(cmd[0])
+        .args(&cmd[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!("SKIPPED: {} is not installed", cmd[0]);
+            return false;
+        }
+        Err(e) => panic!("{}: {e}", cmd[0]),
+    };
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success(), "{cmd:?}");
+    true
+}
+
+/// A sparse image holding what `cmd` wrote, or None where that tool is missing.
+fn foreign_image(s: &Scratch, name: &str, cmd: &[&str], stdin: &str) -> Option<String> {
+    let img = s.path(name);
+    // mkfs.xfs needs 300 MiB at least.
+    std::fs::File::create(&img).unwrap().set_len(320 << 20).unwrap();
+    let cmd: Vec<&str> = cmd.iter().map(|a| if *a == "IMG" { img.as_str() } else { a }).collect();
+    tool(&cmd, stdin).then_some(img)
+}
+
+/// Each maker of a signature mkfs must not overwrite unasked, and what mkfs then says.
+const FOREIGN: [(&str, &[&str], &str, &str); 6] = [
+    ("ext4", &["mkfs.ext4", "-q", "-F", "IMG"], "", "an ext4 file system"),
+    ("xfs", &["mkfs.xfs", "-q", "-f", "IMG"], "", "an xfs file system"),
+    ("swap", &["mkswap", "-q", "IMG"], "", "a swap signature"),
+    ("gpt", &["sfdisk", "-q", "IMG"], "label: gpt\n,10M\n", "a gpt partition table"),
+    ("mbr", &["sfdisk", "-q", "IMG"], "label: dos\n,10M\n", "a dos partition table"),
+    ("ferrofs", &[env!("CARGO_BIN_EXE_ferrofs"), "mkfs", "--force", "IMG"], "", "a ferrofs file system"),
+];
+
+#[test]
+fn mkfs_refuses_to_overwrite_what_it_finds_unless_forced() {
+    let s = Scratch::new("mkfs-foreign");
+    for (name, cmd, stdin, found) in FOREIGN {
+        let Some(img) = foreign_image(&s, name, cmd, stdin) else { continue };
+        let before = std::fs::read(&img).unwrap();
+        assert_clean_failure(&ferrofs(&["mkfs", &img]), &format!("{img} contains {found}"));
+        assert_clean_failure(&ferrofs(&["mkfs", &img]), "use --force to overwrite it");
+        assert!(std::fs::read(&img).unwrap() == before, "{name}: refused, yet the image changed");
+        let forced = ferrofs(&["mkfs", &img, "--force"]);
+        assert!(forced.status.success(), "{name}: {}", stderr(&forced));
+        assert_eq!(ferrofs(&["fsck", "-n", &img]).status.code(), Some(0), "{name}");
+    }
+}
+
+#[test]
+fn mount_fsck_and_info_name_what_a_foreign_image_holds() {
+    let s = Scratch::new("not-ferrofs");
+    let mnt = s.path("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let zeros = s.path("zeros.img");
+    std::fs::File::create(&zeros).unwrap().set_len(8 << 20).unwrap();
+    let tarball = s.path("a.tar");
+    assert!(tool(&["tar", "-cf", &tarball, "-C", env!("CARGO_MANIFEST_DIR"), "Cargo.toml"], ""));
+    let mut images = vec![(zeros, "nothing but zeros"), (tarball, "no known signature")];
+    for (name, cmd, stdin, found) in &FOREIGN[..5] {
+        images.extend(foreign_image(&s, name, cmd, stdin).map(|img| (img, *found)));
+    }
+    for (img, found) in &images {
+        let why = format!("{img}: not a ferrofs image (found: {found})");
+        assert_clean_failure(&ferrofs(&["info", img]), &why);
+        let checked = ferrofs(&["fsck", "-y", img]);
+        assert_eq!(checked.status.code(), Some(8), "{img}");
+        assert_clean_failure(&checked, &why);
+        // Refused before anything is mounted: this needs no FUSE.
+        assert_clean_failure(&ferrofs(&["mount", img, &mnt]), &why);
+    }
+}
+
+/// `mount --mkfs` makes a file system only where there is no image yet.
+#[test]
+fn mount_mkfs_never_overwrites_an_existing_image() {
+    let s = Scratch::new("mount-mkfs");
+    let mnt = s.path("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let Some(img) = foreign_image(&s, "ext4", FOREIGN[0].1, "") else { return };
+    let before = std::fs::read(&img).unwrap();
+    let o = ferrofs(&["mount", "--mkfs", "64M", &img, &mnt]);
+    assert_clean_failure(&o, "not a ferrofs image (found: an ext4 file system)");
+    assert!(std::fs::read(&img).unwrap() == before, "the ext4 image was changed");
+}
+
+/// A ferrofs image whose superblock fails its checksum (and has no backup: one AG) is still
+/// reported as a corrupt ferrofs superblock, not as a foreign image.
+#[test]
+fn a_damaged_ferrofs_superblock_is_reported_as_corrupt() {
+    let s = Scratch::new("bad-sb");
+    let img = s.path("a.img");
+    assert!(ferrofs(&["mkfs", &img, "--size", "4M", "--ags", "1"]).status.success());
+    corrupt_byte(&img, 100);
+    assert_clean_failure(&ferrofs(&["info", &img]), "corrupt superblock at block 0: checksum mismatch");
+    assert_clean_failure(&ferrofs(&["fsck", &img]), "corrupt superblock at block 0: checksum mismatch");
+    assert_clean_failure(&ferrofs(&["mkfs", &img]), "contains a ferrofs file system whose superblock does not verify");
 }
 
 #[test]

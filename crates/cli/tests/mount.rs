@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{daemon_pid, is_mounted, run, stderr, unavailable, BIN};
+use common::{daemon_pid, damaged_image, is_mounted, run, stderr, unavailable, BIN};
 
 
 
@@ -175,7 +175,7 @@ fn damaged_image_is_refused_without_a_stale_mount() {
         return eprintln!("SKIPPED damaged_image: {why}");
     }
     let s = Scratch::new("damaged");
-    std::fs::write(&s.image, vec![0xa5u8; 64 << 20]).unwrap();
+    std::fs::write(&s.image, damaged_image()).unwrap();
     let o = s.mount(&[]);
     assert!(!o.status.success());
     let err = stderr(&o);

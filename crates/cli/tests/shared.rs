@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{daemon_pid, is_mounted, stderr, unavailable, BIN};
+use common::{daemon_pid, damaged_image, is_mounted, stderr, unavailable, BIN};
 
 
 
@@ -132,7 +132,7 @@ fn shared_daemon_serves_several_images_in_one_process() {
     assert!(String::from_utf8_lossy(&table.stdout).contains(&s.mnt("b").canonicalize().unwrap().display().to_string()));
 
     // A damaged image: its requester gets the reason, the running mounts do not notice.
-    std::fs::write(s.image("c"), vec![0xa5u8; 64 << 20]).unwrap();
+    std::fs::write(s.image("c"), damaged_image()).unwrap();
     let o = s.mount("c", &[]);
     assert!(!o.status.success());
     assert!(stderr(&o).starts_with("ferrofs: ") && stderr(&o).contains("superblock"), "{}", stderr(&o));

@@ -320,7 +320,7 @@ fn lock(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
 }
 
 /// Regular files report their length in metadata; block devices only by seeking to the end.
-fn device_size(file: &File) -> io::Result<u64> {
+pub fn device_size(file: &File) -> io::Result<u64> {
     let meta = file.metadata()?;
     if meta.file_type().is_block_device() {
         // pread/pwrite ignore the file position, so moving it is harmless.

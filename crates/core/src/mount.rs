@@ -198,7 +198,7 @@ impl Mount {
     /// Stop all further changes. The on-disk image stays at its last durable checkpoint.
     pub fn shutdown(&self, why: &str) {
         if !self.dead.swap(true, Relaxed) {
-            eprintln!("ferrofs: shutting down: {}", why);
+            log::error!("shutting down: {}", why);
         }
     }
 

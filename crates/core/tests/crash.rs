@@ -853,9 +853,11 @@ fn random_workload(base: &MemDevice, seed: u64, calls: usize, opts: &MountOption
             }
             14 => {
                 if let Some(f) = file {
-                    // Preallocate (within or past the end, or growing the file) or punch a
-                    // hole: a crash must show the range as unwritten zeros or not at all.
-                    let mode = [0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE][rng.gen_range(0..3)];
+                    // Preallocate (within or past the end, or growing the file), punch a
+                    // hole or zero a range: a crash must show the range as unwritten zeros
+                    // or not at all.
+                    let zero = FALLOC_FL_ZERO_RANGE;
+                    let mode = [0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, zero, zero | FALLOC_FL_KEEP_SIZE][rng.gen_range(0..5)];
                     let (off, len) = ([0u64, 3000, 16384][rng.gen_range(0..3)], [5000u64, 40000][rng.gen_range(0..2)]);
                     let _ = r.call(&format!("fallocate {f} mode {mode} {len} at {off}"), |fs| fs.fallocate(f, off, len, mode));
                 }

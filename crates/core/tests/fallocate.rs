@@ -125,15 +125,76 @@ fn fallocate_punch_hole() {
     fsck_clean(&dev);
 }
 
+/// ZERO_RANGE over a file of 300 extents with holes between them (a B+tree), across
+/// written, unwritten and unmapped blocks, with partial edge blocks, past the end with and
+/// without KEEP_SIZE.
+#[test]
+fn fallocate_zero_range() {
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, C).unwrap().ino;
+    // Blocks 0, 2, ..., 598 written: the size ends with block 598.
+    let mut want = vec![0u8; 599 * 4096];
+    for b in (0..600).step_by(2) {
+        let block: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8 + (b % 3) as u8 + 1).collect();
+        fs.write(f, b * 4096, &block).unwrap();
+        want[b as usize * 4096..(b as usize + 1) * 4096].copy_from_slice(&block);
+    }
+    fs.fallocate(f, 700 * 4096, 10 * 4096, FALLOC_FL_KEEP_SIZE).unwrap();
+    // st_blocks counts the B+tree's nodes too: a root and a few leaves for 300 extents.
+    let holds = |fs: &FileSystem, data: u64| {
+        let b = blocks(fs, f);
+        assert!((data + 1..=data + 4).contains(&b), "{b} blocks for {data} data blocks and a B+tree");
+    };
+    holds(&fs, 300 + 10);
+    // Blocks 11..=510 and parts of 10 and 511: every hole in the range is allocated too.
+    let (off, len) = (10 * 4096 + 1000, 501 * 4096);
+    fs.fallocate(f, off, len, FALLOC_FL_ZERO_RANGE).unwrap();
+    want[off as usize..(off + len) as usize].fill(0);
+    same(fs.read(f, 0, 1 << 30).unwrap(), &want);
+    let mapped = 300 - 250 + 501 + 1 + 10;
+    holds(&fs, mapped);
+    // Over the preallocated tail, keeping the size; then past it, growing the size.
+    fs.fallocate(f, 705 * 4096, 20 * 4096, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, 599 * 4096);
+    holds(&fs, mapped + 15);
+    fs.fallocate(f, 800 * 4096 + 5, 10, FALLOC_FL_ZERO_RANGE).unwrap();
+    want.resize(800 * 4096 + 15, 0);
+    same(fs.read(f, 0, 1 << 30).unwrap(), &want);
+    // A range of written data inside one block, with the size unchanged.
+    fs.fallocate(f, 598 * 4096 + 7, 100, FALLOC_FL_ZERO_RANGE).unwrap();
+    want[598 * 4096 + 7..598 * 4096 + 107].fill(0);
+    let fs = remount(&dev, fs);
+    same(fs.read(f, 0, 1 << 30).unwrap(), &want);
+    // More than the free space: refused before anything changes.
+    let free = fs.statfs().bfree;
+    assert!(matches!(fs.fallocate(f, 0, 1 << 30, FALLOC_FL_ZERO_RANGE), Err(Error::NoSpace)));
+    assert_eq!(fs.statfs().bfree, free);
+    same(fs.read(f, 0, 1 << 30).unwrap(), &want);
+    // Over more extents than one transaction unmaps (300 written blocks between holes):
+    // punched first, then preallocated.
+    let g = fs.create(ROOT, b"g", 0o644, C).unwrap().ino;
+    for b in (0..600).step_by(2) {
+        fs.write(g, b * 4096, &[9u8; 4096]).unwrap();
+    }
+    fs.fallocate(g, 0, 599 * 4096, FALLOC_FL_ZERO_RANGE).unwrap();
+    same(fs.read(g, 0, 1 << 30).unwrap(), &vec![0u8; 599 * 4096]);
+    let b = blocks(&fs, g);
+    assert!((599..=603).contains(&b), "{b} blocks for 599 data blocks and a B+tree");
+    fs.unmount().unwrap();
+    drop(fs);
+    fsck_clean(&dev);
+}
+
 #[test]
 fn fallocate_errors() {
     let (_dev, fs) = fresh(64 << 20);
     let f = fs.create(ROOT, b"f", 0o644, C).unwrap().ino;
     fs.write(f, 0, b"x").unwrap();
     let before = fs.getattr(f).unwrap();
-    // Zeroing, collapsing, inserting ranges and a punch that may change the size are not
-    // supported; nothing changes.
-    for mode in [FALLOC_FL_PUNCH_HOLE, 0x10, 0x10 | FALLOC_FL_KEEP_SIZE, 0x08, 0x20, 0x40, 0x80] {
+    // Collapsing and inserting ranges, a punch that may change the size, a punch that also
+    // zeroes, and unknown bits are not supported; nothing changes.
+    let zero_and_punch = FALLOC_FL_ZERO_RANGE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    for mode in [FALLOC_FL_PUNCH_HOLE, zero_and_punch, 0x08, 0x20, 0x40, 0x80] {
         assert!(matches!(fs.fallocate(f, 0, 4096, mode), Err(Error::NotSupported)), "mode {mode:#x}");
     }
     assert!(matches!(fs.fallocate(f, 0, 0, 0), Err(Error::Invalid(_))));

@@ -51,7 +51,7 @@ const SIZES: &[u64] = &[0, 0, 1, 100, 4095, 4096, 5000, 8192, 70000, 1 << 20, (1
 const FALLOC_LENS: &[u64] = &[0, 1, 100, 4096, 9000, 70000, 1 << 20];
 /// Mode 0, KEEP_SIZE and punch hole, and two modes ferrofs refuses (punch hole without
 /// KEEP_SIZE, zero range).
-const FALLOC_MODES: &[u32] = &[0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, 0x10];
+const FALLOC_MODES: &[u32] = &[0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 0x08];
 const SYMLINK_LENS: &[usize] = &[1, 10, 64, 65, 300, 4095, 4096];
 const PERMS: &[u16] = &[0o644, 0o600, 0o4755, 0o2775, 0o1777, 0];
 const IDS: &[u32] = &[0, 1000, 4242];
@@ -594,14 +594,18 @@ impl Model {
         if len == 0 {
             errs.push(libc::EINVAL);
         }
-        if ![0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE].contains(&mode) {
+        let keep = FALLOC_FL_KEEP_SIZE;
+        if ![0, keep, FALLOC_FL_PUNCH_HOLE | keep, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | keep].contains(&mode) {
             errs.push(libc::EOPNOTSUPP);
         }
         check(errs)?;
-        if mode & FALLOC_FL_PUNCH_HOLE != 0 {
-            self.nodes[m].data.punch(off, off + len);
-        } else {
-            self.nodes[m].data.fallocate(off, off + len, mode & FALLOC_FL_KEEP_SIZE != 0);
+        let data = &mut self.nodes[m].data;
+        // ZERO_RANGE: zeros, with the space allocated.
+        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
+            data.punch(off, off + len);
+        }
+        if mode & FALLOC_FL_PUNCH_HOLE == 0 {
+            data.fallocate(off, off + len, mode & keep != 0);
         }
         Ok(())
     }
@@ -1047,11 +1051,11 @@ impl Harness {
             }
             Fallocate { obj, off, len, mode } => {
                 let Some((m, ino)) = self.obj(obj) else { return };
-                // mtime moves when the size grows or data is punched away; ctime always.
+                // mtime moves when the size grows or data is punched or zeroed; ctime always.
                 let grows = mode == 0 && off.saturating_add(len) > self.model.nodes[m].data.size;
                 let exp = self.model.fallocate(m, off, len, mode);
                 let ok = agree(&ctx, exp, fs.fallocate(ino, off, len, mode).map_err(errno)).is_some();
-                self.changed(ok, &[(m, grows || mode & FALLOC_FL_PUNCH_HOLE != 0)]);
+                self.changed(ok, &[(m, grows || mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0)]);
             }
             Read { obj, off, len } => {
                 let Some((m, ino)) = self.obj(obj) else { return };

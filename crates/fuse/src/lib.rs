@@ -307,9 +307,9 @@ pub fn mount(opts: &MountConfig, ready: impl FnOnce()) -> Result<(), MountError>
             // Every signal until the session ends: one that finds the mount covered by another
             // leaves it served, and the next may come after that one is gone.
             for sig in signals.forever() {
-                eprintln!("ferrofs: signal {} received: unmounting {}", sig, kernel.mountpoint().display());
+                log::info!("signal {} received: unmounting {}", sig, kernel.mountpoint().display());
                 if let Err(e) = request_unmount(&kernel) {
-                    eprintln!("ferrofs: {e}");
+                    log::error!("{e}");
                 }
             }
         })
@@ -328,7 +328,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     // Until the session exists, a failure leaves the image as clean as we found it.
     let abandon = |err: MountError| {
         if let Err(e) = fs.unmount() {
-            eprintln!("ferrofs: checkpoint after failed FUSE mount: {}", e);
+            log::error!("checkpoint after failed FUSE mount: {}", e);
         }
         err
     };
@@ -338,7 +338,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     let (fuse, kernel) = KernelMount::mount(&opts.mountpoint, &kernel_options).map_err(|source| abandon(MountError::Fuse { path: opts.mountpoint.clone(), source }))?;
     let session = Session::from_fd(adapter, fuse, config.acl, config).map_err(|source| {
         if let Err(e) = kernel.detach() {
-            eprintln!("ferrofs: detaching the failed mount on {}: {e}", opts.mountpoint.display());
+            log::error!("detaching the failed mount on {}: {e}", opts.mountpoint.display());
         }
         abandon(MountError::Fuse { path: opts.mountpoint.clone(), source })
     })?;
@@ -347,7 +347,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     // Without it a parked worker could not tell that the connection has ended, so none parks.
     match session.as_fd().try_clone_to_owned() {
         Ok(conn) => workers.attach(conn),
-        Err(e) => eprintln!("ferrofs: cannot watch the connection of {} (its extra workers will not park): {e}", opts.mountpoint.display()),
+        Err(e) => log::warn!("cannot watch the connection of {} (its extra workers will not park): {e}", opts.mountpoint.display()),
     }
     let mountpoint = opts.mountpoint.clone();
     // Weak: the handle reads the cache usage while the session lives, but must not keep the
@@ -355,7 +355,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     let engine = Arc::downgrade(&fs);
     // Statistics are a diagnostic: a mount without its control socket still serves files.
     let control = control::ControlServer::start(&opts.mountpoint, engine.clone(), workers)
-        .inspect_err(|e| eprintln!("ferrofs: no control socket for {} (ferrofs lockstat will not reach it): {e}", opts.mountpoint.display()))
+        .inspect_err(|e| log::warn!("no control socket for {} (ferrofs lockstat will not reach it): {e}", opts.mountpoint.display()))
         .ok();
     let thread = std::thread::Builder::new()
         .name("ferrofs-session".into())
@@ -387,7 +387,7 @@ pub fn remount(mountpoint: &Path, read_only: bool) -> io::Result<()> {
     tell_daemon(false)?;
     kernel_mount::remount_kernel(mountpoint, false).inspect_err(|_| {
         if let Err(e) = tell_daemon(true) {
-            eprintln!("ferrofs: {} stays read-only in the kernel, but its daemon could not go back to read-only: {e}", mountpoint.display());
+            log::error!("{} stays read-only in the kernel, but its daemon could not go back to read-only: {e}", mountpoint.display());
         }
     })
 }
@@ -441,7 +441,7 @@ fn serve(session: Session<ops::FerroFuse>, fs: Arc<FileSystem>, mountpoint: Path
     // error.
     let served = session.run().or_else(|e| match e.raw_os_error() {
         Some(libc::ECONNABORTED) => {
-            eprintln!("ferrofs: the kernel aborted the connection of {}", mountpoint.display());
+            log::warn!("the kernel aborted the connection of {}", mountpoint.display());
             Ok(())
         }
         _ => Err(e),
@@ -528,11 +528,11 @@ impl Drop for MountHandle {
             if !self.is_finished() {
                 if let Err(e) = request_unmount(&self.kernel) {
                     // Waiting would wait for an unmount that will not come.
-                    return eprintln!("ferrofs: unmount of {} failed: {}", self.mountpoint.display(), e);
+                    return log::error!("unmount of {} failed: {}", self.mountpoint.display(), e);
                 }
             }
             if let Err(e) = self.wait() {
-                eprintln!("ferrofs: {}", e);
+                log::error!("{}", e);
             }
         }
     }

@@ -39,6 +39,8 @@ type DirBatch = (Vec<DirEntry<Range<usize>>>, Vec<u8>);
 
 pub struct FerroFuse {
     fs: Arc<FileSystem>,
+    /// The image served, which every logged line names (one daemon may serve several).
+    image: Arc<str>,
     entry_ttl: Duration,
     attr_ttl: Duration,
     writeback_cache: bool,
@@ -58,6 +60,7 @@ impl FerroFuse {
     pub fn new(fs: Arc<FileSystem>, opts: &MountConfig) -> std::io::Result<FerroFuse> {
         Ok(FerroFuse {
             fs,
+            image: opts.image.display().to_string().into(),
             entry_ttl: opts.entry_timeout,
             attr_ttl: opts.attr_timeout,
             writeback_cache: opts.writeback_cache,
@@ -79,13 +82,13 @@ impl FerroFuse {
     }
 
     fn call<T>(&self, op: &'static str, f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>) -> Res<T> {
-        call_engine(&self.fs, op, f)
+        call_engine(&self.fs, &self.image, op, f)
     }
 
     /// fsync or fsyncdir, on the sync pool: the reply goes once the change is durable.
     fn sync(&self, op: &'static str, ino: u64, datasync: bool, reply: ReplyEmpty) {
-        let fs = Arc::clone(&self.fs);
-        self.syncs.submit(move || reply_empty(reply, call_engine(&fs, op, |fs| fs.fsync(ino, datasync))));
+        let (fs, image) = (Arc::clone(&self.fs), Arc::clone(&self.image));
+        self.syncs.submit(move || reply_empty(reply, call_engine(&fs, &image, op, |fs| fs.fsync(ino, datasync))));
     }
 
     fn reply_entry(&self, reply: ReplyEntry, entry_ttl: Duration, res: Res<Attr>) {
@@ -210,7 +213,7 @@ impl FerroFuse {
             false
         });
         if let Err(e) = res {
-            eprintln!("ferrofs: cannot list directory {dir} to drop its cached names: {e:?}");
+            log::error!(image = &*self.image; "cannot list directory {dir} to drop its cached names: {e:?}");
         }
         names
     }
@@ -282,12 +285,12 @@ fn caller(req: &Request) -> Caller {
 /// Call the engine. An error becomes its errno; a panic (an engine bug) is contained:
 /// the engine is shut down — no further changes, so nothing half-done reaches the disk —
 /// and the request fails with EIO. The calling thread lives on.
-fn call_engine<T>(fs: &FileSystem, op: &'static str, f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>) -> Res<T> {
+fn call_engine<T>(fs: &FileSystem, image: &str, op: &'static str, f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>) -> Res<T> {
     match catch_unwind(AssertUnwindSafe(|| f(fs))) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
             if matches!(e, ferrofs::Error::Io(_) | ferrofs::Error::Corrupt { .. }) {
-                eprintln!("ferrofs: {}: {}", op, e);
+                log::error!(image; "{op}: {e}");
             }
             Err(Errno::from_i32(e.errno()))
         }
@@ -448,7 +451,7 @@ impl fuser::Filesystem for FerroFuse {
         // Ask only for what this kernel offers; the rest silently stays off.
         let _ = config.add_capabilities(want & config.capabilities());
         if self.writeback_cache && !config.capabilities().contains(InitFlags::FUSE_WRITEBACK_CACHE) {
-            eprintln!("ferrofs: the kernel offers no writeback cache; mounting without it");
+            log::warn!(image = &*self.image; "the kernel offers no writeback cache; mounting without it");
         }
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE).or_else(|max| config.set_max_readahead(max));

@@ -487,8 +487,9 @@ fn fallocate_modes() {
     let fd = f.as_raw_fd();
     f.set_len(8192).unwrap();
     let falloc = |mode: i32, off: i64, len: i64| check(unsafe { libc::fallocate(fd, mode, off, len) });
-    // Modes the engine has no operation for are refused, and the file is untouched.
-    for mode in [libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_ZERO_RANGE, libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, libc::FALLOC_FL_COLLAPSE_RANGE, libc::FALLOC_FL_INSERT_RANGE] {
+    // Modes refused (a punch must keep the size; FUSE passes no collapse or insert on), and
+    // the file is untouched.
+    for mode in [libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_COLLAPSE_RANGE, libc::FALLOC_FL_INSERT_RANGE] {
         assert_eq!(errno(falloc(mode, 0, 4096)), libc::EOPNOTSUPP, "mode {mode:#x}");
     }
     assert_eq!((f.metadata().unwrap().len(), f.metadata().unwrap().blocks()), (8192, 0));
@@ -524,12 +525,24 @@ fn fallocate_modes() {
     want[73 * 4096 - 10..74 * 4096 + 10].fill(0);
     assert!(fs::read(fx.path("f")).unwrap() == want);
     assert_eq!((f.metadata().unwrap().len(), f.metadata().unwrap().blocks()), (1 << 20, 4096 - 16));
+    // ZERO_RANGE: written data in the range reads as zeros at once (the kernel drops its
+    // cached pages), the punched block 73 is allocated again; then past the end with and
+    // without KEEP_SIZE.
+    falloc(libc::FALLOC_FL_ZERO_RANGE, 300_100, 20_000).unwrap();
+    want[300_100..310_000].fill(0);
+    assert!(fs::read(fx.path("f")).unwrap() == want);
+    assert_eq!((f.metadata().unwrap().len(), f.metadata().unwrap().blocks()), (1 << 20, 4096 - 8));
+    falloc(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, 2 << 20, 8192).unwrap();
+    assert_eq!((f.metadata().unwrap().len(), f.metadata().unwrap().blocks()), (1 << 20, 4096 + 8));
+    falloc(libc::FALLOC_FL_ZERO_RANGE, (1 << 20) + 100, 50).unwrap();
+    want.resize((1 << 20) + 150, 0);
+    assert!(fs::read(fx.path("f")).unwrap() == want);
 
     // Everything survives a remount, and the image checks clean.
     drop(f);
     fx.remount();
     let m = fs::metadata(fx.path("f")).unwrap();
-    assert_eq!((m.len(), m.blocks()), (1 << 20, 4096 - 16));
+    assert_eq!((m.len(), m.blocks()), ((1 << 20) + 150, 4096 + 8));
     assert!(fs::read(fx.path("f")).unwrap() == want);
     fx.unmount();
     assert_fsck_clean(&fx.image);

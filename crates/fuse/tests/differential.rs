@@ -105,6 +105,7 @@ enum Op {
     Pread { slot: usize, off: u64, len: usize },
     CopyFileRange { from: usize, off_in: u64, to: usize, off_out: u64, len: usize },
     Ftruncate { slot: usize, len: u64 },
+    Fallocate { slot: usize, mode: i32, off: u64, len: u64 },
     Fstat { slot: usize },
     WriteFile { path: String, off: u64, data: Vec<u8> },
     Truncate { path: String, len: u64 },
@@ -202,6 +203,7 @@ impl Side {
                 errno_of(check_size(n)).map(|n| n.to_string())
             }
             Op::Ftruncate { slot, len } => rc(unsafe { libc::ftruncate(self.fd(*slot)?, *len as i64) }),
+            Op::Fallocate { slot, mode, off, len } => rc(unsafe { libc::fallocate(self.fd(*slot)?, *mode, *off as i64, *len as i64) }),
             Op::Fstat { slot } => {
                 let mut st: libc::stat = unsafe { std::mem::zeroed() };
                 check(unsafe { libc::fstat(self.fd(*slot)?, &mut st) }).map_err(|e| e.raw_os_error().unwrap())?;
@@ -317,6 +319,13 @@ struct Gen {
 const NAMES: [&str; 5] = ["a", "b", "c", "dd", "e"];
 const MODES: [u32; 8] = [0o644, 0o755, 0o600, 0o2775, 0o1777, 0o4755, 0o000, 0o444];
 const XNAMES: [&str; 3] = ["user.a", "user.bb", "user.third-attribute"];
+const FALLOC_MODES: [i32; 5] = [
+    0,
+    libc::FALLOC_FL_KEEP_SIZE,
+    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+    libc::FALLOC_FL_ZERO_RANGE,
+    libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+];
 
 impl Gen {
     /// A path of up to three components from a small pool, so that names collide often
@@ -348,7 +357,7 @@ impl Gen {
         let open: Vec<usize> = (0..SLOTS).filter(|&s| self.open[s]).collect();
         let slot = if !open.is_empty() && self.rng.gen_bool(0.9) { open[self.rng.gen_range(0..open.len())] } else { self.rng.gen_range(0..SLOTS) };
         let r = &mut self.rng;
-        match r.gen_range(0..100) {
+        match r.gen_range(0..104) {
             0..=9 => {
                 let acc = [libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR][r.gen_range(0..3)];
                 let mut flags = acc;
@@ -403,7 +412,13 @@ impl Gen {
             91 => Op::Removexattr { path: self.path(), name: XNAMES[self.rng.gen_range(0..3)].into() },
             92 => Op::Listxattr { path: self.path() },
             93..=95 => Op::Readdir { path: if self.rng.gen_bool(0.3) { String::new() } else { self.path() } },
-            _ => Op::Lstat { path: self.path() },
+            96..=99 => Op::Lstat { path: self.path() },
+            _ => {
+                // The modes FUSE passes on (the kernel refuses COLLAPSE_RANGE and INSERT_RANGE
+                // on a FUSE file itself).
+                let mode = FALLOC_MODES[self.rng.gen_range(0..FALLOC_MODES.len())];
+                Op::Fallocate { slot, mode, off: self.offset(), len: self.rng.gen_range(1..70_000) }
+            }
         }
     }
 }

@@ -477,7 +477,7 @@ fn fallocate_preallocates() {
     assert_eq!((m.len(), m.blocks()), (1 << 20, 2048));
     check(unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, 4096) }).unwrap();
     assert_eq!(f.metadata().unwrap().blocks(), 2040);
-    let rc = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_ZERO_RANGE, 0, 4096) };
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096) };
     assert_eq!(errno(check(rc)), libc::EOPNOTSUPP);
 }
 

@@ -15,6 +15,14 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// 64 MiB of junk behind the ferrofs magic: a ferrofs image whose superblock does not verify
+/// (the engine refuses it; without the magic, the command would refuse it before mounting).
+pub fn damaged_image() -> Vec<u8> {
+    let mut image = vec![0xa5u8; 64 << 20];
+    image[..4].copy_from_slice(&ferrofs::format::sb::MAGIC_SB.to_le_bytes());
+    image
+}
+
 /// Why mounting cannot be tested here, if it cannot.
 pub fn unavailable() -> Option<String> {
     // SAFETY: geteuid has no preconditions.

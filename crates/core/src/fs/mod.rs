@@ -1224,8 +1224,10 @@ impl FileSystem {
     // ---- preallocation ----------------------------------------------------------------
 
     /// fallocate(2). Supported modes: 0 (allocate, and grow the size to `off + len`),
-    /// `FALLOC_FL_KEEP_SIZE` (allocate only), and `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`
-    /// (deallocate; the range reads as zeros). Anything else is `NotSupported` (EOPNOTSUPP).
+    /// `FALLOC_FL_KEEP_SIZE` (allocate only), `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`
+    /// (deallocate; the range reads as zeros), and `FALLOC_FL_ZERO_RANGE` with or without
+    /// `FALLOC_FL_KEEP_SIZE` (the range reads as zeros and its space is allocated). Anything
+    /// else is `NotSupported` (EOPNOTSUPP).
     ///
     /// Allocation maps *unwritten* extents over the holes of the range (blocks already
     /// mapped are left as they are): they own their blocks but read as zeros, and a write
@@ -1238,7 +1240,8 @@ impl FileSystem {
     /// consistent state, as after a crash between two batches — the same partial result
     /// ext4 and XFS give.
     pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: u32) -> Result<()> {
-        if ![0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE].contains(&mode) {
+        const KEEP: u32 = FALLOC_FL_KEEP_SIZE;
+        if ![0, KEEP, FALLOC_FL_PUNCH_HOLE | KEEP, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | KEEP].contains(&mode) {
             return Err(Error::NotSupported);
         }
         if len == 0 {
@@ -1253,31 +1256,68 @@ impl FileSystem {
         if !g.is_reg() {
             return Err(Error::Invalid("fallocate of a non-regular file"));
         }
-        if mode & FALLOC_FL_PUNCH_HOLE != 0 {
-            self.punch_hole(&i, &mut g, off, end)
-        } else {
-            self.preallocate(&i, &mut g, off, end, mode & FALLOC_FL_KEEP_SIZE == 0)
+        let extend = mode & FALLOC_FL_KEEP_SIZE == 0;
+        match mode & !FALLOC_FL_KEEP_SIZE {
+            FALLOC_FL_PUNCH_HOLE => self.punch_hole(&i, &mut g, off, end),
+            FALLOC_FL_ZERO_RANGE => self.zero_range(&i, &mut g, off, end, extend),
+            _ => self.preallocate(&i, &mut g, off, end, extend, false),
         }
+    }
+
+    /// `FALLOC_FL_ZERO_RANGE`: `[off, end)` reads as zeros and its space is allocated, as
+    /// on ext4: the written parts of partial edge blocks are zeroed in place (as a punch
+    /// does), the whole blocks are unmapped and mapped again as unwritten extents in the
+    /// transaction that maps the range's holes, and the size grows to `end` unless `extend`
+    /// is false. A range of up to `FALLOC_BATCH` blocks over up to `UNMAP_BATCH` extents
+    /// takes one transaction, so a crash shows it zeroed or untouched; a larger one is
+    /// punched first, then preallocated, and a crash in between leaves it punched (zeros, not
+    /// yet allocated).
+    fn zero_range(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64, extend: bool) -> Result<()> {
+        let (from, to) = (off.div_ceil(BS), end / BS);
+        if to.saturating_sub(from) <= FALLOC_BATCH && file::read_extents(&self.m, i.ino, g, from, to)?.len() <= UNMAP_BATCH {
+            return self.preallocate(i, g, off, end, extend, true);
+        }
+        self.punch_hole(i, g, off, end)?;
+        self.preallocate(i, g, off, end, extend, false)
     }
 
     /// Map unwritten extents over the holes in file bytes `[off, end)`, a batch per
     /// transaction; with `extend`, the last transaction grows the size to `end`. The inode
     /// stays locked throughout, so the holes found at the start are the holes to fill.
-    fn preallocate(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64, extend: bool) -> Result<()> {
-        let holes = file::holes(&self.m, i.ino, g, off / BS, end.div_ceil(BS))?;
+    /// With `zero` (`zero_range`, for a range whose whole blocks span at most `UNMAP_BATCH`
+    /// extents), the written parts of the partial edge blocks are zeroed in place and the
+    /// whole blocks are unmapped in the first transaction and count as holes.
+    fn preallocate(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64, extend: bool, zero: bool) -> Result<()> {
+        let mut holes = file::holes(&self.m, i.ino, g, off / BS, end.div_ceil(BS))?;
+        let (from, to) = (off.div_ceil(BS), end / BS);
+        let remap = (zero && from < to).then_some((from, to));
+        if let Some((from, to)) = remap {
+            holes = holes.into_iter().flat_map(|(lo, hi)| [(lo, hi.min(from)), (lo.max(to), hi)]).filter(|(lo, hi)| lo < hi).chain([(from, to)]).collect();
+            holes.sort_unstable();
+        }
         let need: u64 = holes.iter().map(|(lo, hi)| hi - lo).sum();
+        // Blocks `remap` frees are not counted: freed space may be reused only after the
+        // transaction that freed it is durable.
         if need > 0 && need + MAP_RESERVE > self.statfs().bfree {
             return Err(Error::NoSpace);
         }
         let size = if extend { g.size.max(end) } else { g.size };
         self.zero_tail(i, g, size)?;
+        if zero {
+            self.zero_edges(i, g, off, end)?;
+        }
         let mut holes = holes.into_iter().peekable();
-        let (mut goal, mut rest) = (self.m.geo.ag_layout(ino_ag(i.ino)).data_start, need);
+        let (mut goal, mut rest, mut remap) = (self.m.geo.ag_layout(ino_ag(i.ino)).data_start, need, remap);
         loop {
             let mut nd = g.clone();
             let mut tx = Tx::new(&self.m)?;
             if rest > 0 {
                 let (mut budget, mut extents) = self.reserve_falloc_batch(&mut tx, ino_ag(i.ino), rest)?;
+                // After the reservation, which may fail: nothing is changed before it.
+                if let Some((from, to)) = remap.take() {
+                    let unmapped = self.unmap_range(&mut tx, i.ino, &mut nd, from, to)?;
+                    debug_assert!(unmapped, "more than UNMAP_BATCH extents to remap");
+                }
                 // Data blocks come out of `budget` only: the rest of the reservation is
                 // for the tree blocks of at most `extents` inserts.
                 while budget > 0 && extents > 0 {
@@ -1300,6 +1340,9 @@ impl FileSystem {
             let t = now();
             if done && size != nd.size {
                 nd.size = size;
+                nd.mtime = t;
+            }
+            if zero {
                 nd.mtime = t;
             }
             nd.ctime = t;
@@ -1338,15 +1381,7 @@ impl FileSystem {
     /// truncate, a state the file never had (found by the random crash workload).
     fn punch_hole(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64) -> Result<()> {
         let (from, to) = (off.div_ceil(BS), end / BS);
-        let head = (!off.is_multiple_of(BS)).then(|| (off, end.min(from * BS)));
-        let tail = (!end.is_multiple_of(BS) && to >= from).then(|| (to * BS, end));
-        for (lo, hi) in head.into_iter().chain(tail).map(|(lo, hi)| (lo, hi.min(g.size))).filter(|(lo, hi)| lo < hi) {
-            let blk = lo / BS;
-            if let Some(e) = file::read_extents(&self.m, i.ino, g, blk, blk + 1)?.first().filter(|e| !e.unwritten) {
-                self.m.dev.write_at(&vec![0u8; (hi - lo) as usize], (e.pblk + (blk - e.lblk)) * BS + lo % BS)?;
-                self.note_data(i);
-            }
-        }
+        self.zero_edges(i, g, off, end)?;
         loop {
             let mut nd = g.clone();
             let mut tx = Tx::new(&self.m)?;
@@ -1361,6 +1396,22 @@ impl FileSystem {
                 return Ok(());
             }
         }
+    }
+
+    /// Zero in place the written parts of the partial blocks at the edges of `[off, end)`,
+    /// up to EOF only (see `punch_hole`).
+    fn zero_edges(&self, i: &InodeRef, g: &DiskInode, off: u64, end: u64) -> Result<()> {
+        let (from, to) = (off.div_ceil(BS), end / BS);
+        let head = (!off.is_multiple_of(BS)).then(|| (off, end.min(from * BS)));
+        let tail = (!end.is_multiple_of(BS) && to >= from).then(|| (to * BS, end));
+        for (lo, hi) in head.into_iter().chain(tail).map(|(lo, hi)| (lo, hi.min(g.size))).filter(|(lo, hi)| lo < hi) {
+            let blk = lo / BS;
+            if let Some(e) = file::read_extents(&self.m, i.ino, g, blk, blk + 1)?.first().filter(|e| !e.unwritten) {
+                self.m.dev.write_at(&vec![0u8; (hi - lo) as usize], (e.pblk + (blk - e.lblk)) * BS + lo % BS)?;
+                self.note_data(i);
+            }
+        }
+        Ok(())
     }
 
     /// lseek(2) SEEK_DATA (`hole == false`) or SEEK_HOLE from `off`: the offset, or ENXIO
