@@ -81,12 +81,12 @@ use crate::format::inode::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, 
 use crate::format::log::{LogHeader, LOG_HEADER_BLOCKS};
 use crate::format::{
     self, agh, ino_ag, ino_index, make_ino, AgLayout, DiskInode, Extent, Fork, Geometry, Superblock, BITMAP_BITS, BLOCK_SIZE, HDR_SIZE, INODE_SIZE,
-    MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE, MAGIC_ORPHAN, NAME_MAX, ORPHAN_SLOTS_PER_BLOCK, ROOT_INO,
+    MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE, MAGIC_DATA_META, MAGIC_ORPHAN, NAME_MAX, ORPHAN_SLOTS_PER_BLOCK, ROOT_INO,
 };
 use crate::fs::SYMLINK_MAX;
 use crate::journal;
 use crate::mount;
-use crate::xattr::XATTR_VALUE_MAX;
+use crate::xattr;
 
 /// Most messages a report keeps; later ones are counted, not stored.
 pub const MAX_MESSAGES: usize = 1000;
@@ -1181,19 +1181,38 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// Verify the xattr tree and its records; returns the nodes it owns (None if damaged).
+    /// Verify the xattr tree, its records and their value blocks; returns the blocks it owns
+    /// (None if damaged).
     fn check_xattrs(&mut self, ino: u64, di: &DiskInode) -> Result<Option<u64>> {
-        let nodes = self.check_tree(ino, "xattr", di.xattr_root)?;
-        if nodes.is_some() {
-            let (dev, geo) = (self.dev, self.geo);
-            btree::range(&mut DevStore::new(dev, &geo, ino), di.xattr_root, 0, &mut |key, v| {
-                if let Some(why) = xattr_record_problem(key, v) {
-                    self.out.unfixable(format!("inode {ino}: xattr record {key:#x}: {why}"));
-                }
-                Ok(true)
-            })?;
+        let Some(nodes) = self.check_tree(ino, "xattr", di.xattr_root)? else {
+            return Ok(None);
+        };
+        let (dev, geo) = (self.dev, self.geo);
+        let mut value_blocks = Vec::new();
+        btree::range(&mut DevStore::new(dev, &geo, ino), di.xattr_root, 0, &mut |key, v| {
+            match xattr_record_problem(key, v) {
+                Some(why) => self.out.unfixable(format!("inode {ino}: xattr record {key:#x}: {why}")),
+                None => value_blocks.extend(xattr::decode_record(v).into_iter().flat_map(|r| r.value.blocks().collect::<Vec<_>>())),
+            }
+            Ok(true)
+        })?;
+        let mut intact = true;
+        for &blkno in &value_blocks {
+            let problem = if geo.is_data_range(blkno, 1) {
+                self.claim(blkno, 1, Owner::Inode(ino));
+                let mut b = vec![0u8; BLOCK_SIZE];
+                dev.read_at(&mut b, blkno * BS)?;
+                format::verify_block(&b, "xattr value block", MAGIC_DATA_META, blkno, Some(ino)).err().map(|e| detail(&e))
+            } else {
+                Some("lies outside the data area".to_string())
+            };
+            if let Some(why) = problem {
+                self.out.unfixable(format!("inode {ino}: xattr value block {blkno}: {why}"));
+                self.complete = false;
+                intact = false;
+            }
         }
-        Ok(nodes)
+        Ok(intact.then_some(nodes + value_blocks.len() as u64))
     }
 
     /// Claim a file's data blocks and extent-tree nodes; returns how many (None if damaged).
@@ -1484,17 +1503,12 @@ fn describe_inode(dev: &dyn BlockDevice, geo: &Geometry, ino: u64) -> Result<Str
     })
 }
 
-/// What is wrong with an xattr tree record (`name_len u8 | name | value`, keyed by name hash).
+/// What is wrong with an xattr tree record (SPEC §14.2: keyed by its name's hash).
 fn xattr_record_problem(key: u64, v: &[u8]) -> Option<String> {
-    let nl = usize::from(v.first().copied().unwrap_or(0));
-    if nl == 0 || v.len() <= nl {
+    let Some(r) = xattr::decode_record(v) else {
         return Some(format!("malformed ({} bytes)", v.len()));
-    }
-    if key >> 16 != dir::name_hash(&v[1..1 + nl]) {
-        return Some("key outside its name's hash range".into());
-    }
-    let value_len = v.len() - 1 - nl;
-    (value_len > XATTR_VALUE_MAX).then(|| format!("value of {value_len} bytes"))
+    };
+    (key >> 16 != dir::name_hash(r.name)).then(|| "key outside its name's hash range".into())
 }
 
 #[cfg(test)]
