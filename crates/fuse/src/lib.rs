@@ -48,8 +48,8 @@
 //! caller's primary and supplementary groups — or other, exclusively), `may_create`/
 //! `may_delete` (write and search on the parent; in a sticky directory only the entry's or
 //! the directory's owner removes or replaces an entry), `vfs_rename` (a directory moving to
-//! another parent needs write on itself), `may_open` (the access mode; execve's open needs
-//! execute), `setattr_prepare`/`may_setattr` (chmod by the owner, S_ISGID dropped for an
+//! another parent needs write on itself), `may_open` (the access mode; execve's open, marked
+//! `__FMODE_EXEC` in the OPEN request's flags, needs execute alone, as `open_exec` asks), `setattr_prepare`/`may_setattr` (chmod by the owner, S_ISGID dropped for an
 //! owner outside the group; chown by root only; chgrp by the owner to one of its groups;
 //! truncate needs write unless through an open file; times to a chosen value need
 //! ownership, to "now" ownership or write), `may_linkat` with `protected_hardlinks`, and

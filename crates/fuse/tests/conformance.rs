@@ -1225,6 +1225,27 @@ fn access_chdir_and_exec_follow_the_mode() {
     as_user(3000, 3000, &[2000], || std::env::set_current_dir(&d).unwrap());
 }
 
+/// execve needs execute permission only (the kernel's open_exec asks for MAY_EXEC alone): a
+/// program its runner may execute but not read runs, while opening it to read is refused.
+#[test]
+fn programs_run_with_execute_permission_alone() {
+    let Some(fx) = multi_user_fixture("execonly") else { return };
+    let Ok(program) = fs::read("/bin/true") else { return skip("execonly", "no /bin/true to copy") };
+    for (mode, owner) in [(0o711, 0), (0o701, 0), (0o111, 0), (0o001, 0), (0o100, 1000)] {
+        let f = fx.path(&format!("true-{mode:04o}"));
+        fs::write(&f, &program).unwrap();
+        chown(&f, owner, 0).unwrap();
+        chmod(&f, mode);
+        as_user(1000, 1000, &[], || {
+            assert_eq!(exec_status(&f), 0, "mode {mode:04o} owner {owner}: exec");
+            assert_eq!(errno(fs::read(&f)), libc::EACCES, "mode {mode:04o} owner {owner}: read");
+        });
+        // No execute bit for the runner's class: refused, whatever "other" or the owner get.
+        chmod(&f, if owner == 0 { 0o776 } else { 0o677 });
+        as_user(1000, 1000, &[], || assert_eq!(exec_status(&f), libc::EACCES, "mode {mode:04o} owner {owner}: no x"));
+    }
+}
+
 #[test]
 fn names_in_a_directory_that_stops_being_searchable_are_checked_again() {
     let Some(fx) = multi_user_fixture("searchable") else { return };
