@@ -83,14 +83,20 @@
 //! What the kernel caches is not checked again: a path walk through names it holds sends no
 //! LOOKUP. So names in a directory that some class may not search are given entry timeout 0
 //! (each walk through them comes here as a LOOKUP by the walking process), and when a
-//! directory stops being searchable by everyone its names are invalidated
-//! (`FUSE_NOTIFY_INVAL_ENTRY`, one per entry) right after the chmod is answered — the kernel
-//! holds the directory's lock until then; the names are listed before the answer, so the
-//! invalidations follow it at once. A walk racing that chmod may still pass, as one that
-//! started before it would; so, rarely, may one that starts just after the chmod returns,
-//! before the invalidation reaches the kernel (the conformance test waits for the refusal, at
-//! most 2 s: under load that window once outlasted a thread's start). Names in directories
-//! everyone may search keep the long timeout, so the common case costs nothing.
+//! directory stops being searchable by everyone, the names the kernel cached with the long
+//! timeout must go before the chmod returns: else a walk that starts right after it (a
+//! `chown -1 GID` of a file below, in pjdfstest chown/05.t) passes through a cached name, and
+//! its request arrives here as one the caller may make (1 to 500 rounds of 3,000 in the
+//! conformance test). The kernel holds the directory's lock until it has the chmod's reply,
+//! and `FUSE_NOTIFY_INVAL_ENTRY` waits for that lock, so names cannot be invalidated one by
+//! one before the reply. `FUSE_NOTIFY_INC_EPOCH` (Linux 6.16) takes no lock: the adapter
+//! sends it before the reply (`epoch.rs`), and every name the kernel holds, on the whole
+//! mount, is looked up again at its next use. That costs a LOOKUP per name once after such a
+//! chmod, which is rare (a directory everyone could search closed to some). On older
+//! kernels the directory's names are invalidated one by one right after the reply (listed
+//! before it, so the invalidations follow it at once), and a walk in that short window may
+//! still pass. Names in directories everyone may search keep the long timeout, so the
+//! common case costs nothing.
 //!
 //! # Why the timeouts are long
 //!
@@ -103,6 +109,7 @@
 
 mod access;
 mod control;
+mod epoch;
 mod ops;
 mod options;
 mod seek;
@@ -329,10 +336,15 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     };
     let adapter = ops::FerroFuse::new(fs.clone(), opts).map_err(|source| abandon(MountError::Session { path: opts.mountpoint.clone(), source }))?;
     let notifier = adapter.notifier_slot();
+    let name_epoch = adapter.name_epoch();
     let workers = adapter.workers();
     let mut session = Session::new(adapter, &opts.mountpoint, &opts.fuser_config()).map_err(|source| abandon(MountError::Fuse { path: opts.mountpoint.clone(), source }))?;
     // Before any request is served: the session's threads start only in `run`.
     let _ = notifier.set(session.notifier());
+    match session.as_fd().try_clone_to_owned() {
+        Ok(conn) => name_epoch.attach(conn),
+        Err(e) => eprintln!("ferrofs: cannot expire cached names on {} at once (they are invalidated one by one): {e}", opts.mountpoint.display()),
+    }
     // Without it a parked worker could not tell that the connection has ended, so none parks.
     match session.as_fd().try_clone_to_owned() {
         Ok(conn) => workers.attach(conn),

@@ -9,6 +9,7 @@
 //! against the engine's attributes with [`crate::access`] before the engine changes anything.
 
 use crate::access::{searchable_by_all, Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
+use crate::epoch::NameEpoch;
 use crate::seek::{self, Whence};
 use crate::sync_pool::{SyncPool, SYNC_THREADS};
 use crate::workers::Workers;
@@ -43,6 +44,8 @@ pub struct FerroFuse {
     checks: bool,
     /// Set once the session exists: drops names the kernel may no longer cache.
     notifier: Arc<OnceLock<Notifier>>,
+    /// Expires every cached name at once, where the kernel can.
+    name_epoch: Arc<NameEpoch>,
     /// Runs fsync and fsyncdir, which wait on the device, off the workers.
     syncs: SyncPool,
     /// How many workers read `/dev/fuse`, and where they run.
@@ -60,6 +63,7 @@ impl FerroFuse {
             writeback_cache: opts.writeback_cache,
             checks: !opts.default_permissions,
             notifier: Arc::new(OnceLock::new()),
+            name_epoch: Arc::default(),
             syncs: SyncPool::start(SYNC_THREADS)?,
             workers: Arc::new(Workers::new(opts.thread_count())),
         })
@@ -68,6 +72,12 @@ impl FerroFuse {
     /// Where the session's notifier goes once the session exists.
     pub fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
         self.notifier.clone()
+    }
+
+    /// What expires cached names, which needs the session's descriptor once the session
+    /// exists.
+    pub fn name_epoch(&self) -> Arc<NameEpoch> {
+        self.name_epoch.clone()
     }
 
     /// The worker pool, which needs the session's descriptor once the session exists.
@@ -513,9 +523,11 @@ impl fuser::Filesystem for FerroFuse {
         }
         match self.call("setattr", |fs| fs.setattr(ino.0, &sa)) {
             Ok(a) => {
-                // Names cached with the long timeout while everyone could search here.
+                // Names cached with the long timeout while everyone could search here: expired
+                // before the reply where the kernel can, so none is walked through once the
+                // chmod has returned; else invalidated one by one after it.
                 let cached = before.is_some_and(|b| b.kind == ferrofs::FileType::Directory && searchable_by_all(b.perm) && !searchable_by_all(a.perm));
-                let names = if cached { self.names_in(ino.0) } else { Vec::new() };
+                let names = if cached && !self.name_epoch.expire_all_names() { self.names_in(ino.0) } else { Vec::new() };
                 reply.attr(&self.attr_ttl, &file_attr(&a));
                 self.forget_names(ino.0, names);
             }

@@ -1173,6 +1173,16 @@ fn mmap_reads_and_writes() {
     }
 }
 
+/// The running kernel's (major, minor) version.
+fn kernel_release() -> (u32, u32) {
+    // SAFETY: uname fills the struct it is given.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    check(unsafe { libc::uname(&mut u) }).unwrap();
+    let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy().into_owned();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
 /// Run `path` (a script) with execve in a child forked from an `as_user` thread, which
 /// inherits that thread's identity: 0 if it ran, else the errno execve failed with.
 fn exec_status(path: &Path) -> i32 {
@@ -1257,10 +1267,10 @@ fn names_in_a_directory_that_stops_being_searchable_are_checked_again() {
         assert_eq!(fs::read(d.join("f")).unwrap(), b"data");
         fs::metadata(d.join("sub")).unwrap();
     });
-    // Taking search away takes effect for those cached names and below them, as soon as the
-    // daemon's invalidation (sent right after it answers the chmod, which it cannot precede:
-    // the kernel holds the directory's lock until then) has reached the kernel. A walk in
-    // that short window still passes (the adapter's documented race), so wait for the
+    // Taking search away takes effect for those cached names and below them: at once from
+    // Linux 6.16 (the adapter expires every cached name before answering the chmod; see
+    // search_permission_taken_away_holds_when_chmod_returns), else as soon as the
+    // invalidations sent right after the answer have reached the kernel, so wait for the
     // refusal, boundedly; from then on every walk is refused...
     chmod(&d, 0o700);
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -1288,6 +1298,33 @@ fn names_in_a_directory_that_stops_being_searchable_are_checked_again() {
     });
     chmod(&d, 0o755);
     as_user(1000, 1000, &[], || assert_eq!(fs::read_dir(&d).unwrap().count(), 2));
+}
+
+/// A chmod that takes search permission away holds from the moment it returns: a walk
+/// through a name the kernel cached while the directory was searchable is refused at once
+/// (pjdfstest chown/05.t: `chown -1 GID` right after the chmod, by a user in GID through a
+/// supplementary group, which the adapter would allow if the request reached it).
+#[test]
+fn search_permission_taken_away_holds_when_chmod_returns() {
+    if !kernel_checks_permissions() && kernel_release() < (6, 16) {
+        // The adapter then invalidates the names one by one after the chmod's reply.
+        return skip("searchrace", "the kernel expires cached names at once from Linux 6.16 (FUSE_NOTIFY_INC_EPOCH)");
+    }
+    let Some(fx) = multi_user_fixture("searchrace") else { return };
+    let (dir, f) = (fx.path("d"), fx.path("d/f"));
+    fs::create_dir(&dir).unwrap();
+    fs::write(&f, b"").unwrap();
+    chown(&dir, 1000, 1000).unwrap();
+    chown(&f, 1000, 1000).unwrap();
+    as_user(1000, 3000, &[3000, 2000], || {
+        for round in 0..3000 {
+            chmod(&dir, 0o755);
+            chown(&f, u32::MAX, 2000).unwrap();
+            chmod(&dir, 0o644);
+            let refused = chown(&f, u32::MAX, 3000).map_err(|e| e.raw_os_error());
+            assert_eq!(refused, Err(Some(libc::EACCES)), "round {round}: chown through a directory without search permission");
+        }
+    });
 }
 
 #[test]
