@@ -1327,6 +1327,43 @@ fn search_permission_taken_away_holds_when_chmod_returns() {
     });
 }
 
+/// The kernel opens FIFOs and sockets without a request to the daemon, so under the mount's
+/// default options (the kernel checks permissions) a user without read or write permission
+/// is refused there as on any file.
+#[test]
+fn special_files_open_by_the_mode_under_the_default_options() {
+    if !is_root() {
+        return skip("specialopen", "acting as other users needs root");
+    }
+    let Some(fx) = Fixture::new("specialopen", |c| {
+        c.allow_other = true;
+        c.default_permissions = ferrofs_fuse::MountConfig::new("", "").default_permissions;
+    }) else {
+        return;
+    };
+    let (fifo, sock) = (fx.path("fifo"), fx.path("sock"));
+    check(unsafe { libc::mkfifo(cpath(&fifo).as_ptr(), 0o600) }).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    chmod(&sock, 0o600);
+    let open_fifo = |flags: i32| check(unsafe { libc::open(cpath(&fifo).as_ptr(), flags | libc::O_NONBLOCK) }).map(|fd| {
+        unsafe { libc::close(fd) };
+    });
+    let os_errno = |r: io::Result<()>| r.map_err(|e| e.raw_os_error());
+    as_user(1000, 1000, &[], || {
+        assert_eq!(os_errno(open_fifo(libc::O_RDONLY)), Err(Some(libc::EACCES)), "FIFO 0600 opened for reading by another user");
+        assert_eq!(os_errno(open_fifo(libc::O_WRONLY)), Err(Some(libc::EACCES)), "FIFO 0600 opened for writing by another user");
+        assert_eq!(os_errno(std::os::unix::net::UnixStream::connect(&sock).map(drop)), Err(Some(libc::EACCES)), "socket 0600 connected to by another user");
+    });
+    // With the permission, the same opens work (a FIFO's writer needs a reader: ENXIO).
+    chmod(&fifo, 0o606);
+    chmod(&sock, 0o606);
+    as_user(1000, 1000, &[], || {
+        open_fifo(libc::O_RDONLY).unwrap();
+        assert_eq!(errno(open_fifo(libc::O_WRONLY)), libc::ENXIO);
+        std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    });
+}
+
 #[test]
 fn changes_need_their_permissions() {
     let Some(fx) = multi_user_fixture("changes") else { return };
