@@ -734,8 +734,11 @@ impl fuser::Filesystem for FerroFuse {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _serving = self.workers.serving(req.pid());
+        // trusted.* names are listed to the privileged only, as local file systems list them
+        // to CAP_SYS_ADMIN (uid 0 stands for it; the kernel's FUSE client filters nothing).
+        let privileged = req.uid() == 0;
         let names = self.call("listxattr", |fs| fs.listxattr(ino.0)).map(|names| {
-            names.into_iter().flat_map(|mut n| {
+            names.into_iter().filter(|n| privileged || !n.starts_with(b"trusted.")).flat_map(|mut n| {
                 n.push(0);
                 n
             })

@@ -800,6 +800,7 @@ fn xattr_namespaces() {
         assert_eq!(errno(removexattr(&f, "user.u")), libc::EACCES);
         assert_eq!(errno(setxattr(&f, "trusted.t", b"x", 0)), libc::EPERM);
         assert_eq!(errno(getxattr(&f, "trusted.t")), libc::ENODATA, "trusted.* is invisible without CAP_SYS_ADMIN");
+        assert_eq!(listxattr(&f), ["security.s", "user.U", "user.empty", "user.u"], "trusted.* is not listed without CAP_SYS_ADMIN");
         assert_eq!(errno(setxattr(&f, "security.s", b"x", 0)), libc::EPERM);
     });
     chmod(&f, 0o666);
