@@ -36,7 +36,8 @@ pub struct MountArgs {
     /// An existing directory to mount on.
     pub mountpoint: PathBuf,
     /// Mount options, comma separated: ro, rw, allow_other, allow_root, default_permissions
-    /// (the kernel checks permissions instead of ferrofs),
+    /// (the kernel checks permissions: the default), daemon_permissions (ferrofs checks them
+    /// itself: faster removal, but FIFOs, sockets and device nodes open unchecked),
     /// threads=N, cache_size=SIZE, writeback_cache, entry_timeout=SECS, attr_timeout=SECS
     /// (default 3600), fsname=NAME, and the generic ones (noatime, nosuid, nodev, noexec,
     /// ...), which go to the kernel.
@@ -129,6 +130,7 @@ pub(crate) fn config(args: &MountArgs) -> Result<MountConfig, String> {
             "rw" => cfg.read_only = false,
             "allow_other" => cfg.allow_other = true,
             "default_permissions" => cfg.default_permissions = true,
+            "daemon_permissions" => cfg.default_permissions = false,
             "writeback_cache" => cfg.writeback_cache = true,
             "threads" => cfg.threads = value.and_then(|v| v.parse().ok()).filter(|n| *n > 0).ok_or(format!("bad option '{o}': threads takes a whole number above 0"))?,
             "entry_timeout" => cfg.entry_timeout = Duration::from_secs_f64(number(value).ok_or(format!("bad option '{o}': a number of seconds"))?),

@@ -91,13 +91,13 @@ use crate::format::inode::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, 
 use crate::format::log::{LogHeader, LOG_HEADER_BLOCKS};
 use crate::format::{
     self, agh, ino_ag, ino_index, make_ino, AgLayout, DiskInode, Extent, Fork, Geometry, Superblock, BITMAP_BITS, BLOCK_SIZE, HDR_SIZE, INODE_SIZE,
-    MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE, MAGIC_ORPHAN, NAME_MAX, ORPHAN_SLOTS_PER_BLOCK, ROOT_INO,
+    MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE, MAGIC_DATA_META, MAGIC_ORPHAN, NAME_MAX, ORPHAN_SLOTS_PER_BLOCK, ROOT_INO,
 };
 use crate::fs::SYMLINK_MAX;
 use crate::journal;
 use crate::mkfs;
 use crate::mount;
-use crate::xattr::XATTR_VALUE_MAX;
+use crate::xattr;
 
 /// Most messages a report keeps; later ones are counted, not stored.
 pub const MAX_MESSAGES: usize = 1000;
@@ -1322,20 +1322,38 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// Verify the xattr tree and its records; returns the nodes it owns. A damaged tree or
-    /// record loses the inode's tree-held xattrs (the tree is dropped), not the inode.
+    /// Verify the xattr tree, its records and their value blocks; returns the blocks it owns.
+    /// A damaged tree, record or value block loses the inode's tree-held xattrs (the tree is
+    /// dropped and its blocks are freed), not the inode.
     fn check_xattrs(&mut self, ino: u64, di: &DiskInode) -> Result<u64> {
         let claims_before = self.claims.len();
         let mut damage = self.check_tree(ino, "xattr", di.xattr_root)?.err();
+        let mut value_blocks = Vec::new();
         if damage.is_none() {
             let (dev, geo) = (self.dev, self.geo);
             btree::range(&mut DevStore::new(dev, &geo, ino), di.xattr_root, 0, &mut |key, v| {
                 damage = xattr_record_problem(key, v).map(|why| format!("xattr record {key:#x}: {why}"));
+                if damage.is_none() {
+                    value_blocks.extend(xattr::decode_record(v).into_iter().flat_map(|r| r.value.blocks().collect::<Vec<_>>()));
+                }
                 Ok(damage.is_none())
             })?;
         }
+        for &blkno in &value_blocks {
+            if damage.is_some() {
+                break;
+            }
+            if !self.geo.is_data_range(blkno, 1) {
+                damage = Some(format!("xattr value block {blkno}: lies outside the data area"));
+                break;
+            }
+            self.claim(blkno, 1, Owner::Inode(ino));
+            let mut b = vec![0u8; BLOCK_SIZE];
+            self.dev.read_at(&mut b, blkno * BS)?;
+            damage = format::verify_block(&b, "xattr value block", MAGIC_DATA_META, blkno, Some(ino)).err().map(|e| format!("xattr value block {blkno}: {}", detail(&e)));
+        }
         let Some(why) = damage else {
-            return Ok((self.claims.len() - claims_before) as u64);
+            return Ok(self.claims[claims_before..].iter().map(|c| c.len).sum());
         };
         self.out.fixable(format!("inode {ino}: {why}; its xattr tree is dropped"));
         self.claims.truncate(claims_before);
@@ -1789,17 +1807,12 @@ fn describe_inode(dev: &dyn BlockDevice, geo: &Geometry, ino: u64) -> Result<Str
     })
 }
 
-/// What is wrong with an xattr tree record (`name_len u8 | name | value`, keyed by name hash).
+/// What is wrong with an xattr tree record (SPEC §14.2: keyed by its name's hash).
 fn xattr_record_problem(key: u64, v: &[u8]) -> Option<String> {
-    let nl = usize::from(v.first().copied().unwrap_or(0));
-    if nl == 0 || v.len() <= nl {
+    let Some(r) = xattr::decode_record(v) else {
         return Some(format!("malformed ({} bytes)", v.len()));
-    }
-    if key >> 16 != dir::name_hash(&v[1..1 + nl]) {
-        return Some("key outside its name's hash range".into());
-    }
-    let value_len = v.len() - 1 - nl;
-    (value_len > XATTR_VALUE_MAX).then(|| format!("value of {value_len} bytes"))
+    };
+    (key >> 16 != dir::name_hash(r.name)).then(|| "key outside its name's hash range".into())
 }
 
 #[cfg(test)]

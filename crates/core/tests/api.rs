@@ -158,6 +158,122 @@ fn tmpfile_link_and_release() {
     assert_eq!((fs.statfs().bfree, fs.statfs().ffree), free0, "everything freed");
 }
 
+fn fsck_clean(dev: &MemDevice) {
+    let r = ferrofs::fsck::check(dev, &ferrofs::fsck::FsckOptions::default(), &|_, _, _| {}).unwrap();
+    assert!(r.is_clean(), "fsck: {:#?}", r.messages);
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Deleting /f gives back every block its attributes took: `free0` were free before.
+fn assert_deleting_frees(dev: &std::sync::Arc<MemDevice>, fs: FileSystem, free0: u64) {
+    fs.unlink(ROOT, b"f").unwrap();
+    fs.sync().unwrap();
+    let fs = remount(dev, fs);
+    fsck_clean(dev);
+    assert!(fs.statfs().bfree >= free0, "value blocks leaked: {} free, {free0} before", fs.statfs().bfree);
+}
+
+/// Values up to Linux's XATTR_SIZE_MAX (64 KiB) are stored: past 1024 bytes in value blocks,
+/// which a replace, a remove and the file's deletion give back, and fsck accounts for.
+#[test]
+fn xattr_values_up_to_64k() {
+    use ferrofs::xattr::{LOCAL_VALUE_MAX, VALUE_BLOCK_BYTES, XATTR_REPLACE, XATTR_VALUE_MAX};
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, C).unwrap();
+    fs.sync().unwrap();
+    let free0 = fs.statfs().bfree;
+    let sizes = [LOCAL_VALUE_MAX, LOCAL_VALUE_MAX + 1, VALUE_BLOCK_BYTES, VALUE_BLOCK_BYTES + 1, 30_000, XATTR_VALUE_MAX];
+    for (i, &len) in sizes.iter().enumerate() {
+        fs.setxattr(f.ino, format!("user.v{len}").as_bytes(), &pattern(len, i as u8), 0).unwrap();
+    }
+    assert!(matches!(fs.setxattr(f.ino, b"user.over", &[0; XATTR_VALUE_MAX + 1], 0), Err(Error::TooBig)));
+    // 17 value blocks for 64 KiB, 1 for 1025 bytes...
+    let value_blocks: u64 = sizes.iter().map(|&l| ferrofs::xattr::value_blocks(l)).sum();
+    assert_eq!(value_blocks, 1 + 1 + 2 + 8 + 17);
+    assert!(fs.getattr(f.ino).unwrap().blocks * 512 / 4096 > value_blocks, "value blocks count in the file's blocks");
+    let fs = remount(&dev, fs);
+    fsck_clean(&dev);
+    for (i, &len) in sizes.iter().enumerate() {
+        assert_eq!(fs.getxattr(f.ino, format!("user.v{len}").as_bytes()).unwrap(), pattern(len, i as u8), "{len} bytes");
+    }
+    // Replace large by large, large by small, small by large; remove one.
+    fs.setxattr(f.ino, b"user.v65536", &pattern(50_000, 9), XATTR_REPLACE).unwrap();
+    fs.setxattr(f.ino, b"user.v30000", b"short", XATTR_REPLACE).unwrap();
+    fs.setxattr(f.ino, b"user.v1024", &pattern(20_000, 8), XATTR_REPLACE).unwrap();
+    fs.removexattr(f.ino, b"user.v4064").unwrap();
+    let fs = remount(&dev, fs);
+    fsck_clean(&dev);
+    assert_eq!(fs.getxattr(f.ino, b"user.v65536").unwrap(), pattern(50_000, 9));
+    assert_eq!(fs.getxattr(f.ino, b"user.v30000").unwrap(), b"short");
+    assert_eq!(fs.getxattr(f.ino, b"user.v1024").unwrap(), pattern(20_000, 8));
+    assert!(matches!(fs.getxattr(f.ino, b"user.v4064"), Err(Error::NoAttr)));
+    assert_deleting_frees(&dev, fs, free0);
+}
+
+/// Deleting a file whose values take more blocks than one transaction frees (several
+/// batches, on the orphan list meanwhile) leaks nothing.
+#[test]
+fn xattr_values_freed_in_batches() {
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, C).unwrap();
+    fs.sync().unwrap();
+    let free0 = fs.statfs().bfree;
+    let n = ferrofs::xattr::FREE_BATCH_BLOCKS / 17 * 2 + 3;
+    for i in 0..n {
+        fs.setxattr(f.ino, format!("user.{i}").as_bytes(), &pattern(65536, i as u8), 0).unwrap();
+    }
+    assert_deleting_frees(&dev, fs, free0);
+}
+
+/// A damaged value block is a corruption error for getxattr and an fsck finding naming the
+/// block, never a panic or wrong bytes.
+#[test]
+fn damaged_xattr_value_block_is_found() {
+    use ferrofs::dev::BlockDevice;
+    use ferrofs::format::{header_magic, header_owner, BLOCK_SIZE, MAGIC_DATA_META};
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, C).unwrap();
+    fs.setxattr(f.ino, b"user.big", &pattern(10_000, 1), 0).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let bs = BLOCK_SIZE as u64;
+    let mut b = vec![0u8; BLOCK_SIZE];
+    let value_block = (0..dev.size() / bs)
+        .find(|&n| {
+            dev.read_at(&mut b, n * bs).unwrap();
+            header_magic(&b) == MAGIC_DATA_META && header_owner(&b) == f.ino
+        })
+        .expect("a value block");
+    dev.read_at(&mut b, value_block * bs).unwrap();
+    b[100] ^= 0xff;
+    dev.write_at(&b, value_block * bs).unwrap();
+    let r = ferrofs::fsck::check(&*dev, &ferrofs::fsck::FsckOptions::default(), &|_, _, _| {}).unwrap();
+    assert!(r.messages.iter().any(|m| m.contains(&format!("xattr value block {value_block}"))), "{:#?}", r.messages);
+    let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
+    assert!(matches!(fs.getxattr(f.ino, b"user.big"), Err(Error::Corrupt { .. })));
+}
+
+/// 5,000 attributes (75,000 bytes of names, more than the kernel's XATTR_LIST_MAX) are all
+/// listed by the engine; the 64 KiB bound of a listxattr(2) is the kernel's.
+#[test]
+fn five_thousand_xattrs_are_listed() {
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, C).unwrap();
+    for i in 0..5000 {
+        fs.setxattr(f.ino, format!("user.attr_{i:04}").as_bytes(), b"v", 0).unwrap();
+    }
+    let fs = remount(&dev, fs);
+    fsck_clean(&dev);
+    let mut l = fs.listxattr(f.ino).unwrap();
+    l.sort();
+    let want: Vec<Vec<u8>> = (0..5000).map(|i| format!("user.attr_{i:04}").into_bytes()).collect();
+    assert_eq!(l, want);
+    assert_eq!(l.iter().map(|n| n.len() + 1).sum::<usize>(), 75_000);
+}
+
 #[test]
 fn truncate_sparse_and_unlinked_open() {
     let (dev, fs) = fresh(256 << 20);

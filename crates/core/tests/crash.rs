@@ -584,6 +584,7 @@ const STEPS: &[Step] = &[
     Step { name: "symlink", run: |r| { let d = ino_of(r, "/d2"); r.call("symlink /d2/s2", |fs| fs.symlink(d, b"s2", &[b'z'; 200], CRED).map(|a| a.ino)).unwrap_or(d) } },
     Step { name: "setxattr-tree", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("setxattr /d1/f user.big", |fs| fs.setxattr(f, b"user.big", &pattern(900, 14), XATTR_CREATE)); f } },
     Step { name: "setxattr-inline", run: |r| { let f = ino_of(r, "/d2/h"); let _ = r.call("setxattr /d2/h user.y", |fs| fs.setxattr(f, b"user.y", b"v", 0)); f } },
+    Step { name: "setxattr-remote", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("setxattr /d1/f user.x 9000", |fs| fs.setxattr(f, b"user.x", &pattern(9000, 15), 0)); f } },
     Step { name: "removexattr", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("removexattr /d1/f user.x", |fs| fs.removexattr(f, b"user.x")); f } },
 ];
 
@@ -847,7 +848,7 @@ fn random_workload(base: &MemDevice, seed: u64, calls: usize, opts: &MountOption
             }
             12 => {
                 if let Some(f) = file {
-                    let len = [3usize, 300, 1000][rng.gen_range(0..3)];
+                    let len = [3usize, 300, 1000, 9000][rng.gen_range(0..4)];
                     let _ = r.call("setxattr", |fs| fs.setxattr(f, b"user.r", &pattern(len, seed8), 0));
                 }
             }

@@ -17,7 +17,7 @@
 
 use ferrofs::dev::{BlockDevice, MemDevice};
 use ferrofs::journal::JournalConfig;
-use ferrofs::xattr::{XATTR_CREATE, XATTR_REPLACE};
+use ferrofs::xattr::{XATTR_CREATE, XATTR_REPLACE, XATTR_VALUE_MAX};
 use ferrofs::*;
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -43,7 +43,7 @@ const MAX_BYTES: u64 = 1 << 56;
 const DIRS: &[&str] = &["/", "/", "/a", "/b", "/a/b", "/b/a", "/a/b/c", "/a/..", "/b/a/..", "/a/."];
 const NAMES: &[&str] = &["a", "b", "c", "d"];
 const XATTR_NAMES: &[&str] = &["user.a", "user.b", "trusted.a-much-longer-attribute-name-0123"];
-const XATTR_LENS: &[usize] = &[0, 5, 40, 255, 256, 1024, 1025];
+const XATTR_LENS: &[usize] = &[0, 5, 40, 255, 256, 1024, 1025, 9000, 65536, 65537];
 const OFFSETS: &[u64] = &[0, 0, 1, 100, 4095, 4096, 4097, 8192, 12000, 65536, 1 << 20, (1 << 20) + 4000, (1 << 30) + 1, (1 << 40) - 7, MAX_BYTES - 1, u64::MAX - 1];
 const WRITE_LENS: &[usize] = &[1, 10, 511, 4096, 4097, 9000, 40000];
 const READ_LENS: &[usize] = &[0, 1, 100, 4096, 10000, 70000];
@@ -611,8 +611,8 @@ impl Model {
     }
 
     fn setxattr(&mut self, m: Mid, name: &str, value: &[u8], flags: u32) -> Result<(), Errs> {
-        if value.len() > 1024 {
-            return fail(vec![libc::E2BIG, libc::ENOSPC]);
+        if value.len() > XATTR_VALUE_MAX {
+            return fail(vec![libc::E2BIG]);
         }
         let exists = self.nodes[m].xattrs.contains_key(name.as_bytes());
         if exists && flags & XATTR_CREATE != 0 {
@@ -1233,17 +1233,19 @@ impl Harness {
         }
     }
 
-    /// Data blocks are exactly the pages written (and not truncated away); B+tree nodes
-    /// (extents, xattrs) come on top.
+    /// Data blocks are exactly the pages written (and not truncated away), plus the value
+    /// blocks of xattr values over 1 KiB; B+tree nodes (extents, xattrs) come on top.
     fn check_blocks(&self, ctx: &str, m: Mid, a: &Attr) {
         const TREE_SLACK: u64 = 16;
         let n = &self.model.nodes[m];
-        let data = match n.kind {
-            FileType::RegularFile => n.data.blocks(),
-            FileType::Symlink => (n.target.len() > 64) as u64,
-            FileType::Directory => return,
-            _ => 0,
-        };
+        let values: u64 = n.xattrs.values().map(|v| ferrofs::xattr::value_blocks(v.len())).sum();
+        let data = values
+            + match n.kind {
+                FileType::RegularFile => n.data.blocks(),
+                FileType::Symlink => (n.target.len() > 64) as u64,
+                FileType::Directory => return,
+                _ => 0,
+            };
         let blocks = a.blocks / (PAGE / 512);
         assert!((data..=data + TREE_SLACK).contains(&blocks), "{ctx}: inode {} has {blocks} blocks for {data} data blocks", n.ino);
     }

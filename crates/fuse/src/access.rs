@@ -113,18 +113,19 @@ impl Caller {
         }
     }
 
-    /// Opening with these flags (the access mode; `__FMODE_EXEC` for execve). `O_TRUNC`
-    /// needs no check of its own: it comes with write access, and the kernel sends it as a
-    /// setattr carrying the new file handle.
+    /// Opening with these flags (the access mode; `__FMODE_EXEC` for execve). An exec needs
+    /// execute permission only, as the kernel's `open_exec` asks `MAY_EXEC` alone: its
+    /// read-only access mode is what the kernel itself reads the program with, and a program
+    /// mode 0711 runs for anyone. No program can open with `__FMODE_EXEC` (open(2) drops it).
+    /// `O_TRUNC` needs no check of its own: it comes with write access, and the kernel sends
+    /// it as a setattr carrying the new file handle.
     pub fn may_open(&self, a: &Attr, flags: i32) -> Result<(), Errno> {
-        let mut mask = match flags & libc::O_ACCMODE {
+        let mask = match flags & libc::O_ACCMODE {
+            _ if flags & FMODE_EXEC != 0 => MAY_EXEC,
             libc::O_WRONLY => MAY_WRITE,
             libc::O_RDWR => MAY_READ | MAY_WRITE,
             _ => MAY_READ,
         };
-        if flags & FMODE_EXEC != 0 {
-            mask |= MAY_EXEC;
-        }
         self.check(a, mask)
     }
 
@@ -312,6 +313,10 @@ mod tests {
         assert_eq!(c.may_open(&file(0o642), libc::O_RDWR), Err(Errno::EACCES));
         assert_eq!(c.may_open(&file(0o644), libc::O_RDONLY | FMODE_EXEC), Err(Errno::EACCES));
         assert_eq!(c.may_open(&file(0o645), libc::O_RDONLY | FMODE_EXEC), Ok(()));
+        for exec_only in [0o711, 0o701, 0o111, 0o001] {
+            assert_eq!(c.may_open(&file(exec_only), libc::O_RDONLY | FMODE_EXEC), Ok(()), "mode {exec_only:o}");
+            assert_eq!(c.may_open(&file(exec_only), libc::O_RDONLY), Err(Errno::EACCES), "mode {exec_only:o}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod copy;
 mod tmpfile;
 
 use crate::access::{searchable_by_all, Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
+use crate::epoch::NameEpoch;
 use crate::seek::{self, Whence};
 use crate::sync_pool::{SyncPool, SYNC_THREADS};
 use crate::workers::Workers;
@@ -48,6 +49,8 @@ pub struct FerroFuse {
     checks: bool,
     /// Set once the session exists: drops names the kernel may no longer cache.
     notifier: Arc<OnceLock<Notifier>>,
+    /// Expires every cached name at once, where the kernel can.
+    name_epoch: Arc<NameEpoch>,
     /// Runs fsync and fsyncdir, which wait on the device, off the workers.
     syncs: SyncPool,
     /// How many workers read `/dev/fuse`, and where they run.
@@ -66,6 +69,7 @@ impl FerroFuse {
             writeback_cache: opts.writeback_cache,
             checks: !opts.default_permissions,
             notifier: Arc::new(OnceLock::new()),
+            name_epoch: Arc::default(),
             syncs: SyncPool::start(SYNC_THREADS)?,
             workers: Arc::new(Workers::new(opts.thread_count())),
         })
@@ -74,6 +78,12 @@ impl FerroFuse {
     /// Where the session's notifier goes once the session exists.
     pub fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
         self.notifier.clone()
+    }
+
+    /// What expires cached names, which needs the session's descriptor once the session
+    /// exists.
+    pub fn name_epoch(&self) -> Arc<NameEpoch> {
+        self.name_epoch.clone()
     }
 
     /// The worker pool, which needs the session's descriptor once the session exists.
@@ -519,9 +529,11 @@ impl fuser::Filesystem for FerroFuse {
         }
         match self.call("setattr", |fs| fs.setattr(ino.0, &sa)) {
             Ok(a) => {
-                // Names cached with the long timeout while everyone could search here.
+                // Names cached with the long timeout while everyone could search here: expired
+                // before the reply where the kernel can, so none is walked through once the
+                // chmod has returned; else invalidated one by one after it.
                 let cached = before.is_some_and(|b| b.kind == ferrofs::FileType::Directory && searchable_by_all(b.perm) && !searchable_by_all(a.perm));
-                let names = if cached { self.names_in(ino.0) } else { Vec::new() };
+                let names = if cached && !self.name_epoch.expire_all_names() { self.names_in(ino.0) } else { Vec::new() };
                 reply.attr(&self.attr_ttl, &file_attr(&a));
                 self.forget_names(ino.0, names);
             }
@@ -728,8 +740,11 @@ impl fuser::Filesystem for FerroFuse {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _serving = self.workers.serving(req.pid());
+        // trusted.* names are listed to the privileged only, as local file systems list them
+        // to CAP_SYS_ADMIN (uid 0 stands for it; the kernel's FUSE client filters nothing).
+        let privileged = req.uid() == 0;
         let names = self.call("listxattr", |fs| fs.listxattr(ino.0)).map(|names| {
-            names.into_iter().flat_map(|mut n| {
+            names.into_iter().filter(|n| privileged || !n.starts_with(b"trusted.")).flat_map(|mut n| {
                 n.push(0);
                 n
             })

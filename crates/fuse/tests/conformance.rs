@@ -813,6 +813,7 @@ fn xattr_namespaces() {
         assert_eq!(errno(removexattr(&f, "user.u")), libc::EACCES);
         assert_eq!(errno(setxattr(&f, "trusted.t", b"x", 0)), libc::EPERM);
         assert_eq!(errno(getxattr(&f, "trusted.t")), libc::ENODATA, "trusted.* is invisible without CAP_SYS_ADMIN");
+        assert_eq!(listxattr(&f), ["security.s", "user.U", "user.empty", "user.u"], "trusted.* is not listed without CAP_SYS_ADMIN");
         assert_eq!(errno(setxattr(&f, "security.s", b"x", 0)), libc::EPERM);
     });
     chmod(&f, 0o666);
@@ -1217,6 +1218,16 @@ fn mmap_reads_and_writes() {
     }
 }
 
+/// The running kernel's (major, minor) version.
+fn kernel_release() -> (u32, u32) {
+    // SAFETY: uname fills the struct it is given.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    check(unsafe { libc::uname(&mut u) }).unwrap();
+    let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy().into_owned();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
 /// Run `path` (a script) with execve in a child forked from an `as_user` thread, which
 /// inherits that thread's identity: 0 if it ran, else the errno execve failed with.
 fn exec_status(path: &Path) -> i32 {
@@ -1269,6 +1280,27 @@ fn access_chdir_and_exec_follow_the_mode() {
     as_user(3000, 3000, &[2000], || std::env::set_current_dir(&d).unwrap());
 }
 
+/// execve needs execute permission only (the kernel's open_exec asks for MAY_EXEC alone): a
+/// program its runner may execute but not read runs, while opening it to read is refused.
+#[test]
+fn programs_run_with_execute_permission_alone() {
+    let Some(fx) = multi_user_fixture("execonly") else { return };
+    let Ok(program) = fs::read("/bin/true") else { return skip("execonly", "no /bin/true to copy") };
+    for (mode, owner) in [(0o711, 0), (0o701, 0), (0o111, 0), (0o001, 0), (0o100, 1000)] {
+        let f = fx.path(&format!("true-{mode:04o}"));
+        fs::write(&f, &program).unwrap();
+        chown(&f, owner, 0).unwrap();
+        chmod(&f, mode);
+        as_user(1000, 1000, &[], || {
+            assert_eq!(exec_status(&f), 0, "mode {mode:04o} owner {owner}: exec");
+            assert_eq!(errno(fs::read(&f)), libc::EACCES, "mode {mode:04o} owner {owner}: read");
+        });
+        // No execute bit for the runner's class: refused, whatever "other" or the owner get.
+        chmod(&f, if owner == 0 { 0o776 } else { 0o677 });
+        as_user(1000, 1000, &[], || assert_eq!(exec_status(&f), libc::EACCES, "mode {mode:04o} owner {owner}: no x"));
+    }
+}
+
 #[test]
 fn names_in_a_directory_that_stops_being_searchable_are_checked_again() {
     let Some(fx) = multi_user_fixture("searchable") else { return };
@@ -1280,10 +1312,10 @@ fn names_in_a_directory_that_stops_being_searchable_are_checked_again() {
         assert_eq!(fs::read(d.join("f")).unwrap(), b"data");
         fs::metadata(d.join("sub")).unwrap();
     });
-    // Taking search away takes effect for those cached names and below them, as soon as the
-    // daemon's invalidation (sent right after it answers the chmod, which it cannot precede:
-    // the kernel holds the directory's lock until then) has reached the kernel. A walk in
-    // that short window still passes (the adapter's documented race), so wait for the
+    // Taking search away takes effect for those cached names and below them: at once from
+    // Linux 6.16 (the adapter expires every cached name before answering the chmod; see
+    // search_permission_taken_away_holds_when_chmod_returns), else as soon as the
+    // invalidations sent right after the answer have reached the kernel, so wait for the
     // refusal, boundedly; from then on every walk is refused...
     chmod(&d, 0o700);
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -1311,6 +1343,70 @@ fn names_in_a_directory_that_stops_being_searchable_are_checked_again() {
     });
     chmod(&d, 0o755);
     as_user(1000, 1000, &[], || assert_eq!(fs::read_dir(&d).unwrap().count(), 2));
+}
+
+/// A chmod that takes search permission away holds from the moment it returns: a walk
+/// through a name the kernel cached while the directory was searchable is refused at once
+/// (pjdfstest chown/05.t: `chown -1 GID` right after the chmod, by a user in GID through a
+/// supplementary group, which the adapter would allow if the request reached it).
+#[test]
+fn search_permission_taken_away_holds_when_chmod_returns() {
+    if !kernel_checks_permissions() && kernel_release() < (6, 16) {
+        // The adapter then invalidates the names one by one after the chmod's reply.
+        return skip("searchrace", "the kernel expires cached names at once from Linux 6.16 (FUSE_NOTIFY_INC_EPOCH)");
+    }
+    let Some(fx) = multi_user_fixture("searchrace") else { return };
+    let (dir, f) = (fx.path("d"), fx.path("d/f"));
+    fs::create_dir(&dir).unwrap();
+    fs::write(&f, b"").unwrap();
+    chown(&dir, 1000, 1000).unwrap();
+    chown(&f, 1000, 1000).unwrap();
+    as_user(1000, 3000, &[3000, 2000], || {
+        for round in 0..3000 {
+            chmod(&dir, 0o755);
+            chown(&f, u32::MAX, 2000).unwrap();
+            chmod(&dir, 0o644);
+            let refused = chown(&f, u32::MAX, 3000).map_err(|e| e.raw_os_error());
+            assert_eq!(refused, Err(Some(libc::EACCES)), "round {round}: chown through a directory without search permission");
+        }
+    });
+}
+
+/// The kernel opens FIFOs and sockets without a request to the daemon, so under the mount's
+/// default options (the kernel checks permissions) a user without read or write permission
+/// is refused there as on any file.
+#[test]
+fn special_files_open_by_the_mode_under_the_default_options() {
+    if !is_root() {
+        return skip("specialopen", "acting as other users needs root");
+    }
+    let Some(fx) = Fixture::new("specialopen", |c| {
+        c.allow_other = true;
+        c.default_permissions = ferrofs_fuse::MountConfig::new("", "").default_permissions;
+    }) else {
+        return;
+    };
+    let (fifo, sock) = (fx.path("fifo"), fx.path("sock"));
+    check(unsafe { libc::mkfifo(cpath(&fifo).as_ptr(), 0o600) }).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    chmod(&sock, 0o600);
+    let open_fifo = |flags: i32| check(unsafe { libc::open(cpath(&fifo).as_ptr(), flags | libc::O_NONBLOCK) }).map(|fd| {
+        unsafe { libc::close(fd) };
+    });
+    let os_errno = |r: io::Result<()>| r.map_err(|e| e.raw_os_error());
+    as_user(1000, 1000, &[], || {
+        assert_eq!(os_errno(open_fifo(libc::O_RDONLY)), Err(Some(libc::EACCES)), "FIFO 0600 opened for reading by another user");
+        assert_eq!(os_errno(open_fifo(libc::O_WRONLY)), Err(Some(libc::EACCES)), "FIFO 0600 opened for writing by another user");
+        assert_eq!(os_errno(std::os::unix::net::UnixStream::connect(&sock).map(drop)), Err(Some(libc::EACCES)), "socket 0600 connected to by another user");
+    });
+    // With the permission, the same opens work (a FIFO's writer needs a reader: ENXIO).
+    chmod(&fifo, 0o606);
+    chmod(&sock, 0o606);
+    as_user(1000, 1000, &[], || {
+        open_fifo(libc::O_RDONLY).unwrap();
+        assert_eq!(errno(open_fifo(libc::O_WRONLY)), libc::ENXIO);
+        std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    });
 }
 
 #[test]

@@ -56,8 +56,9 @@ fn run(cmd: &mut Command) -> io::Result<String> {
     }
 }
 
-/// A 256 MiB ext4 image on a loop device, mounted. Drop undoes each step that was done.
-struct Ext4 {
+/// A kernel file system image on a loop device, mounted. Drop undoes each step that
+/// was done.
+struct LoopMount {
     dir: PathBuf,
     image: PathBuf,
     mnt: PathBuf,
@@ -65,24 +66,32 @@ struct Ext4 {
     mounted: bool,
 }
 
-impl Ext4 {
-    fn new() -> io::Result<Ext4> {
+impl LoopMount {
+    fn ext4() -> io::Result<LoopMount> {
+        LoopMount::new("ext4", &["mkfs.ext4", "-q", "-F"], 256 << 20)
+    }
+
+    /// `mkfs` is the command that formats the image (its path is appended).
+    fn new(fstype: &str, mkfs: &[&str], bytes: u64) -> io::Result<LoopMount> {
         // tmpfs when there is one: the image then costs no disk I/O.
         let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-        let dir = base.join(format!("ferrofs-diff-ext4-{}", std::process::id()));
+        // Tests run in parallel: each mount gets a directory of its own.
+        static MOUNTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = MOUNTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = base.join(format!("ferrofs-diff-{fstype}-{}-{n}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(dir.join("mnt"))?;
-        let mut e = Ext4 { image: dir.join("ext4.img"), mnt: dir.join("mnt"), dir, loopdev: None, mounted: false };
-        fs::File::create(&e.image)?.set_len(256 << 20)?;
-        run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&e.image))?;
+        let mut e = LoopMount { image: dir.join("fs.img"), mnt: dir.join("mnt"), dir, loopdev: None, mounted: false };
+        fs::File::create(&e.image)?.set_len(bytes)?;
+        run(Command::new(mkfs[0]).args(&mkfs[1..]).arg(&e.image))?;
         e.loopdev = Some(run(Command::new("losetup").args(["-f", "--show"]).arg(&e.image))?);
-        run(Command::new("mount").args(["-t", "ext4"]).arg(e.loopdev.as_ref().unwrap()).arg(&e.mnt))?;
+        run(Command::new("mount").args(["-t", fstype]).arg(e.loopdev.as_ref().unwrap()).arg(&e.mnt))?;
         e.mounted = true;
         Ok(e)
     }
 }
 
-impl Drop for Ext4 {
+impl Drop for LoopMount {
     fn drop(&mut self) {
         if self.mounted && run(Command::new("umount").arg(&self.mnt)).is_err() {
             let _ = run(Command::new("umount").arg("-l").arg(&self.mnt));
@@ -436,7 +445,7 @@ fn ext4_and_ferrofs_agree() {
             return skip(NAME, &format!("{tool} is not installed"));
         }
     }
-    let ext4 = match Ext4::new() {
+    let ext4 = match LoopMount::ext4() {
         Ok(e) => e,
         Err(e) => return skip(NAME, &format!("cannot set up the ext4 loop mount: {e}")),
     };
@@ -510,4 +519,114 @@ fn ext4_and_ferrofs_agree() {
         assert_eq!(snapshot(&fx.mnt.join(&sub)), snapshot(&ext4.mnt.join(&sub)), "seed {seed}: differs after remount");
     }
     eprintln!("{NAME}: {total} operations compared in {:?}", started.elapsed());
+}
+
+fn value_pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn set_xattr(p: &Path, name: &str, value: &[u8]) -> Outcome {
+    let (c, n) = (cpath(p), CString::new(name).unwrap());
+    errno_of(check(unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) })).map(|v| v.to_string())
+}
+
+/// getxattr with a buffer of XATTR_SIZE_MAX: the value's length and a digest of its bytes.
+fn get_xattr(p: &Path, name: &str) -> Outcome {
+    let (c, n) = (cpath(p), CString::new(name).unwrap());
+    let mut buf = vec![0u8; 65536];
+    let len = errno_of(check_size(unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) }))?;
+    let sum = buf[..len].iter().enumerate().fold(0u64, |h, (i, &b)| h.wrapping_mul(1_000_003).wrapping_add(b as u64 ^ i as u64));
+    Ok(format!("{len} bytes, digest {sum:x}"))
+}
+
+/// What a listxattr returned: its length and the sorted names, or the errno.
+type Listing = Result<(usize, Vec<String>), i32>;
+
+/// listxattr with a buffer of `size` bytes (0: the size query).
+fn list_xattr_names(p: &Path, size: usize) -> Listing {
+    let c = cpath(p);
+    let mut buf = vec![0u8; size.max(1)];
+    let len = errno_of(check_size(unsafe { libc::llistxattr(c.as_ptr(), if size == 0 { std::ptr::null_mut() } else { buf.as_mut_ptr().cast() }, size) }))?;
+    let mut names: Vec<String> = if size == 0 { Vec::new() } else { buf[..len].split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect() };
+    names.sort();
+    Ok((len, names))
+}
+
+/// A 64 KiB (XATTR_SIZE_MAX) value: set, read, replaced, removed; one byte more is E2BIG.
+fn large_value_calls(dir: &Path) -> Vec<Outcome> {
+    let f = dir.join("large");
+    fs::write(&f, b"").unwrap();
+    vec![
+        set_xattr(&f, "user.big", &value_pattern(65536, 1)),
+        get_xattr(&f, "user.big"),
+        set_xattr(&f, "user.over", &value_pattern(65537, 2)),
+        set_xattr(&f, "user.big", &value_pattern(30000, 3)),
+        get_xattr(&f, "user.big"),
+        set_xattr(&f, "user.two", &value_pattern(65536, 4)),
+        errno_of(list_xattrs_sizes(&f)),
+        errno_of(check(unsafe { libc::lremovexattr(cpath(&f).as_ptr(), c"user.big".as_ptr()) })).map(|v| v.to_string()),
+        get_xattr(&f, "user.big"),
+        get_xattr(&f, "user.two"),
+    ]
+}
+
+fn list_xattrs_sizes(p: &Path) -> io::Result<String> {
+    list_xattr_names(p, 65536).map(|(len, names)| format!("{len}: {names:?}")).map_err(io::Error::from_raw_os_error)
+}
+
+/// `count` attributes named by `format` on one file: how many were stored, then what
+/// listxattr returns with a 64 KiB and a 256 KiB buffer.
+fn many_names_calls(dir: &Path, file: &str, count: usize, name: impl Fn(usize) -> String) -> (usize, Vec<Listing>) {
+    let f = dir.join(file);
+    fs::write(&f, b"").unwrap();
+    let stored = (0..count).take_while(|&i| set_xattr(&f, &name(i), b"v").is_ok()).count();
+    (stored, vec![list_xattr_names(&f, 65536), list_xattr_names(&f, 256 << 10)])
+}
+
+/// Large values and many names, against the kernel file systems that store them: 64 KiB
+/// values as ext4 with `ea_inode` and XFS do; 5,000 names as XFS does (ext4 keeps all names
+/// in the inode and one block: it stores 33 to 129 of these, ENOSPC after). A list longer than the
+/// kernel's XATTR_LIST_MAX (64 KiB) is E2BIG on every file system; the size query is the
+/// one difference: XFS reports the whole length, the kernel's FUSE client caps what a
+/// daemon reports at 64 KiB.
+#[test]
+fn xattr_limits_agree_with_ext4_and_xfs() {
+    const TEST: &str = "differential-xattr";
+    if !is_root() {
+        return skip(TEST, "needs root (loop devices and mount)");
+    }
+    if let Some(why) = fuse_unavailable() {
+        return skip(TEST, &why);
+    }
+    for tool in ["losetup", "mkfs.ext4", "mkfs.xfs", "mount", "umount"] {
+        if tool_missing(tool) {
+            return skip(TEST, &format!("{tool} is not installed"));
+        }
+    }
+    let (ext4, xfs) = match (LoopMount::new("ext4", &["mkfs.ext4", "-q", "-F", "-O", "ea_inode"], 256 << 20), LoopMount::new("xfs", &["mkfs.xfs", "-q", "-f"], 512 << 20)) {
+        (Ok(e), Ok(x)) => (e, x),
+        (Err(e), _) | (_, Err(e)) => return skip(TEST, &format!("cannot set up the kernel loop mounts: {e}")),
+    };
+    let Some(fx) = Fixture::new(TEST, |_| {}) else { return };
+    let ours = large_value_calls(&fx.mnt);
+    assert_eq!(ours[0], Ok("0".into()), "a 64 KiB value is stored");
+    assert_eq!(ours[2], Err(libc::E2BIG));
+    assert_eq!(ours, large_value_calls(&ext4.mnt), "ext4 (ea_inode) and ferrofs differ on large values");
+    assert_eq!(ours, large_value_calls(&xfs.mnt), "XFS and ferrofs differ on large values");
+
+    let long = |i: usize| format!("user.attr_{i:04}");
+    let (stored, lists) = many_names_calls(&fx.mnt, "many", 5000, long);
+    assert_eq!(stored, 5000);
+    assert_eq!(lists, [Err(libc::E2BIG), Err(libc::E2BIG)], "75,000 bytes of names are more than XATTR_LIST_MAX");
+    assert_eq!((stored, lists), many_names_calls(&xfs.mnt, "many", 5000, long), "XFS and ferrofs differ on 5,000 names");
+    assert!(many_names_calls(&ext4.mnt, "many", 5000, long).0 < 5000, "ext4 stores fewer (one block of names)");
+    assert_eq!(list_xattr_names(&xfs.mnt.join("many"), 0).map(|r| r.0), Ok(75_000));
+    assert_eq!(list_xattr_names(&fx.mnt.join("many"), 0).map(|r| r.0), Ok(65_536), "the FUSE client caps the size query");
+
+    let short = |i: usize| format!("user.a{i:04}");
+    let (stored, lists) = many_names_calls(&fx.mnt, "short", 5000, short);
+    assert_eq!(stored, 5000);
+    assert_eq!(lists[0].as_ref().map(|(len, names)| (*len, names.len())), Ok((55_000, 5000)), "55,000 bytes of names are listed whole");
+    assert_eq!((stored, lists), many_names_calls(&xfs.mnt, "short", 5000, short), "XFS and ferrofs differ on 5,000 short names");
+    eprintln!("{TEST}: 64 KiB values agree with ext4 (ea_inode) and XFS; 5,000 names with XFS");
 }

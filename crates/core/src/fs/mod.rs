@@ -628,7 +628,7 @@ impl FileSystem {
         loop {
             let mut tx = Tx::new(&self.m)?;
             let mut nd = g.clone();
-            let done = self.unmap_from(&mut tx, i.ino, &mut nd, 0)?;
+            let done = self.unmap_from(&mut tx, i.ino, &mut nd, 0)? && self.free_xattr_values(&mut tx, i.ino, &mut nd)?;
             if done {
                 xattr::destroy(&mut TxStore::new(&mut tx, i.ino, 0), &mut nd)?;
                 if nd.orphan_slot != 0 {
@@ -647,6 +647,15 @@ impl FileSystem {
             tx.commit()?;
             *g = nd;
         }
+    }
+
+    /// Free up to one batch of the value blocks of the inode's xattrs. Returns whether none is
+    /// left.
+    fn free_xattr_values(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode) -> Result<bool> {
+        let mut s = TxStore::new(tx, ino, 0);
+        let done = xattr::free_values(&mut s, nd, xattr::FREE_BATCH_BLOCKS)?;
+        nd.add_blocks(ino, s.blocks)?;
+        Ok(done)
     }
 
     /// Unmap and free up to one batch of the file's blocks at or after block `from`.
@@ -1516,19 +1525,19 @@ impl FileSystem {
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
-        self.change_xattrs(ino, |s, di| xattr::set(s, ino, di, name, value, flags))
+        self.change_xattrs(ino, xattr::set_reserve(value.len()), |s, di| xattr::set(s, ino, di, name, value, flags))
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        self.change_xattrs(ino, |s, di| xattr::remove(s, ino, di, name))
+        self.change_xattrs(ino, MAP_RESERVE, |s, di| xattr::remove(s, ino, di, name))
     }
 
-    fn change_xattrs(&self, ino: u64, f: impl FnOnce(&mut TxStore, &mut DiskInode) -> Result<()>) -> Result<()> {
+    fn change_xattrs(&self, ino: u64, reserve: u64, f: impl FnOnce(&mut TxStore, &mut DiskInode) -> Result<()>) -> Result<()> {
         let i = self.m.iget(ino)?;
         let mut g = i.core.write();
         let mut nd = g.clone();
         let mut tx = Tx::new(&self.m)?;
-        tx.reserve(ino_ag(ino), MAP_RESERVE)?;
+        tx.reserve(ino_ag(ino), reserve)?;
         let goal = if nd.xattr_root != 0 { nd.xattr_root } else { self.m.geo.ag_layout(ino_ag(ino)).data_start };
         let mut s = TxStore::new(&mut tx, ino, goal);
         f(&mut s, &mut nd)?;
