@@ -6,6 +6,7 @@
 //! inside commit. Inode changes are made on a copy of the inode and stored back only once the
 //! transaction committed, so an error leaves the cached inode as it was.
 
+mod atime;
 mod path;
 mod types;
 
@@ -919,9 +920,16 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Read up to `len` bytes at `off`; an access, which may set atime (`MountOptions::atime`).
     pub fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
         let i = self.m.iget(ino)?;
-        let g = i.core.read();
+        let out = self.read_data(&i, off, len)?;
+        self.touch_atime(&i);
+        Ok(out)
+    }
+
+    fn read_data(&self, i: &InodeRef, off: u64, len: usize) -> Result<Vec<u8>> {
+        let (ino, g) = (i.ino, i.core.read());
         if g.is_dir() {
             return Err(Error::IsDir);
         }
@@ -1316,7 +1324,7 @@ impl FileSystem {
             _ => {
                 let len = (g.size as usize).min(SYMLINK_MAX);
                 drop(g);
-                self.read(ino, 0, len)
+                self.read_data(&i, 0, len)
             }
         }
     }
@@ -1341,9 +1349,17 @@ impl FileSystem {
 
     /// Entries after `cookie` (0 = from the start), "." and ".." first; `f` returns false to
     /// stop. Each entry's `cookie` resumes right after it.
+    /// List directory `ino` from `cookie` on; an access, which may set the directory's atime
+    /// (`MountOptions::atime`, `nodiratime`).
     pub fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry<&[u8]>) -> bool) -> Result<()> {
         let i = self.m.iget(ino)?;
-        let g = i.core.read();
+        self.list_dir(&i, cookie, f)?;
+        self.touch_atime(&i);
+        Ok(())
+    }
+
+    fn list_dir(&self, i: &InodeRef, cookie: u64, f: &mut dyn FnMut(DirEntry<&[u8]>) -> bool) -> Result<()> {
+        let (ino, g) = (i.ino, i.core.read());
         if !g.is_dir() {
             return Err(Error::NotDir);
         }
