@@ -45,6 +45,9 @@ impl FileSystem {
     /// system shut down meanwhile) is not the caller's error. An unlinked inode is left
     /// alone: no name shows its atime, and its last release may be freeing it.
     pub(super) fn touch_atime(&self, i: &InodeRef) {
+        if self.mount().atime == AtimeMode::Never || self.mount().is_read_only() {
+            return;
+        }
         let t = now();
         let due = |g: &DiskInode| g.nlink > 0 && self.atime_due(g.is_dir(), g.atime, g.mtime, g.ctime, t);
         if !due(&i.core.read()) {
