@@ -173,7 +173,8 @@ pub struct MountConfig {
     pub writeback_cache: bool,
     /// Generic mount options passed through (`noatime`, `nodev`, `dirsync`, `subtype=...`,
     /// anything else goes to the kernel as is); the access time ones (`relatime`, the
-    /// default, `strictatime`, `noatime`, `nodiratime`) also set the engine's mode. Each string may hold several, comma separated.
+    /// default, `strictatime`, `noatime`, `nodiratime`) set the engine's mode. Each string
+    /// may hold several, comma separated.
     pub options: Vec<String>,
     /// Memory budget of the engine's inode and buffer caches, in bytes; `None`: the
     /// engine's default (`ferrofs::cache::DEFAULT_CACHE_BYTES`). Ignored when

@@ -1348,9 +1348,8 @@ impl FileSystem {
     // ---- directories ------------------------------------------------------------------
 
     /// Entries after `cookie` (0 = from the start), "." and ".." first; `f` returns false to
-    /// stop. Each entry's `cookie` resumes right after it.
-    /// List directory `ino` from `cookie` on; an access, which may set the directory's atime
-    /// (`MountOptions::atime`, `nodiratime`).
+    /// stop. Each entry's `cookie` resumes right after it. An access, which may set the
+    /// directory's atime (`MountOptions::atime`, `nodiratime`).
     pub fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry<&[u8]>) -> bool) -> Result<()> {
         let i = self.m.iget(ino)?;
         self.list_dir(&i, cookie, f)?;
