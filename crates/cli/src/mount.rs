@@ -39,8 +39,8 @@ pub struct MountArgs {
     /// (the kernel checks permissions: the default), daemon_permissions (ferrofs checks them
     /// itself: faster removal, but FIFOs, sockets and device nodes open unchecked),
     /// threads=N, cache_size=SIZE, writeback_cache, entry_timeout=SECS, attr_timeout=SECS
-    /// (default 3600), fsname=NAME, and the generic ones (noatime, nosuid, nodev, noexec,
-    /// ...), which go to the kernel.
+    /// (default 3600), fsname=NAME, relatime (default), strictatime, noatime, nodiratime,
+    /// and the generic ones (nosuid, nodev, noexec, ...), which go to the kernel.
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
     /// FUSE worker threads at most, each with its own /dev/fuse descriptor (default: 4 per

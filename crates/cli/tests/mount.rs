@@ -454,3 +454,33 @@ fn suid_and_dev_are_honoured_for_root_and_off_by_default() {
         s.wait_released();
     }
 }
+
+/// The access time options of mount(8) are accepted with their meaning (they used to reach
+/// the kernel as FUSE options, which refused the mount with EINVAL): `strictatime` makes
+/// every read set a file's atime, `nodiratime` leaves directories' alone.
+#[test]
+fn atime_options_are_accepted() {
+    use std::os::unix::fs::MetadataExt;
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED atime_options: {why}");
+    }
+    let s = Scratch::new("atime");
+    let atime = |p: &std::path::Path| std::fs::metadata(p).map(|m| (m.atime(), m.atime_nsec())).unwrap();
+    for options in ["relatime", "strictatime,nodiratime", "noatime"] {
+        let o = s.mount(&["--mkfs", "64M", "-o", options]);
+        assert!(o.status.success(), "-o {options}: {}", stderr(&o));
+        let (f, d) = (s.mnt.join(format!("f-{options}")), s.mnt.join(format!("d-{options}")));
+        std::fs::write(&f, b"x").unwrap();
+        std::fs::create_dir(&d).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let before = (atime(&f), atime(&d));
+        std::fs::read(&f).unwrap();
+        std::fs::read_dir(&d).unwrap().count();
+        let after = (atime(&f), atime(&d));
+        assert_eq!(after.0 > before.0, options != "noatime", "-o {options}: file atime {before:?} -> {after:?}");
+        assert_eq!(after.1 > before.1, options == "relatime", "-o {options}: directory atime {before:?} -> {after:?}");
+        s.umount();
+        s.wait_released();
+    }
+    s.fsck_clean();
+}

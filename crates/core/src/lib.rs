@@ -28,4 +28,4 @@ pub mod xattr;
 pub use error::{Error, Result};
 pub use fs::*;
 pub use mkfs::MkfsOptions;
-pub use mount::MountOptions;
+pub use mount::{AtimeMode, MountOptions};

@@ -20,6 +20,25 @@ pub struct MountOptions {
     /// The memory budget of the inode and buffer caches, possibly shared with other mounted
     /// file systems; default: a budget of this mount's own of `DEFAULT_CACHE_BYTES`.
     pub cache: Option<Arc<CacheBudget>>,
+    /// When reads and directory listings update access times (`relatime` by default).
+    pub atime: AtimeMode,
+    /// No access time updates on directories (`nodiratime`), whatever `atime` says.
+    pub nodiratime: bool,
+}
+
+/// When an access (a read of a file, a listing of a directory) updates the inode's atime:
+/// the kernel's mount flags of the same names (mount(8)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtimeMode {
+    /// `relatime`: only if atime is not later than mtime or ctime, or is a day old or more —
+    /// enough for programs that ask "read since last modified?", at one update a day at most
+    /// for a file that is only read.
+    #[default]
+    Relative,
+    /// `strictatime`: every access.
+    Strict,
+    /// `noatime`: never.
+    Never,
 }
 
 pub struct Mount {
@@ -44,6 +63,8 @@ pub struct Mount {
     dead: AtomicBool,
     /// Benchmark-only switch (see [`Mount::set_orphan_tracking_unsafe`]).
     orphan_tracking: AtomicBool,
+    pub atime: AtimeMode,
+    pub nodiratime: bool,
 }
 
 /// Read the primary superblock, falling back to the copy in AG 1 when the primary is bad.
@@ -130,6 +151,8 @@ impl Mount {
             writes_refused: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             orphan_tracking: AtomicBool::new(true),
+            atime: opts.atime,
+            nodiratime: opts.nodiratime,
         });
         budget.join(Arc::downgrade(&m) as Weak<dyn CacheOwner>);
         Ok(m)

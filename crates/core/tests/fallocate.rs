@@ -316,7 +316,7 @@ fn freed_space_is_allocatable_at_once() {
     fs.unlink(ROOT, b"w").unwrap();
     let g = fs.create(ROOT, b"g", 0o644, C).unwrap().ino;
     let chunk = vec![5u8; 1 << 20];
-    for n in 0..avail / 2 >> 20 {
+    for n in 0..(avail / 2) >> 20 {
         fs.write(g, n << 20, &chunk).unwrap_or_else(|e| panic!("write of MiB {n}: {e}"));
     }
     fs.unmount().unwrap();

@@ -761,7 +761,7 @@ impl Sut {
             cfg.push_interval = std::time::Duration::from_millis(5);
         }
         let cache = (setup == Setup::TinyCache).then(|| ferrofs::cache::CacheBudget::new(48 << 10));
-        let opts = MountOptions { read_only: false, journal: Some(cfg), cache };
+        let opts = MountOptions { read_only: false, journal: Some(cfg), cache, ..MountOptions::default() };
         let mut s = Sut { dev, fs: None, opts };
         s.mount();
         s

@@ -194,7 +194,9 @@ pub struct MountConfig {
     /// writes dirty pages back later, so data not yet fsync'ed is less durable).
     pub writeback_cache: bool,
     /// Generic mount options passed through (`noatime`, `nodev`, `dirsync`, `subtype=...`,
-    /// anything else goes to the kernel as is). Each string may hold several, comma separated.
+    /// anything else goes to the kernel as is); the access time ones (`relatime`, the
+    /// default, `strictatime`, `noatime`, `nodiratime`) set the engine's mode. Each string
+    /// may hold several, comma separated.
     pub options: Vec<String>,
     /// Memory budget of the engine's inode and buffer caches, in bytes; `None`: the
     /// engine's default (`ferrofs::cache::DEFAULT_CACHE_BYTES`). Ignored when
@@ -247,6 +249,7 @@ impl MountConfig {
                 "allow_other" => acl = SessionACL::All,
                 "allow_root" if acl == SessionACL::Owner => acl = SessionACL::RootAndOwner,
                 "allow_root" => {}
+                _ if options::is_engine_atime_option(o) => {}
                 _ => cfg.mount_options.push(parse_option(o)),
             }
         }
@@ -452,7 +455,8 @@ fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
         }
     })?;
     let cache = opts.cache.clone().or_else(|| opts.cache_bytes.map(CacheBudget::new));
-    let mopts = MountOptions { read_only: opts.read_only, cache, ..MountOptions::default() };
+    let (atime, nodiratime) = options::atime_options(opts.options.iter().flat_map(|s| s.split(',')));
+    let mopts = MountOptions { read_only: opts.read_only, cache, atime, nodiratime, ..MountOptions::default() };
     FileSystem::mount_device(Arc::new(dev), &mopts).map_err(|source| MountError::Engine { path, source })
 }
 

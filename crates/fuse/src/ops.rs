@@ -600,8 +600,13 @@ impl fuser::Filesystem for FerroFuse {
                 return reply.error(e);
             }
         }
-        // The kernel is the only writer, so its page cache stays valid across opens.
+        // The kernel is the only writer, so its page cache stays valid across opens. But
+        // reads it serves from there never reach the engine, which keeps atime (the kernel
+        // keeps none for FUSE): when a read would set it (by relatime, after a change), the
+        // cache is dropped so that the next read comes to `read`, and the kernel then asks
+        // for atime again (fuse_invalidate_atime).
         match self.call("open", |fs| fs.open(ino.0)) {
+            Ok(a) if flags.0 & libc::O_ACCMODE != libc::O_WRONLY && self.fs.atime_update_due(&a) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(e),
         }

@@ -1,6 +1,36 @@
 //! Generic `-o` mount options, as `mount.fuse3(8)` spells them.
 
+use ferrofs::AtimeMode;
 use fuser::MountOption;
+
+/// Access time options that only the engine applies: fuser passes no kernel flag for them,
+/// and the kernel keeps no atime of its own for a FUSE inode anyway (it leaves atime to the
+/// daemon). `noatime` and `atime` are applied by both (the kernel shows `noatime`).
+const ENGINE_ATIME_OPTIONS: [&str; 6] = ["relatime", "norelatime", "strictatime", "nostrictatime", "nodiratime", "diratime"];
+
+pub fn is_engine_atime_option(o: &str) -> bool {
+    ENGINE_ATIME_OPTIONS.contains(&o)
+}
+
+/// The access time mode and `nodiratime` that options give, with the kernel's meaning
+/// (mount(8)): relatime unless `noatime` or `strictatime`, a later option overriding an
+/// earlier one; `atime`, `norelatime` and `nostrictatime` fall back to the default.
+pub fn atime_options<'a>(options: impl IntoIterator<Item = &'a str>) -> (AtimeMode, bool) {
+    let (mut mode, mut nodiratime) = (AtimeMode::default(), false);
+    for o in options {
+        match o {
+            "noatime" => mode = AtimeMode::Never,
+            "strictatime" => mode = AtimeMode::Strict,
+            "relatime" => mode = AtimeMode::Relative,
+            "atime" if mode == AtimeMode::Never => mode = AtimeMode::Relative,
+            "nostrictatime" if mode == AtimeMode::Strict => mode = AtimeMode::Relative,
+            "nodiratime" => nodiratime = true,
+            "diratime" => nodiratime = false,
+            _ => {}
+        }
+    }
+    (mode, nodiratime)
+}
 
 /// One option (no commas) as fuser's [`MountOption`]. Names fuser knows become flags or
 /// helper options; anything else is handed to the kernel's FUSE option string unchanged
@@ -42,5 +72,18 @@ mod tests {
         assert_eq!(parse_option("fsname=img"), MountOption::FSName("img".into()));
         assert_eq!(parse_option("max_read=4096"), MountOption::CUSTOM("max_read=4096".into()));
         assert_eq!(parse_option("subtype=x"), MountOption::CUSTOM("subtype=x".into()));
+    }
+
+    #[test]
+    fn atime_modes() {
+        assert_eq!(atime_options([]), (AtimeMode::Relative, false));
+        assert_eq!(atime_options(["rw", "noatime"]), (AtimeMode::Never, false));
+        assert_eq!(atime_options(["strictatime", "nodiratime"]), (AtimeMode::Strict, true));
+        assert_eq!(atime_options(["noatime", "relatime"]), (AtimeMode::Relative, false));
+        assert_eq!(atime_options(["noatime", "atime"]), (AtimeMode::Relative, false));
+        assert_eq!(atime_options(["strictatime", "atime"]), (AtimeMode::Strict, false));
+        assert_eq!(atime_options(["strictatime", "nostrictatime"]), (AtimeMode::Relative, false));
+        assert_eq!(atime_options(["nodiratime", "diratime", "norelatime"]), (AtimeMode::Relative, false));
+        assert!(is_engine_atime_option("strictatime") && !is_engine_atime_option("noatime"));
     }
 }

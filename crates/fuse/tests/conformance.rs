@@ -22,7 +22,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{symlink, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const GIB: u64 = 1 << 30;
@@ -774,6 +774,110 @@ fn fx_remount_check(mut fx: Fixture, f: &Path, want: ((i64, i64), (i64, i64))) -
     let m = fs::metadata(f).unwrap();
     assert_eq!(((m.atime(), m.atime_nsec()), (m.mtime(), m.mtime_nsec())), want);
     fx
+}
+
+/// (seconds, nanoseconds) of a file's atime and mtime, as `stat` shows them.
+fn atime_mtime(p: &Path) -> ((i64, i64), (i64, i64)) {
+    let m = fs::metadata(p).unwrap();
+    ((m.atime(), m.atime_nsec()), (m.mtime(), m.mtime_nsec()))
+}
+
+/// A file of whole pages (a write leaves them in the kernel's page cache, whence a read
+/// would be served without the daemon) and a directory with an entry, both just changed;
+/// then a moment, so that "now" is past their times.
+fn atime_files(fx: &Fixture) -> (PathBuf, PathBuf) {
+    let (f, d) = (fx.path("f"), fx.path("d"));
+    fs::write(&f, ATIME_DATA).unwrap();
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("x"), b"").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    (f, d)
+}
+
+const ATIME_DATA: &[u8] = &[7; 8192];
+
+fn atime_fixture(name: &str, options: &str) -> Option<Fixture> {
+    Fixture::new(name, |c| c.options = vec![options.to_string()])
+}
+
+/// relatime, the default and `-o relatime`: a read after a write sets atime, and `stat`
+/// shows it at once (the attribute cache must not hide it); a second read changes nothing;
+/// a listing sets a directory's atime after a change in it; all kept across a remount.
+#[test]
+fn atime_relatime_by_default_and_as_an_option() {
+    for options in ["", "relatime"] {
+        let Some(mut fx) = atime_fixture(&format!("atime-rel{options}"), options) else { return };
+        let (f, d) = atime_files(&fx);
+        let (before, _) = atime_mtime(&f);
+        assert_eq!(fs::read(&f).unwrap(), ATIME_DATA);
+        let (read, mtime) = atime_mtime(&f);
+        assert!(read > mtime && read > before, "-o {options:?}: a read after a write sets atime ({read:?}, mtime {mtime:?})");
+        std::thread::sleep(Duration::from_millis(20));
+        fs::read(&f).unwrap();
+        assert_eq!(atime_mtime(&f).0, read, "-o {options:?}: a second read leaves atime");
+        let (dir_before, _) = atime_mtime(&d);
+        assert_eq!(fs::read_dir(&d).unwrap().count(), 1);
+        let (listed, dir_mtime) = atime_mtime(&d);
+        assert!(listed > dir_mtime && listed > dir_before, "-o {options:?}: a listing sets the directory's atime");
+        // Written again, then read after a remount: the new atime was logged and is kept.
+        fs::write(&f, [8; 8192]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        fs::read(&f).unwrap();
+        let again = atime_mtime(&f).0;
+        assert!(again > read);
+        fx.remount();
+        assert_eq!((atime_mtime(&f).0, atime_mtime(&d).0), (again, listed), "-o {options:?}: kept across a remount");
+    }
+}
+
+#[test]
+fn atime_strictatime_updates_on_every_read() {
+    let Some(fx) = atime_fixture("atime-strict", "strictatime") else { return };
+    let (f, d) = atime_files(&fx);
+    let (mut file, mut dir) = (atime_mtime(&f).0, atime_mtime(&d).0);
+    for n in 0..3 {
+        std::thread::sleep(Duration::from_millis(20));
+        fs::read(&f).unwrap();
+        fs::read_dir(&d).unwrap().count();
+        let now = (atime_mtime(&f).0, atime_mtime(&d).0);
+        assert!(now.0 > file && now.1 > dir, "read {n}: {now:?} after {:?}", (file, dir));
+        (file, dir) = now;
+    }
+}
+
+#[test]
+fn atime_noatime_and_nodiratime() {
+    let Some(mut fx) = atime_fixture("atime-noatime", "noatime") else { return };
+    let (f, d) = atime_files(&fx);
+    let before = (atime_mtime(&f).0, atime_mtime(&d).0);
+    fs::read(&f).unwrap();
+    fs::read_dir(&d).unwrap().count();
+    assert_eq!((atime_mtime(&f).0, atime_mtime(&d).0), before, "noatime");
+    fx.remount();
+    assert_eq!((atime_mtime(&f).0, atime_mtime(&d).0), before, "noatime, remounted");
+    drop(fx);
+
+    let Some(fx) = atime_fixture("atime-nodiratime", "nodiratime") else { return };
+    let (f, d) = atime_files(&fx);
+    let before = (atime_mtime(&f).0, atime_mtime(&d).0);
+    fs::read(&f).unwrap();
+    fs::read_dir(&d).unwrap().count();
+    let after = (atime_mtime(&f).0, atime_mtime(&d).0);
+    assert!(after.0 > before.0, "nodiratime: a file's read still sets its atime");
+    assert_eq!(after.1, before.1, "nodiratime: a listing leaves the directory's atime");
+}
+
+#[test]
+fn atime_read_only_mount_never_updates() {
+    let Some(mut fx) = atime_fixture("atime-ro", "strictatime") else { return };
+    let (f, d) = atime_files(&fx);
+    fx.unmount();
+    fx.cfg.read_only = true;
+    fx.mount().unwrap();
+    let before = (atime_mtime(&f).0, atime_mtime(&d).0);
+    fs::read(&f).unwrap();
+    fs::read_dir(&d).unwrap().count();
+    assert_eq!((atime_mtime(&f).0, atime_mtime(&d).0), before);
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! inside commit. Inode changes are made on a copy of the inode and stored back only once the
 //! transaction committed, so an error leaves the cached inode as it was.
 
+mod atime;
 mod copy;
 mod path;
 mod types;
@@ -1016,9 +1017,16 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Read up to `len` bytes at `off`; an access, which may set atime (`MountOptions::atime`).
     pub fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
         let i = self.m.iget(ino)?;
-        let g = i.core.read();
+        let out = self.read_data(&i, off, len)?;
+        self.touch_atime(&i);
+        Ok(out)
+    }
+
+    fn read_data(&self, i: &InodeRef, off: u64, len: usize) -> Result<Vec<u8>> {
+        let (ino, g) = (i.ino, i.core.read());
         if g.is_dir() {
             return Err(Error::IsDir);
         }
@@ -1464,7 +1472,7 @@ impl FileSystem {
             _ => {
                 let len = (g.size as usize).min(SYMLINK_MAX);
                 drop(g);
-                self.read(ino, 0, len)
+                self.read_data(&i, 0, len)
             }
         }
     }
@@ -1488,10 +1496,17 @@ impl FileSystem {
     // ---- directories ------------------------------------------------------------------
 
     /// Entries after `cookie` (0 = from the start), "." and ".." first; `f` returns false to
-    /// stop. Each entry's `cookie` resumes right after it.
+    /// stop. Each entry's `cookie` resumes right after it. An access, which may set the
+    /// directory's atime (`MountOptions::atime`, `nodiratime`).
     pub fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry<&[u8]>) -> bool) -> Result<()> {
         let i = self.m.iget(ino)?;
-        let g = i.core.read();
+        self.list_dir(&i, cookie, f)?;
+        self.touch_atime(&i);
+        Ok(())
+    }
+
+    fn list_dir(&self, i: &InodeRef, cookie: u64, f: &mut dyn FnMut(DirEntry<&[u8]>) -> bool) -> Result<()> {
+        let (ino, g) = (i.ino, i.core.read());
         if !g.is_dir() {
             return Err(Error::NotDir);
         }
