@@ -195,7 +195,7 @@ pub struct MountConfig {
     pub writeback_cache: bool,
     /// Generic mount options passed through (`noatime`, `nodev`, `dirsync`, `subtype=...`,
     /// anything else goes to the kernel as is); the access time ones (`relatime`, the
-    /// default, `strictatime`, `noatime`, `nodiratime`) set the engine's mode. Each string
+    /// default, `strictatime`, `noatime`, `nodiratime`) also set the engine's mode. Each string
     /// may hold several, comma separated.
     pub options: Vec<String>,
     /// Memory budget of the engine's inode and buffer caches, in bytes; `None`: the
@@ -249,7 +249,6 @@ impl MountConfig {
                 "allow_other" => acl = SessionACL::All,
                 "allow_root" if acl == SessionACL::Owner => acl = SessionACL::RootAndOwner,
                 "allow_root" => {}
-                _ if options::is_engine_atime_option(o) => {}
                 _ => cfg.mount_options.push(parse_option(o)),
             }
         }

@@ -3,15 +3,6 @@
 use ferrofs::AtimeMode;
 use fuser::MountOption;
 
-/// Access time options that only the engine applies: fuser passes no kernel flag for them,
-/// and the kernel keeps no atime of its own for a FUSE inode anyway (it leaves atime to the
-/// daemon). `noatime` and `atime` are applied by both (the kernel shows `noatime`).
-const ENGINE_ATIME_OPTIONS: [&str; 6] = ["relatime", "norelatime", "strictatime", "nostrictatime", "nodiratime", "diratime"];
-
-pub fn is_engine_atime_option(o: &str) -> bool {
-    ENGINE_ATIME_OPTIONS.contains(&o)
-}
-
 /// The access time mode and `nodiratime` that options give, with the kernel's meaning
 /// (mount(8)): relatime unless `noatime` or `strictatime`, a later option overriding an
 /// earlier one; `atime`, `norelatime` and `nostrictatime` fall back to the default.
@@ -84,6 +75,5 @@ mod tests {
         assert_eq!(atime_options(["strictatime", "atime"]), (AtimeMode::Strict, false));
         assert_eq!(atime_options(["strictatime", "nostrictatime"]), (AtimeMode::Relative, false));
         assert_eq!(atime_options(["nodiratime", "diratime", "norelatime"]), (AtimeMode::Relative, false));
-        assert!(is_engine_atime_option("strictatime") && !is_engine_atime_option("noatime"));
     }
 }
