@@ -424,8 +424,9 @@ impl NodeStore for DevStore<'_> {
     }
 }
 
-/// A directory tree under repair: each node is read once, then edited in memory; new nodes
-/// come from the blocks nothing claims. The repair writes the edited and new nodes and
+/// An inode's tree under repair (a directory, or an extent map whose extent moves to its
+/// copy): each node is read once, then edited in memory; new nodes come from the blocks
+/// nothing claims. The repair writes the edited and new nodes and
 /// releases the freed ones.
 struct EditStore<'a, 'f> {
     dev: DevStore<'a>,

@@ -3,7 +3,7 @@
 //! claims (a second check is clean and the image mounts); `-n` never writes; and random damage
 //! never panics the checker.
 
-use ferrofs::dev::{crash_image, crash_points, keep_sets, BlockDevice, CrashDevice, MemDevice};
+use ferrofs::dev::{crash_image, crash_image_torn, crash_points, keep_sets, unflushed_epoch, BlockDevice, CrashDevice, MemDevice, Op as DevOp, Tear};
 use ferrofs::format::{self, DiskInode, Fork, Geometry, BITMAP_BITS, BLOCK_SIZE, HDR_SIZE, INODE_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK};
 use ferrofs::fsck::{check, FsckOptions, FsckReport};
 use ferrofs::journal::JournalConfig;
@@ -809,6 +809,40 @@ fn random_root_inode_is_recreated_and_its_contents_reconnected() {
     unmount(fs);
     assert_eq!(entry_count(&dev, "/"), 1, "the new root holds lost+found");
     assert_eq!(entry_count(&dev, "/lost+found"), 3, "d, t and top");
+}
+
+/// A crash anywhere in a repair (at each flush, keeping all, none, each single one or random
+/// subsets of the unflushed writes, or all of them with one torn: only its odd sectors kept)
+/// leaves an image that a second repair brings to clean.
+#[test]
+fn crash_during_repair_leaves_a_repairable_image() {
+    let (dev, d) = image_with_contents();
+    let root = read_block(&dev, tree_root(&dev, d));
+    write_block(&dev, format::get_u64(&root, 48 + 16 + 8), &random_bytes(BLOCK_SIZE, 0x39_01));
+    let victim = fs_lookup(&dev, ROOT, b"top");
+    write_block(&dev, geo(&dev).inode_offset(victim).unwrap() / BS, &random_bytes(BLOCK_SIZE, 0x39_02));
+    let crashing = CrashDevice::new(dev.snapshot());
+    assert_eq!(check(&crashing, &FsckOptions { repair: true }, &|_, _, _| {}).unwrap().exit_code(), 1);
+    let (ops, base) = (crashing.ops(), crashing.base());
+    let points = crash_points(&ops);
+    assert!(points.len() >= 3, "the repair writes in flushed steps");
+    let mut images = 0;
+    let mut repair_clean = |image: MemDevice, what: String| {
+        let r = fsck(&image, true);
+        assert_eq!(r.exit_code() & 4, 0, "{what}: {:#?}", r.messages);
+        assert_clean(&image);
+        images += 1;
+    };
+    for upto in points {
+        for keep in keep_sets(&ops, upto, upto as u64, 4) {
+            repair_clean(crash_image(&base, &ops, upto, &|i| keep.contains(&i)), format!("crash before op {upto} keeping {keep:?}"));
+        }
+        for op in unflushed_epoch(&ops, upto).filter(|&i| matches!(ops[i], DevOp::Write { .. })) {
+            let tear = Tear { op, sectors: 0xaaaa_aaaa_aaaa_aaaa };
+            repair_clean(crash_image_torn(&base, &ops, upto, &|_| true, Some(tear)), format!("crash before op {upto}, op {op} torn"));
+        }
+    }
+    assert!(images > 20, "only {images} crash images of {} writes", ops.len());
 }
 
 // ---- orphans --------------------------------------------------------------------------------
