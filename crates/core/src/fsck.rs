@@ -1658,8 +1658,13 @@ impl<'a> Checker<'a> {
                 self.apply_dir_edit(dir, edit, &mut free)?;
             }
         }
+        // One pass per inode: its tree's nodes are edited in one store.
+        let mut clones: BTreeMap<u64, Vec<Extent>> = BTreeMap::new();
         for (ino, e) in std::mem::take(&mut self.clones) {
-            self.apply_clone(ino, e, &mut free)?;
+            clones.entry(ino).or_default().push(e);
+        }
+        for (ino, extents) in clones {
+            self.apply_clones(ino, &extents, &mut free)?;
         }
         Ok(())
     }
@@ -1702,27 +1707,36 @@ impl<'a> Checker<'a> {
         })
     }
 
-    /// Move extent `e` of `ino` to a copy of its blocks in blocks nothing claims.
-    fn apply_clone(&mut self, ino: u64, e: Extent, free: &mut FreeBlocks) -> Result<()> {
-        let len = u64::from(e.len);
-        let to = free.take_run(&self.geo, len).ok_or(Error::NoSpace)?;
-        self.claim(to, len, Owner::Inode(ino));
-        (to..to + len).for_each(|b| self.set_block_bit(b, true));
-        self.copies.push((e.pblk, to, len));
-        let moved = Extent { pblk: to, ..e };
+    /// Move extents of `ino` to copies of their blocks, in blocks nothing claims.
+    fn apply_clones(&mut self, ino: u64, extents: &[Extent], free: &mut FreeBlocks) -> Result<()> {
+        let mut moved = Vec::with_capacity(extents.len());
+        for e in extents {
+            let len = u64::from(e.len);
+            let to = free.take_run(&self.geo, len).ok_or(Error::NoSpace)?;
+            self.claim(to, len, Owner::Inode(ino));
+            (to..to + len).for_each(|b| self.set_block_bit(b, true));
+            self.copies.push((e.pblk, to, len));
+            moved.push(Extent { pblk: to, ..*e });
+        }
         match self.current_inode(ino)?.fork {
             Fork::Btree(root) => {
                 let geo = self.geo;
                 let mut store = EditStore::new(DevStore::new(self.dev, &geo, ino), free);
                 let mut new_root = root;
-                btree::insert(&mut store, &mut new_root, e.lblk, &moved.pack_value().to_le_bytes())?;
-                debug_assert_eq!(new_root, root, "a value of the same length is replaced in place");
+                for m in &moved {
+                    btree::insert(&mut store, &mut new_root, m.lblk, &m.pack_value().to_le_bytes())?;
+                }
+                debug_assert_eq!(new_root, root, "values of the same length are replaced in place");
                 self.queue_nodes(ino, store);
                 Ok(())
             }
             _ => self.fix_inode(ino, |d| {
                 if let Fork::Extents { n, ext } = &mut d.fork {
-                    ext[..*n as usize].iter_mut().filter(|x| x.lblk == e.lblk).for_each(|x| *x = moved);
+                    for x in &mut ext[..*n as usize] {
+                        if let Some(m) = moved.iter().find(|m| m.lblk == x.lblk) {
+                            *x = *m;
+                        }
+                    }
                 }
             }),
         }

@@ -468,6 +468,31 @@ fn cross_linked_blocks_are_copied() {
     unmount(fs);
 }
 
+/// The sparse file's first two extents moved onto the blocks of its third and fourth: those
+/// two get their copies, in one edit of its extent tree (each in an edit of its own, the last
+/// one written undid the first).
+#[test]
+fn cross_linked_extents_of_one_tree_are_all_copied() {
+    let (dev, p) = populated_image();
+    let root = read_block(&dev, tree_root(&dev, p.sparse));
+    let leaf = format::get_u64(&root, 48 + 8);
+    edit_block(&dev, leaf, |b| {
+        let value_at = |b: &[u8], k: usize| u16::from_le_bytes([b[48 + 12 * k + 8], b[48 + 12 * k + 9]]) as usize;
+        for k in 0..2 {
+            let later = format::get_u64(b, value_at(b, k + 2));
+            let at = value_at(b, k);
+            format::put_u64(b, at, later);
+        }
+    });
+    let r = find_then_repair(&dev);
+    assert_eq!(r.messages.iter().filter(|m| m.contains(&format!("shares blocks with inode {}; given a copy", p.sparse))).count(), 2, "{:#?}", r.messages);
+    let fs = mount(&dev);
+    for k in 0..4 {
+        assert_eq!(fs.read(p.sparse, k * 65536, 6).unwrap(), b"island");
+    }
+    unmount(fs);
+}
+
 /// An extent moved onto another file's xattr tree node: the node verifies, so it is the
 /// extent that gets a copy, whichever the walk reaches first.
 #[test]
