@@ -180,6 +180,7 @@ pub fn check(dev: &dyn BlockDevice, opts: &FsckOptions, progress: &dyn Fn(&str, 
     c.walk_tree()?;
     c.check_orphans()?;
     c.reconnect()?;
+    c.check_orphan_fields()?; // of every live inode, the reconnected ones too
     c.apply_changes()?;
     c.check_link_counts()?;
     c.check_inode_maps()?;
@@ -1499,8 +1500,7 @@ impl<'a> Checker<'a> {
                 self.check_orphan_slot(agno, slot, ino)?;
             }
         }
-        self.drain_dirs()?;
-        self.check_orphan_fields()
+        self.drain_dirs()
     }
 
     fn check_orphan_slot(&mut self, agno: u32, slot: u32, ino: u64) -> Result<()> {

@@ -920,6 +920,19 @@ fn orphan_slot_field_without_its_slot_is_cleared() {
     assert_eq!(inode(&dev, p.linked).orphan_slot, 0);
 }
 
+/// A reconnected inode's orphan slot field is checked too (it was checked before the inodes
+/// that only reconnection reaches were found).
+#[test]
+fn reconnected_inode_gets_its_orphan_slot_field_checked() {
+    let (dev, p) = populated_image();
+    let long = fs_lookup(&dev, p.a, b"long");
+    edit_inode(&dev, long, |d| d.orphan_slot = 4);
+    edit_entry(&dev, p.a, b"long", |v| v[9] = b'/');
+    let r = find_then_repair(&dev);
+    assert_finds(&r, &format!("inode {long}: a symlink (nlink 1) that no name reaches; reconnected as /lost+found/#{long}"));
+    assert_finds(&r, &format!("inode {long}: says it is on AG {} orphan slot 3, which does not name it", format::ino_ag(long)));
+}
+
 // ---- static metadata and the log ------------------------------------------------------------
 
 #[test]
