@@ -273,6 +273,42 @@ fn fsck_exit_codes_follow_e2fsck() {
     assert_eq!(ferrofs(&["fsck", "-n", &img]).status.code(), Some(0));
 }
 
+/// Random bytes over the root inode used to leave `fsck -y` at "NOT fixed" (exit 4). Now the
+/// root is recreated and what it held reconnected under /lost+found: `fsck -y` exits 1, then
+/// `fsck -n` 0, and the file below it is intact.
+#[test]
+fn fsck_y_repairs_a_damaged_root_inode() {
+    use ferrofs::dev::{BlockDevice, FileDevice};
+    use ferrofs::{Cred, FileSystem, MountOptions};
+    use std::sync::Arc;
+    let s = Scratch::new("fsck-root");
+    let img = s.path("r.img");
+    assert!(ferrofs(&["mkfs", &img, "--size", "64M"]).status.success());
+    let cred = Cred { uid: 0, gid: 0 };
+    let open = || -> Arc<dyn BlockDevice> { Arc::new(FileDevice::open(&img, false).unwrap()) };
+    let fs = FileSystem::mount_device(open(), &MountOptions::default()).unwrap();
+    let d = fs.create_dir_all("/d", 0o755, cred).unwrap().ino;
+    fs.write_file("/d/f", b"kept", cred).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let dev = open();
+    let root_at = ferrofs::mount::read_superblock(&*dev).unwrap().geo.inode_offset(1).unwrap();
+    let noise: Vec<u8> = (0..256u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    dev.write_at(&noise, root_at).unwrap();
+    dev.flush().unwrap();
+    drop(dev);
+    assert_eq!(ferrofs(&["fsck", "-n", &img]).status.code(), Some(4));
+    let fixed = ferrofs(&["fsck", "-y", &img]);
+    assert_eq!(fixed.status.code(), Some(1), "{}", stdout(&fixed));
+    assert!(stdout(&fixed).contains("recreated empty"), "{}", stdout(&fixed));
+    let checked = ferrofs(&["fsck", "-n", &img]);
+    assert_eq!(checked.status.code(), Some(0), "{}", stdout(&checked));
+    let fs = FileSystem::mount_device(open(), &MountOptions::default()).unwrap();
+    let f = fs.resolve(&format!("/lost+found/#{d}/f")).unwrap();
+    assert_eq!(fs.read(f.ino, 0, 100).unwrap(), b"kept");
+    fs.unmount().unwrap();
+}
+
 fn corrupt_byte(path: &str, offset: u64) {
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new()

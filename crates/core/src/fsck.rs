@@ -7,7 +7,9 @@
 //! counts, `..` pointers, entry file types, AG headers and superblock copies.
 //!
 //! # Passes
-//! 1. Superblock: the primary decodes (else the backup is used); every AG's copy matches it.
+//! 1. Superblock: the primary decodes (else the backup is used) and agrees with the copies
+//!    (when the copies in AG 1 and AG 2 agree with each other and not with it, they win);
+//!    every AG's copy matches the one used.
 //! 2. Log: replayed first, as a mount would: onto the device when repairing, into memory
 //!    otherwise (`-n` never writes).
 //! 3. AG metadata: every AG header, bitmap and orphan-table block verifies (checksum, magic,
@@ -28,7 +30,8 @@
 //!    name reaches.
 //! 9. Inode bitmaps against the live inodes (reachable, or pending on an orphan list).
 //! 10. Block ownership: AG metadata, the log and everything live inodes own. A block claimed
-//!    twice is a cross-link; the block bitmaps must match the claims exactly.
+//!     twice is a cross-link (a data extent's is found as it is claimed); the block bitmaps
+//!     must match the claims exactly.
 //!
 //! # Repair
 //! The checker always builds the repaired image in memory, so `-n` reports exactly what a
@@ -50,8 +53,11 @@
 //! - an unlinked directory (on an orphan list) that still has entries loses them;
 //! - an inode left without a name by any of these (or by damage to its entry) is reconnected
 //!   as `/lost+found/#<ino>` (made, mode 0700, if missing), a detached directory with all it
-//!   holds. An inode with no links and no orphan slot is leaked and freed.
-//! Left alone, exit 4: a block claimed twice (a cross-link).
+//!   holds. An inode with no links and no orphan slot is leaked and freed;
+//! - a data extent whose blocks another inode claimed first gets a copy of them (e2fsck's
+//!   pass 1D): which of the two is damaged cannot be told, so both keep what they hold.
+//!
+//! Left alone, exit 4: a B+tree node claimed twice (a cross-link no copy can settle).
 //!
 //! An entry naming an inode the inode bitmap calls free is trusted when the inode decodes: the
 //! bitmap is the derived record. If it does not decode, or its slot is all zeros (never
@@ -164,7 +170,7 @@ impl FsckReport {
 /// wants: `-n` replays the log into a private overlay instead. Returns `Err` only for an
 /// operational failure (device I/O, no usable superblock); findings go into the report.
 pub fn check(dev: &dyn BlockDevice, opts: &FsckOptions, progress: &dyn Fn(&str, u64, u64)) -> Result<FsckReport> {
-    let sb = mount::read_superblock(dev)?;
+    let sb = trusted_superblock(dev)?;
     let overlay = ReplayOverlay::new(dev);
     let view: &dyn BlockDevice = if opts.repair { dev } else { &overlay };
     let mut c = Checker::new(view, sb, opts.repair, progress);
@@ -174,7 +180,8 @@ pub fn check(dev: &dyn BlockDevice, opts: &FsckOptions, progress: &dyn Fn(&str, 
     c.walk_tree()?;
     c.check_orphans()?;
     c.reconnect()?;
-    c.apply_dir_edits()?;
+    c.check_orphan_fields()?; // of every live inode, the reconnected ones too
+    c.apply_changes()?;
     c.check_link_counts()?;
     c.check_inode_maps()?;
     c.check_block_maps()?;
@@ -182,6 +189,21 @@ pub fn check(dev: &dyn BlockDevice, opts: &FsckOptions, progress: &dyn Fn(&str, 
         c.write_repairs()?;
     }
     Ok(c.into_report())
+}
+
+/// The superblock a mount would use, unless its copies in AG 1 and AG 2 agree with each other
+/// and not with it: then the primary's checksum is valid over damaged fields, and the copies
+/// win (check_primary_superblock rewrites it).
+fn trusted_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+    let sb = mount::read_superblock(dev)?;
+    let mut b = Box::new([0u8; BLOCK_SIZE]);
+    dev.read_at(&mut b[..], 0)?;
+    let Some(copy) = mount::backup_superblock(dev, &b[..]).filter(|c| *c != sb && c.geo.ag_count > 2) else {
+        return Ok(sb);
+    };
+    let second = 2 * copy.geo.ag_blocks;
+    dev.read_at(&mut b[..], second * BS)?;
+    Ok(if Superblock::decode(&b[..], second).is_ok_and(|c| c == copy) { copy } else { sb })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -403,8 +425,9 @@ impl NodeStore for DevStore<'_> {
     }
 }
 
-/// A directory tree under repair: each node is read once, then edited in memory; new nodes
-/// come from the blocks nothing claims. The repair writes the edited and new nodes and
+/// An inode's tree under repair (a directory, or an extent map whose extent moves to its
+/// copy): each node is read once, then edited in memory; new nodes come from the blocks
+/// nothing claims. The repair writes the edited and new nodes and
 /// releases the freed ones.
 struct EditStore<'a, 'f> {
     dev: DevStore<'a>,
@@ -413,6 +436,12 @@ struct EditStore<'a, 'f> {
     dirty: BTreeSet<u64>,
     freed: Vec<u64>,
     fresh: Vec<u64>,
+}
+
+impl<'a, 'f> EditStore<'a, 'f> {
+    fn new(dev: DevStore<'a>, free: &'f mut FreeBlocks) -> Self {
+        EditStore { dev, free, nodes: HashMap::new(), dirty: BTreeSet::new(), freed: Vec::new(), fresh: Vec::new() }
+    }
 }
 
 impl NodeStore for EditStore<'_, '_> {
@@ -425,7 +454,7 @@ impl NodeStore for EditStore<'_, '_> {
         Ok(b)
     }
     fn new_node(&mut self) -> Result<BufRef> {
-        let blkno = self.free.take(self.dev.geo).ok_or(Error::NoSpace)?;
+        let blkno = self.free.take_run(self.dev.geo, 1).ok_or(Error::NoSpace)?;
         let b = Buf::new(blkno, Box::new([0u8; BLOCK_SIZE]));
         self.nodes.insert(blkno, b.clone());
         self.fresh.push(blkno);
@@ -451,11 +480,19 @@ struct FreeBlocks {
 }
 
 impl FreeBlocks {
-    fn take(&mut self, geo: &Geometry) -> Option<u64> {
-        let found = (self.next..geo.block_count).find(|&b| !self.used.get(b) && geo.is_data_range(b, 1))?;
-        self.used.insert(found);
-        self.next = found + 1;
-        Some(found)
+    /// The first of `len` free blocks in a row (in one AG's data area: AGs begin with metadata).
+    fn take_run(&mut self, geo: &Geometry, len: u64) -> Option<u64> {
+        let mut run = 0;
+        for b in self.next..geo.block_count {
+            run = if self.used.get(b) || !geo.is_data_range(b, 1) { 0 } else { run + 1 };
+            if run == len {
+                let start = b + 1 - len;
+                (start..=b).for_each(|x| self.used.insert(x));
+                self.next = b + 1;
+                return Some(start);
+            }
+        }
+        None
     }
 }
 
@@ -824,6 +861,13 @@ struct Checker<'a> {
     lost_found: Option<u64>,
     /// New tree nodes: written, and flushed, before anything that points at them.
     fresh_nodes: BTreeSet<u64>,
+    /// Every claim by its first block: (end, owner, the extent if it is one), to find a
+    /// cross-link as it is made.
+    claimed: BTreeMap<u64, (u64, Owner, Option<Extent>)>,
+    /// Extents whose blocks another inode claimed first: (inode, extent). Each gets a copy.
+    clones: Vec<(u64, Extent)>,
+    /// Block copies the repair makes: (from, to, blocks). Written with the new nodes.
+    copies: Vec<(u64, u64, u64)>,
     inode_fixes: BTreeMap<u64, InodeFix>,
     /// Whole-block rewrites: edited tree nodes, AG headers, superblock copies, a reset log.
     block_writes: BTreeMap<u64, Box<Block>>,
@@ -849,6 +893,9 @@ impl<'a> Checker<'a> {
             cleared: BTreeSet::new(),
             lost_found: None,
             fresh_nodes: BTreeSet::new(),
+            claimed: BTreeMap::new(),
+            clones: Vec::new(),
+            copies: Vec::new(),
             inode_fixes: BTreeMap::new(),
             block_writes: BTreeMap::new(),
             allocated_inodes: 0,
@@ -864,7 +911,43 @@ impl<'a> Checker<'a> {
     }
 
     fn claim(&mut self, start: u64, len: u64, owner: Owner) {
+        self.claim_as(start, len, owner, None);
+    }
+
+    fn claim_as(&mut self, start: u64, len: u64, owner: Owner, extent: Option<Extent>) {
         self.claims.push(Claim { start, len, owner });
+        self.claimed.insert(start, (start + len, owner, extent));
+    }
+
+    /// A verified B+tree node is what it says it is: a data extent that claimed its block
+    /// first is the wrong one, and gets a copy of its blocks instead. (Its claim stays in
+    /// `claims` with no blocks, so that the positions of later claims do not move.)
+    fn claim_node(&mut self, blkno: u64, owner: Owner) {
+        let first = self.claimed.range(..=blkno).next_back().filter(|(_, (end, _, _))| *end > blkno).map(|(&start, &c)| (start, c));
+        if let Some((start, (_, Owner::Inode(ino), Some(e)))) = first {
+            self.out.fixable(format!("inode {ino}: {} shares a block with a B+tree node of {owner}; given a copy of its own", describe_extent(&e)));
+            self.claimed.remove(&start);
+            if let Some(c) = self.claims.iter_mut().rev().find(|c| c.start == start && c.owner == Owner::Inode(ino)) {
+                c.len = 0;
+            }
+            self.clones.push((ino, e));
+        }
+        self.claim(blkno, 1, owner);
+    }
+
+    /// Who already claims a block of `start..start + len`, if anyone. Exact while claims do
+    /// not overlap, which only tree nodes may still do (reported as cross-links at the end).
+    fn claimed_by(&self, start: u64, len: u64) -> Option<Owner> {
+        self.claimed.range(..start + len).next_back().filter(|(_, (end, _, _))| *end > start).map(|(_, &(_, owner, _))| owner)
+    }
+
+    /// Withdraw the claims made since there were `from` (an inode being cleared).
+    fn retract_claims(&mut self, from: usize) {
+        for c in self.claims.drain(from..) {
+            if self.claimed.get(&c.start).is_some_and(|&(_, owner, _)| owner == c.owner) {
+                self.claimed.remove(&c.start);
+            }
+        }
     }
 
     /// Change the repaired copy of an inode (read on first use).
@@ -900,10 +983,13 @@ impl<'a> Checker<'a> {
 
     fn check_primary_superblock(&mut self) -> Result<()> {
         let b = self.read_block(0)?;
-        if let Err(e) = Superblock::decode(&b[..], 0) {
-            self.out.fixable(format!("superblock (block 0): {}; using the copy in AG 1", detail(&e)));
-            self.block_writes.insert(0, self.sb.encode(0));
-        }
+        let problem = match Superblock::decode(&b[..], 0) {
+            Err(e) => detail(&e),
+            Ok(primary) if primary != self.sb => "differs from the copies in AG 1 and AG 2, which agree".into(),
+            Ok(_) => return Ok(()),
+        };
+        self.out.fixable(format!("superblock (block 0): {problem}; using the copy in AG 1"));
+        self.block_writes.insert(0, self.sb.encode(0));
         Ok(())
     }
 
@@ -1265,14 +1351,17 @@ impl<'a> Checker<'a> {
     /// One whose symlink target or data map is damaged is cleared (its claims withdrawn);
     /// returns whether it stays.
     fn check_file(&mut self, ino: u64, di: &DiskInode) -> Result<bool> {
-        let claims_before = self.claims.len();
+        let (claims_before, clones_before) = (self.claims.len(), self.clones.len());
         let damage = match self.check_symlink(ino, di)? {
+            // Mount refuses such an inode; a directory's size is recounted instead.
+            _ if di.size > MAX_FILE_BLOCKS * BS => Some(format!("size {} out of range", di.size)),
             Some(why) => Some(why),
             None => self.check_data(ino, di)?.err(),
         };
         if let Some(why) = damage {
             self.out.fixable(format!("inode {ino}: {why}; inode cleared"));
-            self.claims.truncate(claims_before);
+            self.retract_claims(claims_before);
+            self.clones.retain(|&(owner, _)| owner != ino);
             self.clear_inode(ino);
             return Ok(false);
         }
@@ -1280,8 +1369,9 @@ impl<'a> Checker<'a> {
             self.out.fixable(format!("inode {ino}: a {} with parent {}", kind_name(di.mode), di.parent));
             self.fix_inode(ino, |d| d.parent = 0)?;
         }
-        // What check_data claimed: the mapped blocks and extent-tree nodes.
-        let data: u64 = self.claims[claims_before..].iter().map(|c| c.len).sum();
+        // What check_data claimed (mapped blocks, extent-tree nodes) or will copy.
+        let claimed: u64 = self.claims[claims_before..].iter().map(|c| c.len).sum();
+        let data = claimed + self.clones[clones_before..].iter().filter(|(owner, _)| *owner == ino).map(|(_, e)| u64::from(e.len)).sum::<u64>();
         let owned = self.check_xattrs(ino, di)? + data;
         if di.blocks != owned {
             self.out.fixable(format!("inode {ino}: blocks {} but owns {owned}", di.blocks));
@@ -1314,7 +1404,7 @@ impl<'a> Checker<'a> {
         match btree::check(&mut DevStore::new(self.dev, &self.geo, ino), root, &mut |b| nodes.push(b)) {
             Ok(stats) => {
                 for b in nodes {
-                    self.claim(b, 1, Owner::Inode(ino));
+                    self.claim_node(b, Owner::Inode(ino));
                 }
                 Ok(Ok(stats.nodes))
             }
@@ -1356,7 +1446,7 @@ impl<'a> Checker<'a> {
             return Ok(self.claims[claims_before..].iter().map(|c| c.len).sum());
         };
         self.out.fixable(format!("inode {ino}: {why}; its xattr tree is dropped"));
-        self.claims.truncate(claims_before);
+        self.retract_claims(claims_before);
         self.fix_inode(ino, |d| d.xattr_root = 0)?;
         Ok(0)
     }
@@ -1405,11 +1495,19 @@ impl<'a> Checker<'a> {
             Some(_) if !self.geo.is_data_range(e.pblk, u64::from(e.len)) => "lies outside the data area",
             Some(end) => {
                 *prev_end = end;
-                self.claim(e.pblk, u64::from(e.len), Owner::Inode(ino));
+                match self.claimed_by(e.pblk, u64::from(e.len)) {
+                    // Which of the two is wrong cannot be told, so both keep what they hold,
+                    // as e2fsck does: this one gets a copy of the blocks.
+                    Some(other) => {
+                        self.out.fixable(format!("inode {ino}: {} shares blocks with {other}; given a copy of its own", describe_extent(e)));
+                        self.clones.push((ino, *e));
+                    }
+                    None => self.claim_as(e.pblk, u64::from(e.len), Owner::Inode(ino), Some(*e)),
+                }
                 return Ok(());
             }
         };
-        Err(format!("extent at file block {} ({} at block {}) {problem}", e.lblk, count(e.len.into(), "block", "blocks"), e.pblk))
+        Err(format!("{} {problem}", describe_extent(e)))
     }
 
     // ---- orphans and link counts ---------------------------------------------------------
@@ -1420,8 +1518,7 @@ impl<'a> Checker<'a> {
                 self.check_orphan_slot(agno, slot, ino)?;
             }
         }
-        self.drain_dirs()?;
-        self.check_orphan_fields()
+        self.drain_dirs()
     }
 
     fn check_orphan_slot(&mut self, agno: u32, slot: u32, ino: u64) -> Result<()> {
@@ -1566,9 +1663,9 @@ impl<'a> Checker<'a> {
 
     // ---- directory changes -----------------------------------------------------------------
 
-    /// Apply every directory's pending changes, now that every block's owner is known: what
-    /// nothing claims is free for new nodes.
-    fn apply_dir_edits(&mut self) -> Result<()> {
+    /// Apply every directory's pending changes and give every cross-linked extent its copy,
+    /// now that every block's owner is known: what nothing claims is free.
+    fn apply_changes(&mut self) -> Result<()> {
         let mut used = BitSet::new(self.geo.block_count);
         for b in self.claims.iter().flat_map(|c| c.start..c.end()) {
             used.insert(b);
@@ -1579,21 +1676,33 @@ impl<'a> Checker<'a> {
                 self.apply_dir_edit(dir, edit, &mut free)?;
             }
         }
+        // One pass per inode: its tree's nodes are edited in one store.
+        let mut clones: BTreeMap<u64, Vec<Extent>> = BTreeMap::new();
+        for (ino, e) in std::mem::take(&mut self.clones) {
+            clones.entry(ino).or_default().push(e);
+        }
+        for (ino, extents) in clones {
+            self.apply_clones(ino, &extents, &mut free)?;
+        }
         Ok(())
     }
 
+    fn current_inode(&self, ino: u64) -> Result<DiskInode> {
+        match self.inode_fixes.get(&ino) {
+            Some(fix) => Ok(fix.di.clone()),
+            None => Ok(read_inode(self.dev, &self.geo, ino)?.0),
+        }
+    }
+
     /// Edit a directory's tree in memory (or build a new one from the salvaged entries), then
-    /// queue the changed nodes, claim the new ones, release the freed ones and fix the inode.
+    /// queue the changed nodes and fix the inode.
     fn apply_dir_edit(&mut self, dir: u64, edit: DirEdit, free: &mut FreeBlocks) -> Result<()> {
         let mut root = match edit.rebuild {
             Some(_) => 0,
-            None => match self.inode_fixes.get(&dir) {
-                Some(fix) => dir::root_of(&fix.di),
-                None => dir::root_of(&read_inode(self.dev, &self.geo, dir)?.0),
-            },
+            None => dir::root_of(&self.current_inode(dir)?),
         };
         let geo = self.geo;
-        let mut store = EditStore { dev: DevStore::new(self.dev, &geo, dir), free, nodes: HashMap::new(), dirty: BTreeSet::new(), freed: Vec::new(), fresh: Vec::new() };
+        let mut store = EditStore::new(DevStore::new(self.dev, &geo, dir), free);
         for (key, value) in edit.rebuild.iter().flatten().chain(&edit.replace) {
             btree::insert(&mut store, &mut root, *key, value)?;
         }
@@ -1608,6 +1717,52 @@ impl<'a> Checker<'a> {
             btree::insert(&mut store, &mut root, key, &value)?;
         }
         let stats = btree::check(&mut store, root, &mut |_| {})?;
+        self.queue_nodes(dir, store);
+        self.fix_inode(dir, |d| {
+            dir::set_root(d, root);
+            d.size = stats.entries;
+            d.blocks = stats.nodes + edit.xattr_nodes;
+        })
+    }
+
+    /// Move extents of `ino` to copies of their blocks, in blocks nothing claims.
+    fn apply_clones(&mut self, ino: u64, extents: &[Extent], free: &mut FreeBlocks) -> Result<()> {
+        let mut moved = Vec::with_capacity(extents.len());
+        for e in extents {
+            let len = u64::from(e.len);
+            let to = free.take_run(&self.geo, len).ok_or(Error::NoSpace)?;
+            self.claim(to, len, Owner::Inode(ino));
+            (to..to + len).for_each(|b| self.set_block_bit(b, true));
+            self.copies.push((e.pblk, to, len));
+            moved.push(Extent { pblk: to, ..*e });
+        }
+        match self.current_inode(ino)?.fork {
+            Fork::Btree(root) => {
+                let geo = self.geo;
+                let mut store = EditStore::new(DevStore::new(self.dev, &geo, ino), free);
+                let mut new_root = root;
+                for m in &moved {
+                    btree::insert(&mut store, &mut new_root, m.lblk, &m.pack_value().to_le_bytes())?;
+                }
+                debug_assert_eq!(new_root, root, "values of the same length are replaced in place");
+                self.queue_nodes(ino, store);
+                Ok(())
+            }
+            _ => self.fix_inode(ino, |d| {
+                if let Fork::Extents { n, ext } = &mut d.fork {
+                    for x in &mut ext[..*n as usize] {
+                        if let Some(m) = moved.iter().find(|m| m.lblk == x.lblk) {
+                            *x = *m;
+                        }
+                    }
+                }
+            }),
+        }
+    }
+
+    /// Queue the nodes an edit of `owner`'s tree changed, claim the new ones and release the
+    /// freed ones.
+    fn queue_nodes(&mut self, owner: u64, store: EditStore) {
         let EditStore { nodes, dirty, freed, fresh, .. } = store;
         for (&blkno, node) in dirty.iter().filter(|b| !freed.contains(b)).filter_map(|b| nodes.get_key_value(b)) {
             let mut img = Box::new(**node.read());
@@ -1616,18 +1771,13 @@ impl<'a> Checker<'a> {
             self.block_writes.insert(blkno, img);
         }
         for &blkno in fresh.iter().filter(|b| !freed.contains(b)) {
-            self.claim(blkno, 1, Owner::Inode(dir));
+            self.claim(blkno, 1, Owner::Inode(owner));
             self.set_block_bit(blkno, true);
             self.fresh_nodes.insert(blkno);
         }
         for &blkno in freed.iter().filter(|b| !fresh.contains(b)) {
-            self.release(dir, blkno);
+            self.release(owner, blkno);
         }
-        self.fix_inode(dir, |d| {
-            dir::set_root(d, root);
-            d.size = stats.entries;
-            d.blocks = stats.nodes + edit.xattr_nodes;
-        })
     }
 
     /// A node of `dir` the repair freed: no longer claimed, and free in the block bitmap.
@@ -1705,7 +1855,7 @@ impl<'a> Checker<'a> {
 
     fn report_cross_links(&mut self) {
         let mut furthest: Option<Claim> = None;
-        for c in &self.claims {
+        for c in self.claims.iter().filter(|c| c.len > 0) {
             if let Some(f) = furthest.filter(|f| c.start < f.end()) {
                 self.out.unfixable(format!("{}: claimed by both {} and {}", blocks_desc(c.start, c.end().min(f.end()) - c.start), f.owner, c.owner));
             }
@@ -1741,7 +1891,7 @@ impl<'a> Checker<'a> {
     // ---- repair and report ---------------------------------------------------------------
 
     /// Write the repaired image in three flushed steps, so that a crash leaves an image this
-    /// checker repairs again: first new tree nodes (nothing on disk points at them yet, so
+    /// checker repairs again: first new tree nodes and block copies (nothing on disk points at them yet, so
     /// they are leaked free blocks until step 2 lands), then everything that points (edited
     /// nodes, inodes, AG headers, superblock copies, a reset log), then the allocation maps
     /// and orphan tables, which are derived from the rest.
@@ -1751,6 +1901,9 @@ impl<'a> Checker<'a> {
         let (fresh, in_place): (Vec<_>, Vec<_>) = self.block_writes.iter().partition(|(b, _)| self.fresh_nodes.contains(b));
         for (&blkno, img) in fresh {
             dev.write_at(&img[..], blkno * BS)?;
+        }
+        for &(from, to, len) in &self.copies {
+            copy_blocks(dev, from, to, len)?;
         }
         dev.flush()?;
         for (&blkno, img) in in_place {
@@ -1797,6 +1950,22 @@ impl<'a> Checker<'a> {
 fn owner_of(claims: &[Claim], b: u64) -> String {
     let before = claims.partition_point(|c| c.start <= b);
     claims[..before].iter().rev().find(|c| c.end() > b).map_or_else(|| "an unknown owner".into(), |c| c.owner.to_string())
+}
+
+/// Copy `len` blocks, a bounded piece at a time.
+fn copy_blocks(dev: &dyn BlockDevice, from: u64, to: u64, len: u64) -> Result<()> {
+    const PIECE_BLOCKS: u64 = 256;
+    let mut buf = vec![0u8; (len.min(PIECE_BLOCKS) * BS) as usize];
+    for done in (0..len).step_by(PIECE_BLOCKS as usize) {
+        let piece = &mut buf[..((len - done).min(PIECE_BLOCKS) * BS) as usize];
+        dev.read_at(piece, (from + done) * BS)?;
+        dev.write_at(piece, (to + done) * BS)?;
+    }
+    Ok(())
+}
+
+fn describe_extent(e: &Extent) -> String {
+    format!("extent at file block {} ({} at block {})", e.lblk, count(e.len.into(), "block", "blocks"), e.pblk)
 }
 
 /// What a leaked inode is, for the message.

@@ -88,7 +88,7 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
 /// The primary is damaged: its AG size may be too, so probe the backup (block 0 of AG 1) at
 /// plausible AG sizes: the one the primary records, the one a default mkfs picks for a device
 /// of this size, and powers of two.
-fn backup_superblock(dev: &dyn BlockDevice, primary: &[u8]) -> Option<Superblock> {
+pub(crate) fn backup_superblock(dev: &dyn BlockDevice, primary: &[u8]) -> Option<Superblock> {
     let hinted = crate::format::get_u64(primary, 56);
     let default = crate::mkfs::plan(dev.size(), &crate::mkfs::MkfsOptions::default()).map_or(0, |g| g.ag_blocks);
     let candidates = [hinted, default].into_iter().chain((8..=24).map(|s| 1u64 << s));

@@ -3,20 +3,23 @@
 //! with a valid checksum so the structural checks behind it are reached too) and whole-block
 //! zeroing must lead to clean errors, never a panic or a hang. Each case runs on its own
 //! thread under a watchdog, with panics caught; the sweep prints its seed (`CORRUPT_SEED`
-//! replays it, `CORRUPT_TRIALS` sets the trials per block and kind of damage).
+//! replays it, `CORRUPT_TRIALS` sets the trials per block and kind of damage). Every damaged
+//! image is then repaired by `fsck -y`, must check clean afterwards, and must still hold every
+//! file whose own blocks were not damaged, with its contents.
 //!
 //! Then devices that fail: unreadable blocks (EIO) and a write that fails in the middle of
 //! an operation. The file system must report an error, and the image it leaves behind
 //! must mount and be consistent (fsck clean).
 
 use ferrofs::dev::{BlockDevice, FaultDevice, MemDevice};
-use ferrofs::format::{self, inode::MAGIC_INODE, DiskInode, Fork, Geometry, BLOCK_SIZE, HDR_SIZE, INODE_SIZE};
+use ferrofs::format::{self, inode::MAGIC_INODE, DiskInode, Fork, Geometry, BLOCK_SIZE, HDR_SIZE, INODE_SIZE, MAGIC_BTREE};
 use ferrofs::fsck::{self, FsckOptions};
 use ferrofs::journal::JournalConfig;
 use ferrofs::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -485,6 +488,73 @@ fn use_image(dev: MemDevice) -> Use {
 }
 
 // ---------------------------------------------------------------------------------------
+// Repairing a damaged image
+// ---------------------------------------------------------------------------------------
+
+/// A file's size and the bytes at both of its ends (the sparse file is 4 GiB long).
+type Contents = (u64, Vec<u8>, Vec<u8>);
+
+/// Every regular file reachable in the clean image, by inode: its contents.
+fn manifest() -> &'static BTreeMap<u64, Contents> {
+    static M: OnceLock<BTreeMap<u64, Contents>> = OnceLock::new();
+    M.get_or_init(|| files_by_inode(Arc::new(images().clean.snapshot())).unwrap())
+}
+
+/// The contents of every regular file reachable from the root (a read-only mount).
+fn files_by_inode(dev: Arc<MemDevice>) -> Result<BTreeMap<u64, Contents>> {
+    let fs = FileSystem::mount_device(dev, &MountOptions { read_only: true, ..mount_options() })?;
+    let mut files = Vec::new();
+    fs.walk("/", &mut |_, a| {
+        if a.kind == FileType::RegularFile {
+            files.push((a.ino, a.size));
+        }
+    })?;
+    let ends = |ino: u64, size: u64| -> Result<Contents> {
+        let tail_from = size.saturating_sub(1 << 16).max(1 << 20);
+        Ok((size, fs.read(ino, 0, size.min(1 << 20) as usize)?, fs.read(ino, tail_from, size.saturating_sub(tail_from) as usize)?))
+    };
+    files.into_iter().map(|(ino, size)| Ok((ino, ends(ino, size)?))).collect()
+}
+
+/// Files of the manifest whose own metadata lies in the damaged blocks: their inode, or a
+/// node of their extent tree (a B+tree node names its owner). A damaged log may have held the
+/// last change of any file, so for the logged image this is every file.
+fn damaged_files(t: &Target) -> BTreeSet<u64> {
+    let clean = &images().clean;
+    let geo = ferrofs::mount::read_superblock(clean).unwrap().geo;
+    let blocks = t.block..t.block + t.blocks;
+    let owners: Vec<u64> = blocks.clone().map(|b| read_block(clean, b)).filter(|b| format::header_magic(b) == MAGIC_BTREE).map(|b| format::header_owner(&b)).collect();
+    let hit = |ino: &u64| t.logged || blocks.contains(&(geo.inode_offset(*ino).unwrap() / BS)) || owners.contains(ino);
+    manifest().keys().copied().filter(hit).collect()
+}
+
+/// `fsck -y`, then `fsck -n` must be clean; returns the files of the manifest that are gone
+/// or changed (searched by inode: a reconnected file is in /lost+found).
+fn repair(dev: MemDevice) -> std::result::Result<Vec<u64>, String> {
+    let fixed = fsck::check(&dev, &FsckOptions { repair: true }, &|_, _, _| {}).map_err(|e| format!("fsck -y failed: {e}"))?;
+    if fixed.exit_code() & fsck::EXIT_UNCORRECTED != 0 {
+        return Err(format!("fsck -y left errors (exit {}): {:?}", fixed.exit_code(), fixed.messages));
+    }
+    fsck_clean(&dev).map_err(|e| format!("after fsck -y {:?}: {e}", fixed.messages))?;
+    let found = files_by_inode(Arc::new(dev)).map_err(|e| format!("reading the repaired image: {e}"))?;
+    Ok(manifest().iter().filter(|(ino, data)| found.get(ino) != Some(*data)).map(|(ino, _)| *ino).collect())
+}
+
+/// The repair figures of a sweep.
+#[derive(Debug, Default)]
+struct RepairTally {
+    damaged: usize,
+    repaired_clean: usize,
+    /// Files lost although none of their own blocks was damaged (must stay 0).
+    lost_beyond: usize,
+    /// Files lost with their own damaged inode or extent tree.
+    lost_with_own_blocks: usize,
+    /// Files lost with a damaged log, which a repair resets (the logged image was never
+    /// checkpointed: its log holds every file).
+    lost_with_log: usize,
+}
+
+// ---------------------------------------------------------------------------------------
 // The sweep
 // ---------------------------------------------------------------------------------------
 
@@ -495,7 +565,8 @@ fn env(k: &str, default: u64) -> u64 {
 #[test]
 fn damaged_metadata_gives_clean_errors() {
     let seed = env("CORRUPT_SEED", rand::random::<u32>() as u64);
-    let trials = env("CORRUPT_TRIALS", 60) as usize;
+    // 30 by default: each image is also repaired and read back, which doubles a trial's cost.
+    let trials = env("CORRUPT_TRIALS", 30) as usize;
     println!("CORRUPT_SEED={seed} CORRUPT_TRIALS={trials}");
     // The undamaged images themselves are fine.
     for (name, img) in [("clean", &images().clean), ("logged", &images().logged)] {
@@ -505,7 +576,9 @@ fn damaged_metadata_gives_clean_errors() {
     let mut failures = Vec::new();
     let mut cases = 0;
     let mut mounts = 0;
+    let mut tally = RepairTally::default();
     for (ti, t) in targets().into_iter().enumerate() {
+        let own_damage = damaged_files(&t);
         let mut damages = vec![Damage::Zero];
         for i in 0..trials {
             damages.push(Damage::Flip { n: 1 + i % 8, reseal: false });
@@ -514,12 +587,28 @@ fn damaged_metadata_gives_clean_errors() {
         for (di, damage) in damages.into_iter().enumerate() {
             let case_seed = seed ^ ((ti as u64) << 32 | di as u64);
             let t2 = t.clone();
-            let r = guarded(move || use_image(damaged(&t2, damage, &mut StdRng::seed_from_u64(case_seed))));
+            let r = guarded(move || {
+                let used = use_image(damaged(&t2, damage, &mut StdRng::seed_from_u64(case_seed)));
+                (used, repair(damaged(&t2, damage, &mut StdRng::seed_from_u64(case_seed))))
+            });
             cases += 1;
             let what = format!("{} ({damage:?}, case seed {case_seed})", t.name);
             match r {
                 Err(e) => failures.push(format!("{what}: {e}")),
-                Ok(u) => {
+                Ok((u, repaired)) => {
+                    tally.damaged += 1;
+                    match repaired {
+                        Err(e) => failures.push(format!("{what}: not repaired: {e}")),
+                        Ok(lost) => {
+                            tally.repaired_clean += 1;
+                            let (with, beyond): (Vec<u64>, Vec<u64>) = lost.into_iter().partition(|ino| own_damage.contains(ino));
+                            *if t.logged { &mut tally.lost_with_log } else { &mut tally.lost_with_own_blocks } += with.len();
+                            tally.lost_beyond += beyond.len();
+                            if !beyond.is_empty() {
+                                failures.push(format!("{what}: files lost whose blocks were not damaged: inodes {beyond:?}"));
+                            }
+                        }
+                    }
                     mounts += u.mounted as usize;
                     if !u.unclean.is_empty() {
                         failures.push(format!("{what}: errors that are not corruption or I/O errors: {:?}", u.unclean));
@@ -533,7 +622,13 @@ fn damaged_metadata_gives_clean_errors() {
         }
     }
     println!("{cases} damaged images, {mounts} mounted; {} failures", failures.len());
+    println!(
+        "fsck -y: {} images damaged / {} repaired clean / {} files lost beyond the damaged blocks ({} lost with their own inode or extent tree, {} with a damaged log)",
+        tally.damaged, tally.repaired_clean, tally.lost_beyond, tally.lost_with_own_blocks, tally.lost_with_log
+    );
     assert!(failures.is_empty(), "CORRUPT_SEED={seed}: {} failures:\n{}", failures.len(), failures.join("\n"));
+    assert_eq!(tally.repaired_clean, tally.damaged, "every damaged image is repaired to clean");
+    assert_eq!(tally.lost_beyond, 0, "no file whose blocks were not damaged is lost");
 }
 
 /// fsck must notice damage to each kind of block (read-only, so the image is untouched).
@@ -878,3 +973,4 @@ fn read_only_mount_of_an_orphan_it_cannot_process() {
     });
     assert_eq!(ro, Ok(Ok(100)));
 }
+

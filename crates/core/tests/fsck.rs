@@ -3,7 +3,7 @@
 //! claims (a second check is clean and the image mounts); `-n` never writes; and random damage
 //! never panics the checker.
 
-use ferrofs::dev::{crash_image, crash_points, keep_sets, BlockDevice, CrashDevice, MemDevice};
+use ferrofs::dev::{crash_image, crash_image_torn, crash_points, keep_sets, unflushed_epoch, BlockDevice, CrashDevice, MemDevice, Op as DevOp, Tear};
 use ferrofs::format::{self, DiskInode, Fork, Geometry, BITMAP_BITS, BLOCK_SIZE, HDR_SIZE, INODE_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK};
 use ferrofs::fsck::{check, FsckOptions, FsckReport};
 use ferrofs::journal::JournalConfig;
@@ -477,23 +477,76 @@ fn block_in_use_but_marked_free_is_found_and_marked() {
     assert_eq!(r.errors_found, 1);
 }
 
+/// The long symlink's extent moved onto a block of /a/f: either may be the damaged one, so
+/// both keep what they hold, as e2fsck does. Whichever the walk reaches second gets a copy.
 #[test]
-fn cross_linked_block_is_left_and_reported() {
+fn cross_linked_blocks_are_copied() {
     let (dev, p) = populated_image();
-    let victim = dev.snapshot();
-    let shared = first_extent_block(&victim, p.linked);
-    let small = fs_lookup(&dev, p.a, b"long");
-    let own = first_extent_block(&victim, small);
-    edit_inode(&victim, small, |d| {
+    let shared = first_extent_block(&dev, p.linked);
+    let long = fs_lookup(&dev, p.a, b"long");
+    let own = first_extent_block(&dev, long);
+    let fs = mount(&dev);
+    let data = fs.read(p.linked, 0, 200_000).unwrap();
+    let target = fs.read(p.linked, 0, 1000).unwrap();
+    unmount(fs);
+    edit_inode(&dev, long, |d| {
         if let Fork::Extents { ext, .. } = &mut d.fork {
             ext[0].pblk = shared;
         }
     });
-    let r = fsck(&victim, true);
-    let both = [format!("inode {} and inode {small}", p.linked), format!("inode {small} and inode {}", p.linked)];
-    assert!(r.messages.iter().any(|m| m.contains(&format!("block {shared}: claimed by both")) && both.iter().any(|b| m.contains(b))), "{:#?}", r.messages);
-    assert_finds(&r, &format!("block {own} used but not referenced (leaked) [fixed]"));
-    assert_eq!(r.exit_code(), 5, "some fixed, some left: {:#?}", r.messages);
+    let r = find_then_repair(&dev);
+    assert!(r.messages.iter().any(|m| m.contains("shares blocks with inode") && m.contains("given a copy of its own")), "{:#?}", r.messages);
+    assert_finds(&r, &format!("block {own} used but not referenced (leaked)"));
+    let fs = mount(&dev);
+    assert_eq!(fs.read(p.linked, 0, 200_000).unwrap(), data, "/a/f keeps its contents");
+    assert_eq!(fs.readlink(long).unwrap(), target, "the symlink keeps what it pointed at, in blocks of its own");
+    unmount(fs);
+}
+
+/// The sparse file's first two extents moved onto the blocks of its third and fourth: those
+/// two get their copies, in one edit of its extent tree (each in an edit of its own, the last
+/// one written undid the first).
+#[test]
+fn cross_linked_extents_of_one_tree_are_all_copied() {
+    let (dev, p) = populated_image();
+    let root = read_block(&dev, tree_root(&dev, p.sparse));
+    let leaf = format::get_u64(&root, 48 + 8);
+    edit_block(&dev, leaf, |b| {
+        let value_at = |b: &[u8], k: usize| u16::from_le_bytes([b[48 + 12 * k + 8], b[48 + 12 * k + 9]]) as usize;
+        for k in 0..2 {
+            let later = format::get_u64(b, value_at(b, k + 2));
+            let at = value_at(b, k);
+            format::put_u64(b, at, later);
+        }
+    });
+    let r = find_then_repair(&dev);
+    assert_eq!(r.messages.iter().filter(|m| m.contains(&format!("shares blocks with inode {}; given a copy", p.sparse))).count(), 2, "{:#?}", r.messages);
+    let fs = mount(&dev);
+    for k in 0..4 {
+        assert_eq!(fs.read(p.sparse, k * 65536, 6).unwrap(), b"island");
+    }
+    unmount(fs);
+}
+
+/// An extent moved onto another file's xattr tree node: the node verifies, so it is the
+/// extent that gets a copy, whichever the walk reaches first.
+#[test]
+fn extent_over_a_tree_node_gets_a_copy() {
+    let (dev, p) = populated_image();
+    let node = inode(&dev, p.linked).xattr_root;
+    assert_ne!(node, 0, "/a/f keeps its large xattr in a tree");
+    let long = fs_lookup(&dev, p.a, b"long");
+    edit_inode(&dev, long, |d| {
+        if let Fork::Extents { ext, .. } = &mut d.fork {
+            ext[0].pblk = node;
+        }
+    });
+    let r = find_then_repair(&dev);
+    assert!(r.messages.iter().any(|m| m.starts_with(&format!("inode {long}: extent at file block 0")) && m.contains("given a copy of its own")), "{:#?}", r.messages);
+    let fs = mount(&dev);
+    assert_eq!(fs.getxattr(p.linked, b"user.large").unwrap(), vec![3u8; 900], "the tree node is intact");
+    fs.readlink(long).unwrap();
+    unmount(fs);
 }
 
 fn fs_lookup(dev: &Arc<MemDevice>, dir: u64, name: &[u8]) -> u64 {
@@ -818,6 +871,40 @@ fn random_root_inode_is_recreated_and_its_contents_reconnected() {
     assert_eq!(entry_count(&dev, "/lost+found"), 3, "d, t and top");
 }
 
+/// A crash anywhere in a repair (at each flush, keeping all, none, each single one or random
+/// subsets of the unflushed writes, or all of them with one torn: only its odd sectors kept)
+/// leaves an image that a second repair brings to clean.
+#[test]
+fn crash_during_repair_leaves_a_repairable_image() {
+    let (dev, d) = image_with_contents();
+    let root = read_block(&dev, tree_root(&dev, d));
+    write_block(&dev, format::get_u64(&root, 48 + 16 + 8), &random_bytes(BLOCK_SIZE, 0x39_01));
+    let victim = fs_lookup(&dev, ROOT, b"top");
+    write_block(&dev, geo(&dev).inode_offset(victim).unwrap() / BS, &random_bytes(BLOCK_SIZE, 0x39_02));
+    let crashing = CrashDevice::new(dev.snapshot());
+    assert_eq!(check(&crashing, &FsckOptions { repair: true }, &|_, _, _| {}).unwrap().exit_code(), 1);
+    let (ops, base) = (crashing.ops(), crashing.base());
+    let points = crash_points(&ops);
+    assert!(points.len() >= 3, "the repair writes in flushed steps");
+    let mut images = 0;
+    let mut repair_clean = |image: MemDevice, what: String| {
+        let r = fsck(&image, true);
+        assert_eq!(r.exit_code() & 4, 0, "{what}: {:#?}", r.messages);
+        assert_clean(&image);
+        images += 1;
+    };
+    for upto in points {
+        for keep in keep_sets(&ops, upto, upto as u64, 4) {
+            repair_clean(crash_image(&base, &ops, upto, &|i| keep.contains(&i)), format!("crash before op {upto} keeping {keep:?}"));
+        }
+        for op in unflushed_epoch(&ops, upto).filter(|&i| matches!(ops[i], DevOp::Write { .. })) {
+            let tear = Tear { op, sectors: 0xaaaa_aaaa_aaaa_aaaa };
+            repair_clean(crash_image_torn(&base, &ops, upto, &|_| true, Some(tear)), format!("crash before op {upto}, op {op} torn"));
+        }
+    }
+    assert!(images > 20, "only {images} crash images of {} writes", ops.len());
+}
+
 // ---- orphans --------------------------------------------------------------------------------
 
 #[test]
@@ -866,6 +953,19 @@ fn orphan_slot_field_without_its_slot_is_cleared() {
     let r = find_then_repair(&dev);
     assert_finds(&r, &format!("inode {}: says it is on AG {} orphan slot 3, which does not name it", p.linked, format::ino_ag(p.linked)));
     assert_eq!(inode(&dev, p.linked).orphan_slot, 0);
+}
+
+/// A reconnected inode's orphan slot field is checked too (it was checked before the inodes
+/// that only reconnection reaches were found).
+#[test]
+fn reconnected_inode_gets_its_orphan_slot_field_checked() {
+    let (dev, p) = populated_image();
+    let long = fs_lookup(&dev, p.a, b"long");
+    edit_inode(&dev, long, |d| d.orphan_slot = 4);
+    edit_entry(&dev, p.a, b"long", |v| v[9] = b'/');
+    let r = find_then_repair(&dev);
+    assert_finds(&r, &format!("inode {long}: a symlink (nlink 1) that no name reaches; reconnected as /lost+found/#{long}"));
+    assert_finds(&r, &format!("inode {long}: says it is on AG {} orphan slot 3, which does not name it", format::ino_ag(long)));
 }
 
 // ---- static metadata and the log ------------------------------------------------------------
