@@ -196,9 +196,9 @@ pub fn split_at(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, at: u6
 
 /// Move up to `max` of the extents that start in `[from, to)` by `by` blocks: left when
 /// negative (the first ones, lowest first), else right (the last ones, highest first), so
-/// that each lands on blocks nothing maps. No extent may straddle `from` or `to`. Returns the bound of the
-/// extents still to move — the new `from` going left, the new `to` going right — or `None`
-/// when all have moved.
+/// that each lands on blocks nothing maps. No extent may straddle `from` or `to`. Returns
+/// the bound of the extents still to move — the new `from` going left, the new `to` going
+/// right — or `None` when all have moved.
 pub fn shift(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, (from, to): (u64, u64), by: i64, max: usize) -> Result<Option<u64>> {
     let right = by > 0;
     let all = extents_in(s, m, ino, di, from, to)?;
