@@ -181,6 +181,42 @@ pub fn unmap(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, from: u64
     Ok((out, done))
 }
 
+/// Split the extent that straddles file block `at`, if any, into two extents meeting there.
+pub fn split_at(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, at: u64) -> Result<()> {
+    if at == 0 {
+        return Ok(());
+    }
+    if let Some(e) = extents_in(s, m, ino, di, at - 1, at)?.into_iter().find(|e| e.end() > at) {
+        remove(s, di, e.lblk)?;
+        put(s, di, Extent { len: (at - e.lblk) as u32, ..e })?;
+        put(s, di, Extent { lblk: at, pblk: e.pblk + (at - e.lblk), len: (e.end() - at) as u32, unwritten: e.unwritten })?;
+    }
+    Ok(())
+}
+
+/// Move up to `max` of the extents that start in `[from, to)` by `by` blocks: left when
+/// negative (the first ones, lowest first), else right (the last ones, highest first), so
+/// that each lands on blocks nothing maps. No extent may straddle `from` or `to`. Returns
+/// the bound of the extents still to move — the new `from` going left, the new `to` going
+/// right — or `None` when all have moved.
+pub fn shift(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, (from, to): (u64, u64), by: i64, max: usize) -> Result<Option<u64>> {
+    let right = by > 0;
+    let all = extents_in(s, m, ino, di, from, to)?;
+    debug_assert!(all.iter().all(|e| e.lblk >= from && e.end() <= to), "an extent straddles the shifted range");
+    let (batch, next) = match (right, all.len() > max) {
+        (_, false) => (&all[..], None),
+        (false, true) => (&all[..max], Some(all[max].lblk)),
+        (true, true) => (&all[all.len() - max..], Some(all[all.len() - max].lblk)),
+    };
+    let moves: Box<dyn Iterator<Item = &Extent>> = if right { Box::new(batch.iter().rev()) } else { Box::new(batch.iter()) };
+    for e in moves {
+        remove(s, di, e.lblk)?;
+        // The caller checked that the moved map stays within the file's blocks.
+        put(s, di, Extent { lblk: e.lblk.wrapping_add_signed(by), ..*e })?;
+    }
+    Ok(next)
+}
+
 /// Free the B+tree of a file whose extents have all been unmapped.
 pub fn is_unmapped(di: &DiskInode) -> bool {
     matches!(di.fork, Fork::Empty)

@@ -788,6 +788,29 @@ fn a_crash_frees_an_unnamed_tmpfile_and_keeps_a_linked_one() {
     fsck_clean(&image).unwrap();
 }
 
+/// Collapse and insert ranges of a 300-extent file (a B+tree), each moving up to a hundred
+/// extents in one transaction, with a checkpoint before every transaction: every crash
+/// point must show the file shifted or untouched, the collapsed blocks freed or still owned.
+#[test]
+fn crash_during_collapse_and_insert_range() {
+    let base = fragmented_image();
+    let mut r = Run::start_with(base, &checkpoint_every_transaction());
+    let f = r.lookup("/d5/a").unwrap();
+    let commits = |r: &Run| r.fs.mount().journal.commits();
+    let shifts = [(FALLOC_FL_COLLAPSE_RANGE, 500, 3), (FALLOC_FL_INSERT_RANGE, 401, 2), (FALLOC_FL_COLLAPSE_RANGE, 398, 6), (FALLOC_FL_INSERT_RANGE, 450, 1)];
+    for (mode, at, blocks) in shifts {
+        let before = commits(&r);
+        let (off, len) = (at * 4096, blocks * 4096);
+        r.call(&format!("fallocate /d5/a mode {mode} {len} at {off}"), |fs| fs.fallocate(f, off, len, mode)).unwrap();
+        assert_eq!(commits(&r) - before, 1, "the shift took more than one transaction");
+        r.fsync(f, false);
+    }
+    let (ops, hist) = r.finish();
+    let (checked, failures) = check_all_points(base, &ops, &hist, 0x5817, Budget { random: 6, singles_up_to: 64, torn: 3 });
+    println!("{} device ops, {checked} crash states checked", ops.len());
+    assert_no_failures("crash_during_collapse_and_insert_range", &failures, &hist);
+}
+
 // ---------------------------------------------------------------------------------------
 // A longer random workload with unlinked-open files
 // ---------------------------------------------------------------------------------------
@@ -855,11 +878,23 @@ fn random_workload(base: &MemDevice, seed: u64, calls: usize, opts: &MountOption
             14 => {
                 if let Some(f) = file {
                     // Preallocate (within or past the end, or growing the file), punch a
-                    // hole or zero a range: a crash must show the range as unwritten zeros
-                    // or not at all.
+                    // hole, zero a range: a crash must show the range as unwritten zeros or
+                    // not at all. Or collapse or insert a range.
                     let zero = FALLOC_FL_ZERO_RANGE;
-                    let mode = [0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, zero, zero | FALLOC_FL_KEEP_SIZE][rng.gen_range(0..5)];
-                    let (off, len) = ([0u64, 3000, 16384][rng.gen_range(0..3)], [5000u64, 40000][rng.gen_range(0..2)]);
+                    let (collapse, insert) = (FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE);
+                    let mode = [0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, zero, zero | FALLOC_FL_KEEP_SIZE, collapse, insert][rng.gen_range(0..7)];
+                    let (off, len) = if mode == collapse || mode == insert {
+                        // Whole blocks; a crash must show the file shifted or not at all,
+                        // which holds for a file that shifts in one transaction (up to 256
+                        // extents to move): not the fragmented files of 300 extents.
+                        // A block inside the file, so that most succeed (a collapse must end
+                        // before EOF).
+                        let Some(attr) = r.fs.getattr(f).ok().filter(|a| a.blocks / 8 < 200) else { continue };
+                        let inside = if mode == collapse { attr.size / 4096 } else { attr.size.div_ceil(4096) };
+                        (rng.gen_range(0..inside.max(1)) * 4096, if mode == collapse { 4096 } else { [4096u64, 8192][rng.gen_range(0..2)] })
+                    } else {
+                        ([0u64, 3000, 16384][rng.gen_range(0..3)], [5000u64, 40000][rng.gen_range(0..2)])
+                    };
                     let _ = r.call(&format!("fallocate {f} mode {mode} {len} at {off}"), |fs| fs.fallocate(f, off, len, mode));
                 }
             }

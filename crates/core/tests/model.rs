@@ -48,10 +48,24 @@ const OFFSETS: &[u64] = &[0, 0, 1, 100, 4095, 4096, 4097, 8192, 12000, 65536, 1 
 const WRITE_LENS: &[usize] = &[1, 10, 511, 4096, 4097, 9000, 40000];
 const READ_LENS: &[usize] = &[0, 1, 100, 4096, 10000, 70000];
 const SIZES: &[u64] = &[0, 0, 1, 100, 4095, 4096, 5000, 8192, 70000, 1 << 20, (1 << 30) + 3, MAX_BYTES, MAX_BYTES + 1];
-const FALLOC_LENS: &[u64] = &[0, 1, 100, 4096, 9000, 70000, 1 << 20];
-/// Mode 0, KEEP_SIZE and punch hole, and two modes ferrofs refuses (punch hole without
-/// KEEP_SIZE, zero range).
-const FALLOC_MODES: &[u32] = &[0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 0x08];
+const FALLOC_LENS: &[u64] = &[0, 1, 100, 4096, 8192, 9000, 70000, 1 << 20];
+/// Mode 0, KEEP_SIZE, punch hole, zero range with and without KEEP_SIZE, collapse and insert
+/// range; punch hole without KEEP_SIZE (ferrofs refuses it) and collapse with KEEP_SIZE
+/// (EINVAL).
+const FALLOC_MODES: &[u32] = &[
+    0,
+    FALLOC_FL_KEEP_SIZE,
+    FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+    FALLOC_FL_PUNCH_HOLE,
+    FALLOC_FL_ZERO_RANGE,
+    FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
+    FALLOC_FL_COLLAPSE_RANGE,
+    FALLOC_FL_INSERT_RANGE,
+    // Twice as often: they succeed only with whole blocks inside the file.
+    FALLOC_FL_COLLAPSE_RANGE,
+    FALLOC_FL_INSERT_RANGE,
+    FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_KEEP_SIZE,
+];
 const SYMLINK_LENS: &[usize] = &[1, 10, 64, 65, 300, 4095, 4096];
 const PERMS: &[u16] = &[0o644, 0o600, 0o4755, 0o2775, 0o1777, 0];
 const IDS: &[u32] = &[0, 1000, 4242];
@@ -262,6 +276,24 @@ impl Bytes {
                 }
             }
         }
+    }
+
+    /// COLLAPSE_RANGE (`insert` false) or INSERT_RANGE of whole pages `[off, off + len)`:
+    /// the range goes and the pages after it move left, or the pages from `off` on move
+    /// right, leaving a hole. The size follows.
+    fn shift(&mut self, off: u64, len: u64, insert: bool) {
+        let (at, by) = (off / PAGE, len / PAGE);
+        let moved = |pg: u64| match (insert, pg >= at) {
+            (_, false) => Some(pg),
+            (true, true) => Some(pg + by),
+            (false, true) => pg.checked_sub(by).filter(|&to| to >= at),
+        };
+        self.pages = std::mem::take(&mut self.pages).into_iter().filter_map(|(pg, p)| Some((moved(pg)?, p))).collect();
+        self.alloc = self.alloc.iter().filter_map(|&pg| moved(pg)).collect();
+        // The old places stay touched: the state check reads them too.
+        let touched: Vec<u64> = self.touched.iter().filter_map(|&pg| moved(pg)).collect();
+        self.touched.extend(touched);
+        self.size = if insert { self.size + len } else { self.size - len };
     }
 
     /// Pages the file owns blocks for.
@@ -595,11 +627,31 @@ impl Model {
             errs.push(libc::EINVAL);
         }
         let keep = FALLOC_FL_KEEP_SIZE;
-        if ![0, keep, FALLOC_FL_PUNCH_HOLE | keep, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | keep].contains(&mode) {
+        let (collapse, insert) = (FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE);
+        if mode & (collapse | insert) != 0 && mode != collapse && mode != insert {
+            errs.push(libc::EINVAL);
+        } else if ![0, keep, FALLOC_FL_PUNCH_HOLE | keep, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | keep, collapse, insert].contains(&mode) {
             errs.push(libc::EOPNOTSUPP);
         }
-        check(errs)?;
         let data = &mut self.nodes[m].data;
+        if mode == collapse || mode == insert {
+            if !off.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
+                errs.push(libc::EINVAL);
+            }
+            // Collapse: the range must end inside the file; insert: start inside it, and the
+            // size and the last allocated page stay within the largest file.
+            let last = data.alloc.last().map_or(0, |pg| (pg + 1) * PAGE);
+            if mode == collapse && off.saturating_add(len) >= data.size || mode == insert && off >= data.size {
+                errs.push(libc::EINVAL);
+            }
+            if mode == insert && (data.size.saturating_add(len) > MAX_BYTES || last.saturating_add(len) > MAX_BYTES) {
+                errs.push(libc::EFBIG);
+            }
+            check(errs)?;
+            data.shift(off, len, mode == insert);
+            return Ok(());
+        }
+        check(errs)?;
         // ZERO_RANGE: zeros, with the space allocated.
         if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
             data.punch(off, off + len);
@@ -1051,11 +1103,13 @@ impl Harness {
             }
             Fallocate { obj, off, len, mode } => {
                 let Some((m, ino)) = self.obj(obj) else { return };
-                // mtime moves when the size grows or data is punched or zeroed; ctime always.
+                // mtime moves when the size grows or data is punched, zeroed or moved; ctime
+                // always.
                 let grows = mode == 0 && off.saturating_add(len) > self.model.nodes[m].data.size;
                 let exp = self.model.fallocate(m, off, len, mode);
                 let ok = agree(&ctx, exp, fs.fallocate(ino, off, len, mode).map_err(errno)).is_some();
-                self.changed(ok, &[(m, grows || mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0)]);
+                let rewrites = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE | FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE;
+                self.changed(ok, &[(m, grows || mode & rewrites != 0)]);
             }
             Read { obj, off, len } => {
                 let Some((m, ino)) = self.obj(obj) else { return };

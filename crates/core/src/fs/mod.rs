@@ -40,6 +40,9 @@ const UNMAP_BATCH: usize = 256;
 const FALLOC_BATCH: u64 = 1 << 18;
 /// Most extents one fallocate transaction maps: bounds the B+tree blocks it must reserve.
 const FALLOC_EXTENTS: u64 = 64;
+/// Most extents one collapse or insert transaction moves: bounds its B+tree reservation.
+/// A file with no more extents past the range than this shifts in one transaction.
+const SHIFT_BATCH: usize = 256;
 /// Hard links per inode.
 pub const LINK_MAX: u32 = 65_000;
 pub const SYMLINK_MAX: usize = 4095;
@@ -1243,8 +1246,9 @@ impl FileSystem {
     /// fallocate(2). Supported modes: 0 (allocate, and grow the size to `off + len`),
     /// `FALLOC_FL_KEEP_SIZE` (allocate only), `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`
     /// (deallocate; the range reads as zeros), and `FALLOC_FL_ZERO_RANGE` with or without
-    /// `FALLOC_FL_KEEP_SIZE` (the range reads as zeros and its space is allocated). Anything
-    /// else is `NotSupported` (EOPNOTSUPP).
+    /// `FALLOC_FL_KEEP_SIZE` (the range reads as zeros and its space is allocated),
+    /// `FALLOC_FL_COLLAPSE_RANGE` and `FALLOC_FL_INSERT_RANGE` (see `collapse_range` and
+    /// `insert_range`; each alone, else EINVAL). Anything else is `NotSupported` (EOPNOTSUPP).
     ///
     /// Allocation maps *unwritten* extents over the holes of the range (blocks already
     /// mapped are left as they are): they own their blocks but read as zeros, and a write
@@ -1258,7 +1262,11 @@ impl FileSystem {
     /// ext4 and XFS give.
     pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: u32) -> Result<()> {
         const KEEP: u32 = FALLOC_FL_KEEP_SIZE;
-        if ![0, KEEP, FALLOC_FL_PUNCH_HOLE | KEEP, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | KEEP].contains(&mode) {
+        const SHIFTS: u32 = FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE;
+        if mode & SHIFTS != 0 && mode != FALLOC_FL_COLLAPSE_RANGE && mode != FALLOC_FL_INSERT_RANGE {
+            return Err(Error::Invalid("fallocate: collapse or insert range combined with other flags"));
+        }
+        if ![0, KEEP, FALLOC_FL_PUNCH_HOLE | KEEP, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | KEEP, FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE].contains(&mode) {
             return Err(Error::NotSupported);
         }
         if len == 0 {
@@ -1277,6 +1285,8 @@ impl FileSystem {
         match mode & !FALLOC_FL_KEEP_SIZE {
             FALLOC_FL_PUNCH_HOLE => self.punch_hole(&i, &mut g, off, end),
             FALLOC_FL_ZERO_RANGE => self.zero_range(&i, &mut g, off, end, extend),
+            FALLOC_FL_COLLAPSE_RANGE => self.collapse_range(&i, &mut g, off, len),
+            FALLOC_FL_INSERT_RANGE => self.insert_range(&i, &mut g, off, len),
             _ => self.preallocate(&i, &mut g, off, end, extend, false),
         }
     }
@@ -1370,6 +1380,118 @@ impl FileSystem {
                 return Ok(());
             }
         }
+    }
+
+    /// `FALLOC_FL_COLLAPSE_RANGE`, with ext4's and XFS's rules: `off` and `len` whole
+    /// blocks, the range ending before EOF (else EINVAL). The range's blocks are unmapped and
+    /// freed (as a punch does, a batch per transaction), every extent after it moves left by
+    /// `len`, lowest first, and the size shrinks by `len`. When the range spans at most
+    /// `UNMAP_BATCH` extents and at most `SHIFT_BATCH` follow it, all of that is one
+    /// transaction: a crash shows the file collapsed or untouched. A larger job takes several,
+    /// the size changing in the last, and a crash in between leaves the range punched and
+    /// the extents after it partly moved, as XFS does (docs/DESIGN.md).
+    fn collapse_range(&self, i: &InodeRef, g: &mut DiskInode, off: u64, len: u64) -> Result<()> {
+        if !off.is_multiple_of(BS) || !len.is_multiple_of(BS) {
+            return Err(Error::Invalid("fallocate: collapse range not block aligned"));
+        }
+        if off + len >= g.size {
+            return Err(Error::Invalid("fallocate: collapse range reaches the end of the file"));
+        }
+        let (from, by) = (off / BS, len / BS);
+        // Those after the range, and the piece of one the range's end splits.
+        let moving = file::read_extents(&self.m, i.ino, g, from + by, MAX_FILE_BLOCKS)?.len() + 1;
+        let (mut punched, mut rest) = (false, Some(from + by));
+        loop {
+            let mut nd = g.clone();
+            let mut tx = Tx::new(&self.m)?;
+            let batch = self.reserve_shift(&mut tx, i.ino, moving)?;
+            if !punched {
+                punched = self.unmap_range(&mut tx, i.ino, &mut nd, from, from + by)?;
+            }
+            if let (true, Some(start)) = (punched, rest) {
+                rest = self.shift_batch(&mut tx, i.ino, &mut nd, (start, MAX_FILE_BLOCKS), -(by as i64), batch)?;
+            }
+            let done = punched && rest.is_none();
+            if done {
+                nd.size -= len;
+            }
+            self.commit_shift(tx, i, g, nd)?;
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// `FALLOC_FL_INSERT_RANGE`, with ext4's and XFS's rules: `off` and `len` whole blocks
+    /// (else EINVAL), `off` inside the file (else EINVAL), the grown size and the last
+    /// extent within the largest file (else EFBIG). The extent across `off` is split there,
+    /// every extent from `off` on moves right by `len`, highest first, leaving a hole, and
+    /// the size grows by `len`. With at most `SHIFT_BATCH` extents to move that is one
+    /// transaction; a larger job grows the size in the first, and a crash in between leaves
+    /// the extents partly moved, as XFS does (docs/DESIGN.md).
+    fn insert_range(&self, i: &InodeRef, g: &mut DiskInode, off: u64, len: u64) -> Result<()> {
+        if !off.is_multiple_of(BS) || !len.is_multiple_of(BS) {
+            return Err(Error::Invalid("fallocate: insert range not block aligned"));
+        }
+        let (from, by) = (off / BS, len / BS);
+        let moving = file::read_extents(&self.m, i.ino, g, from, MAX_FILE_BLOCKS)?;
+        let last = moving.last().map_or(0, |e| e.end());
+        if g.size.checked_add(len).is_none_or(|size| size > MAX_FILE_BLOCKS * BS) || last + by > MAX_FILE_BLOCKS {
+            return Err(Error::FileTooBig);
+        }
+        if off >= g.size {
+            return Err(Error::Invalid("fallocate: insert range at or past the end of the file"));
+        }
+        let mut rest = Some(MAX_FILE_BLOCKS);
+        let mut split = false;
+        while let Some(end) = rest {
+            let mut nd = g.clone();
+            let mut tx = Tx::new(&self.m)?;
+            let batch = self.reserve_shift(&mut tx, i.ino, moving.len() + 1)?;
+            if !split {
+                tx.reserve_pooled(ino_ag(i.ino), 2 * MAP_RESERVE)?;
+                let mut s = TxStore::new(&mut tx, i.ino, 0);
+                file::split_at(&mut s, &self.m, i.ino, &mut nd, from)?;
+                let tree_delta = s.blocks;
+                nd.add_blocks(i.ino, tree_delta)?;
+                nd.size += len;
+                split = true;
+            }
+            rest = self.shift_batch(&mut tx, i.ino, &mut nd, (from, end), by as i64, batch)?;
+            self.commit_shift(tx, i, g, nd)?;
+        }
+        Ok(())
+    }
+
+    /// Reserve the B+tree blocks for moving up to `moving` extents, at most `SHIFT_BATCH`,
+    /// or a single one near a full file system. Returns how many extents it covers.
+    fn reserve_shift(&self, tx: &mut Tx, ino: u64, moving: usize) -> Result<usize> {
+        for extents in [moving.min(SHIFT_BATCH), 1] {
+            if tx.reserve_pooled(ino_ag(ino), MAP_RESERVE * extents as u64).is_ok() {
+                return Ok(extents);
+            }
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// One batch of `file::shift`, counting the B+tree blocks it adds or frees.
+    fn shift_batch(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode, range: (u64, u64), by: i64, max: usize) -> Result<Option<u64>> {
+        let mut s = TxStore::new(tx, ino, 0);
+        let rest = file::shift(&mut s, &self.m, ino, nd, range, by, max)?;
+        let tree_delta = s.blocks;
+        nd.add_blocks(ino, tree_delta)?;
+        Ok(rest)
+    }
+
+    /// Commit one collapse or insert transaction: the data moved, so mtime and ctime change.
+    fn commit_shift(&self, mut tx: Tx, i: &InodeRef, g: &mut DiskInode, mut nd: DiskInode) -> Result<()> {
+        let t = now();
+        nd.mtime = t;
+        nd.ctime = t;
+        tx.log_inode(i, &nd, true);
+        tx.commit()?;
+        *g = nd;
+        Ok(())
     }
 
     /// Reserve one fallocate batch of up to `rest` data blocks plus the tree blocks its

@@ -12,7 +12,9 @@ pub const RENAME_WHITEOUT: u32 = 4;
 /// are supported).
 pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
 pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
+pub const FALLOC_FL_COLLAPSE_RANGE: u32 = 0x08;
 pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
+pub const FALLOC_FL_INSERT_RANGE: u32 = 0x20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileType {
