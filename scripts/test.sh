@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace --locked 2>&1
-# The mount suites again with the kernel checking permissions (-o default_permissions)
-# instead of ferrofs: both modes must keep POSIX semantics.
+# The FUSE suites above mount with ferrofs checking permissions (-o daemon_permissions); run
+# them again with the kernel checking (default_permissions, the mount's default): both modes
+# must keep POSIX semantics.
 FERROFS_TEST_DEFAULT_PERMISSIONS=1 cargo test -p ferrofs-fuse --locked --test conformance --test differential --test mount --test semantics 2>&1
 # A separate build: with the feature the engine runs on shuttle's primitives, which work only
 # under the checker, so only this test binary may run with it.
