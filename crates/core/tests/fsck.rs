@@ -495,8 +495,14 @@ fn cross_linked_blocks_are_copied() {
         }
     });
     let r = find_then_repair(&dev);
-    assert!(r.messages.iter().any(|m| m.contains("shares blocks with inode") && m.contains("given a copy of its own")), "{:#?}", r.messages);
-    assert_finds(&r, &format!("block {own} used but not referenced (leaked)"));
+    let copied = r.messages.iter().find(|m| m.contains("shares blocks with inode") && m.contains("given a copy of its own"));
+    let copied = copied.unwrap_or_else(|| panic!("no copy made: {:#?}", r.messages));
+    // The symlink's own block is referenced by nothing now: reported leaked, unless the copy
+    // was placed in it (a block nothing claims, so the repair may take it; where it lands
+    // depends on the layout, which access-time updates while the image was built can move).
+    let copy_owner = if copied.starts_with(&format!("inode {long}:")) { long } else { p.linked };
+    let leaked = r.messages.iter().any(|m| m.contains(&format!("block {own} used but not referenced (leaked)")));
+    assert!(leaked || first_extent_block(&dev, copy_owner) == own, "block {own} neither reported leaked nor reused: {:#?}", r.messages);
     let fs = mount(&dev);
     assert_eq!(fs.read(p.linked, 0, 200_000).unwrap(), data, "/a/f keeps its contents");
     assert_eq!(fs.readlink(long).unwrap(), target, "the symlink keeps what it pointed at, in blocks of its own");
