@@ -17,7 +17,7 @@ use ferrofs::format::INODE_SIZE;
 use ferrofs::dev::BlockDevice;
 use ferrofs::format::{BLOCK_SIZE, HDR_SIZE};
 use ferrofs::journal::{recover, BusyExtent, Journal, JournalConfig, Route};
-use ferrofs::lockstat::{self, LockClass, Mutex, RwLock, POOL_SHARDS};
+use ferrofs_lockstat::{self as lockstat, LockClass, Mutex, RwLock, POOL_SHARDS};
 use ferrofs::mkfs::{self, MkfsOptions};
 use shuttle::sync::Mutex as CheckedMutex;
 use shuttle::scheduler::{PctScheduler, RandomScheduler};

@@ -51,6 +51,9 @@
 //! [`LockClass::ranked`] must be acquired in ascending rank, and instances of
 //! one class in ascending index (e.g. AGs in AG-number order).
 
+pub mod memory;
+pub mod sync;
+
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt;
