@@ -1,10 +1,29 @@
-//! Named, instrumented locks: "every shared lock is named and measured".
+//! Named, measured locks: "every shared lock is named and measured".
 //!
 //! In the spirit of Linux lockstat, every lock belongs to a static
 //! [`LockClass`] and counts its acquisitions, contentions (the fast
 //! `try_lock` failed, so we had to block), wait time and hold time;
 //! [`snapshot`] aggregates them per class on demand. The lock path never
 //! touches a cache line shared by all threads.
+//!
+//! The crate knows no lock of its users: a program declares its classes (their names and, for
+//! the lock-order check, their ranks) beside the code that takes them. Besides the measured
+//! [`Mutex`], [`RwLock`] and [`Condvar`], it has the raw primitives under them, which the
+//! `shuttle` feature swaps for the model checker's ([`sync`]), and the process's memory figures
+//! that lock reports are shown with ([`memory`]).
+//!
+//! ```
+//! use ferrofs_lockstat::{snapshot, LockClass, Mutex};
+//!
+//! static QUEUE: LockClass = LockClass::new("example-queue");
+//!
+//! let queue = Mutex::new(&QUEUE, Vec::new());
+//! queue.lock().push(1);
+//! queue.lock().push(2);
+//! assert_eq!(queue.stats().exclusive.acquisitions, 2);
+//! let class = snapshot().into_iter().find(|c| c.name == "example-queue").unwrap();
+//! assert_eq!((class.live_instances, class.total.exclusive.acquisitions), (1, 2));
+//! ```
 //!
 //! # What is measured, and what it costs
 //!
@@ -24,8 +43,7 @@
 //! - **Everything** can be switched off at run time with
 //!   [`set_counting`]`(false)`: an acquisition then does one relaxed load of
 //!   the mode word (the same load that reads the timing switch) and counts
-//!   nothing, not even contended waits. `ferrofs bench --lock-counting off`
-//!   measures what counting costs.
+//!   nothing, not even contended waits: for measuring what counting costs.
 //!
 //! # Where the counters live
 //!
@@ -33,23 +51,25 @@
 //!   its counters, a heap block registered with the class, so it has its own
 //!   [`Mutex::stats`], is listed per index in the snapshot, and folds its
 //!   counts into the class when dropped. Its acquisition counts are split
-//!   into [`OWN_SHARDS`] per-thread shares, like the pool's, so threads
+//!   into eight (`OWN_SHARDS`) per-thread shares, like the pool's, so threads
 //!   taking one lock do not fight over a counter line. About 1.2 KiB of
-//!   heap per instance: meant for the long-lived locks (AGs, journal, cache
-//!   shards).
+//!   heap per instance: meant for the long-lived locks (per allocation group,
+//!   per log, per cache shard).
 //! - [`Mutex::new_pooled`] / [`RwLock::new_pooled`]: the instance holds only
 //!   a pointer to its class and counts into counters the class owns,
 //!   sharded per thread ([`POOL_SHARDS`] cache-line-padded sets, allocated
 //!   on first use) so threads do not fight over a cache line. No
 //!   allocation, no registration, one word per lock: meant for per-object
-//!   locks there are millions of (cached inodes). Such instances count in
+//!   locks there are millions of (one per cached object). Such instances count in
 //!   the class totals and live count only.
 //!
 //! # Lock order
 //!
 //! Debug builds also check lock ordering: classes made with
 //! [`LockClass::ranked`] must be acquired in ascending rank, and instances of
-//! one class in ascending index (e.g. AGs in AG-number order).
+//! one class in ascending index (e.g. allocation groups in number order).
+
+#![deny(missing_docs)]
 
 pub mod memory;
 pub mod sync;
@@ -140,7 +160,7 @@ fn set_mode_bit(bit: u8, on: bool) {
 }
 
 /// A named class of locks, declared as a static, e.g.
-/// `pub static AG_LOCK: LockClass = LockClass::new("ag");`.
+/// `pub static QUEUE_LOCK: LockClass = LockClass::new("queue");`.
 ///
 /// The class is the unit of reporting: it aggregates all its instances
 /// (including ones already dropped) and keeps a per-index breakdown.
@@ -1170,11 +1190,13 @@ impl Condvar {
     }
 
     /// Wakes one waiter.
+    #[inline]
     pub fn notify_one(&self) {
         self.raw.notify_one()
     }
 
     /// Wakes all waiters.
+    #[inline]
     pub fn notify_all(&self) {
         self.raw.notify_all()
     }
@@ -1354,7 +1376,8 @@ fn fmt_ns(ns: u64) -> String {
     }
 }
 
-/// Named counters read now, for the reports (`JournalStats::counters`, `CacheStats::counters`).
+/// Named counters read now, as (name, value) pairs, for the reports of a subsystem's own
+/// counters beside its locks'.
 pub fn read_counters(named: &[(&'static str, &AtomicU64)]) -> Vec<(&'static str, u64)> {
     named.iter().map(|&(name, v)| (name, v.load(Relaxed))).collect()
 }
