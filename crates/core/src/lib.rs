@@ -16,14 +16,15 @@ pub mod fs;
 pub mod fsck;
 pub mod inode;
 pub mod journal;
-pub mod lockstat;
-pub mod memory;
 pub mod mkfs;
 pub mod mount;
 pub mod store;
-pub mod sync;
 pub mod trans;
 pub mod xattr;
+
+// The general lock and memory instrumentation, under the names the engine's modules use.
+use ferrofs_lockstat as lockstat;
+use ferrofs_lockstat::{memory, sync};
 
 pub use error::{Error, Result};
 pub use fs::*;

@@ -509,7 +509,7 @@ fn a_budget_for_the_process_leaves_room_for_the_rest_of_it() {
     let dev = Arc::new(MemDevice::new(256 << 20));
     FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
     let fs = FileSystem::mount_device(dev, &MountOptions { cache: Some(budget.clone()), ..MountOptions::default() }).unwrap();
-    assert!(ferrofs::memory::rss_bytes() > LIMIT / 2, "the test needs a process larger than half the limit");
+    assert!(ferrofs_lockstat::memory::rss_bytes() > LIMIT / 2, "the test needs a process larger than half the limit");
     let files: Vec<Vec<u8>> = (0..20_000u32).map(|i| format!("f{i}").into_bytes()).collect();
     for f in &files {
         fs.create(ROOT, f, 0o644, C).unwrap();

@@ -1,8 +1,8 @@
-//! Model checking of the concurrent fast paths with shuttle (see `src/sync.rs` for the choice
-//! and the shim): the real CIL commit/switch, `AgCache` lookup/insert/remove/reclaim, the
-//! AG's orphan slot claim/release, `lockstat`'s counters, AIL writeback against a free and
-//! checkpoints in flight run on shuttle's threads, locks and atomics, under its randomized
-//! and PCT schedulers.
+//! Model checking of the concurrent fast paths with shuttle (see `crates/lockstat/src/sync.rs`
+//! for the choice and the shim): the real CIL commit/switch, `AgCache`
+//! lookup/insert/remove/reclaim, the AG's orphan slot claim/release, `lockstat`'s counters, AIL
+//! writeback against a free and checkpoints in flight run on shuttle's threads, locks and
+//! atomics, under its randomized and PCT schedulers.
 //!
 //! `cargo test -p ferrofs --features shuttle --test model_check` (what `scripts/test.sh` runs).
 //! `MODEL_CHECK_ITERATIONS` sets the schedules per scheduler and test (default 5000). A failure
@@ -17,7 +17,7 @@ use ferrofs::format::INODE_SIZE;
 use ferrofs::dev::BlockDevice;
 use ferrofs::format::{BLOCK_SIZE, HDR_SIZE};
 use ferrofs::journal::{recover, BusyExtent, Journal, JournalConfig, Route};
-use ferrofs::lockstat::{self, LockClass, Mutex, RwLock, POOL_SHARDS};
+use ferrofs_lockstat::{self as lockstat, LockClass, Mutex, RwLock, POOL_SHARDS};
 use ferrofs::mkfs::{self, MkfsOptions};
 use shuttle::sync::Mutex as CheckedMutex;
 use shuttle::scheduler::{PctScheduler, RandomScheduler};
@@ -38,8 +38,8 @@ fn iterations() -> usize {
 /// (depth 3) is good at the rare orders of a few preemptions.
 fn check(f: impl Fn() + Send + Sync + 'static) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    // The code under test uses relaxed atomics, which shuttle runs as SeqCst (`src/sync.rs`
-    // says so once); its warning about that would only repeat it.
+    // The code under test uses relaxed atomics, which shuttle runs as SeqCst
+    // (`ferrofs_lockstat::sync` says so once); its warning about that would only repeat it.
     let mut config = Config::new();
     config.silence_warnings = true;
     let f = Arc::new(f);

@@ -17,7 +17,8 @@
 //! | `remount ro`/`remount rw` | refuse every change (EROFS) after writing the log home, or accept changes again (what `mount -o remount,ro` asks for after the kernel's own remount); answers `ok` |
 
 use crate::workers::Workers;
-use ferrofs::{lockstat, memory, FileSystem};
+use ferrofs::FileSystem;
+use ferrofs_lockstat::{self as lockstat, memory};
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};

@@ -6,7 +6,7 @@
 //! Concurrent fsyncs here still share one log write (the journal's group commit). The reply
 //! travels with the job: fuser's replies may be sent from any thread.
 
-use ferrofs::lockstat::{Condvar, LockClass, Mutex};
+use ferrofs_lockstat::{Condvar, LockClass, Mutex};
 use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;

@@ -38,7 +38,7 @@
 //! that the core workers do end up pinned and that extras wake for many clients, so a change
 //! of fuser's names cannot pass unnoticed.
 
-use ferrofs::lockstat::{Condvar, LockClass, Mutex};
+use ferrofs_lockstat::{Condvar, LockClass, Mutex};
 use std::cell::Cell;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-pub use ferrofs::memory::{heap, peak_rss_bytes, rss_bytes};
+pub use ferrofs_lockstat::memory::{heap, peak_rss_bytes, rss_bytes};
 
 /// User plus system CPU time of all the process's threads so far.
 pub fn cpu_time() -> Duration {

@@ -4,7 +4,7 @@ use super::phase::Timing;
 use super::Layout;
 use crate::units::{grouped, human_bytes};
 use ferrofs::journal::Journal;
-use ferrofs::lockstat::{self, ClassStats};
+use ferrofs_lockstat::{self as lockstat, ClassStats};
 use serde::Serialize;
 use std::sync::atomic::Ordering::Relaxed;
 

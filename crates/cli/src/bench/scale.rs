@@ -31,7 +31,7 @@ use super::{process, scratch, BenchArgs, Layout};
 use crate::failure::{CliResult, Failure};
 use crate::progress;
 use crate::units::{grouped, human_bytes};
-use ferrofs::lockstat;
+use ferrofs_lockstat as lockstat;
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::collections::HashMap;

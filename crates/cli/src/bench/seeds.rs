@@ -16,7 +16,7 @@ use super::targets::{Env, Kind, Mounted, Size};
 use super::{orphan, phase, scratch, unmount, Bench, BenchArgs, Layout};
 use crate::failure::{CliResult, Context, Failure};
 use clap::{Args, ValueEnum};
-use ferrofs::lockstat;
+use ferrofs_lockstat as lockstat;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::os::unix::fs::FileExt;

@@ -4,7 +4,7 @@ use super::report::{Figures, ImageReport, JournalReport, WorkloadReport};
 use super::{scratch, BenchArgs};
 use crate::failure::{CliResult, Context};
 use ferrofs::format::BLOCK_SIZE;
-use ferrofs::lockstat::{self, ClassStats};
+use ferrofs_lockstat::{self as lockstat, ClassStats};
 use ferrofs::{FileSystem, MkfsOptions, MountOptions};
 use serde::Serialize;
 use std::sync::atomic::Ordering::Relaxed;

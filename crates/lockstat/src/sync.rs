@@ -1,6 +1,6 @@
 //! The synchronisation primitives under the structures that the model checker explores: the
-//! raw locks inside `lockstat`'s locks, the atomics of the CIL, the caches and the lock
-//! counters, and their thread-locals.
+//! raw locks inside the measured locks, the lock counters, and the atomics and thread-locals
+//! of the code that uses them (in ferrofs: the CIL's and the caches').
 //!
 //! The locks are `std::sync`'s, not `parking_lot`'s: both park on a futex, but a contended
 //! `parking_lot` lock first spins with `sched_yield`, which with many more threads than CPUs
@@ -38,6 +38,7 @@ pub use shuttle::thread_local;
 
 /// Which of `shards` (at most 64) holds `key`: the top six bits of a Fibonacci hash, so that
 /// consecutive numbers (inodes, blocks, directories) land on different shards.
+#[inline]
 pub fn shard_of(key: u64, shards: usize) -> usize {
     debug_assert!((1..=64).contains(&shards), "{shards} shards: six bits of hash address 64");
     (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % shards
@@ -46,19 +47,29 @@ pub fn shard_of(key: u64, shards: usize) -> usize {
 /// The raw reader-writer locks' API, and what `lockstat::RwLock` needs of the one it
 /// measures: [`RwLock`] for most, [`StripedRwLock`] for data that every CPU reads and few write.
 pub trait RawRwLock {
+    /// The protected value.
     type Target;
+    /// Shared access while it lives.
     type ReadGuard<'a>: std::ops::Deref<Target = Self::Target>
     where
         Self: 'a;
+    /// Exclusive access while it lives.
     type WriteGuard<'a>: std::ops::DerefMut<Target = Self::Target>
     where
         Self: 'a;
+    /// An unlocked lock over `value`.
     fn new(value: Self::Target) -> Self;
+    /// Blocks for shared access.
     fn read(&self) -> Self::ReadGuard<'_>;
+    /// Blocks for exclusive access.
     fn write(&self) -> Self::WriteGuard<'_>;
+    /// Shared access if no writer holds the lock.
     fn try_read(&self) -> Option<Self::ReadGuard<'_>>;
+    /// Exclusive access if nobody holds the lock.
     fn try_write(&self) -> Option<Self::WriteGuard<'_>>;
+    /// Consumes the lock, returning the value.
     fn into_inner(self) -> Self::Target;
+    /// The value through `&mut self`, which proves exclusivity: no locking.
     fn get_mut(&mut self) -> &mut Self::Target;
 }
 
@@ -78,6 +89,7 @@ mod striped {
     /// Beyond this many CPUs, CPUs share stripes: a writer's cost grows with the stripes.
     pub const MAX_STRIPES: usize = 8;
 
+    /// The lock: see the module's description above.
     pub struct StripedRwLock<T> {
         stripes: Box<[CachePadded<RwLock<()>>]>,
         value: UnsafeCell<T>,
@@ -88,11 +100,13 @@ mod striped {
     // readers on several threads need `T: Sync` and a writer on another thread `T: Send`.
     unsafe impl<T: Send + Sync> Sync for StripedRwLock<T> {}
 
+    /// Shared access: the calling thread's CPU's stripe, read-locked.
     pub struct StripedReadGuard<'a, T> {
         _stripe: RwLockReadGuard<'a, ()>,
         value: &'a T,
     }
 
+    /// Exclusive access: every stripe, write-locked.
     pub struct StripedWriteGuard<'a, T> {
         _stripes: SmallVec<[RwLockWriteGuard<'a, ()>; MAX_STRIPES]>,
         value: &'a mut T,
@@ -189,6 +203,7 @@ mod striped {
 /// checker, whose threads all run on one OS thread, a number per checker thread instead, so
 /// that its threads take different stripes.
 #[cfg(not(feature = "shuttle"))]
+#[inline]
 fn cpu() -> usize {
     // SAFETY: no arguments; glibc reads the CPU from the thread's rseq area.
     unsafe { libc::sched_getcpu() }.max(0) as usize
@@ -227,6 +242,7 @@ mod unpoisoned {
         }
     }
 
+    /// A mutual-exclusion lock whose poisoning is ignored.
     #[derive(Default)]
     pub struct Mutex<T>(s::Mutex<T>);
 
@@ -235,18 +251,23 @@ mod unpoisoned {
     pub struct MutexGuard<'a, T>(Option<s::MutexGuard<'a, T>>);
 
     impl<T> Mutex<T> {
+        /// An unlocked mutex over `value`; const so it can be a static.
         pub const fn new(value: T) -> Self {
             Mutex(s::Mutex::new(value))
         }
+        /// Blocks until the lock is held.
         pub fn lock(&self) -> MutexGuard<'_, T> {
             MutexGuard(Some(self.0.lock().unwrap_or_else(PoisonError::into_inner)))
         }
+        /// The lock if it is free.
         pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
             untried(self.0.try_lock()).map(|g| MutexGuard(Some(g)))
         }
+        /// Consumes the mutex, returning the value.
         pub fn into_inner(self) -> T {
             self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
         }
+        /// The value through `&mut self`, which proves exclusivity: no locking.
         pub fn get_mut(&mut self) -> &mut T {
             self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
         }
@@ -271,6 +292,7 @@ mod unpoisoned {
         }
     }
 
+    /// A reader-writer lock whose poisoning is ignored; its API is [`super::RawRwLock`].
     #[derive(Default)]
     pub struct RwLock<T>(s::RwLock<T>);
 
@@ -314,35 +336,46 @@ mod unpoisoned {
         }
     }
 
+    /// A condition variable that waits on a [`MutexGuard`] it borrows.
     #[derive(Debug, Default)]
     pub struct Condvar(s::Condvar);
 
+    /// How a [`Condvar::wait_for`] ended.
     #[derive(Debug)]
     pub struct WaitTimeoutResult(bool);
 
     impl WaitTimeoutResult {
+        /// Whether the wait ended because its time ran out (rather than by a notification).
+        #[inline]
         pub fn timed_out(&self) -> bool {
             self.0
         }
     }
 
     impl Condvar {
+        /// A condition variable with no waiters; const so it can be a static.
         pub const fn new() -> Self {
             Condvar(s::Condvar::new())
         }
+        /// Releases the guard's lock, sleeps until notified (or woken spuriously), re-locks.
         pub fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
             let g = guard.0.take().expect("guard held");
             guard.0 = Some(self.0.wait(g).unwrap_or_else(PoisonError::into_inner));
         }
+        /// Like [`Condvar::wait`], but gives up after `timeout`.
         pub fn wait_for<T>(&self, guard: &mut MutexGuard<'_, T>, timeout: Duration) -> WaitTimeoutResult {
             let g = guard.0.take().expect("guard held");
             let (g, r) = self.0.wait_timeout(g, timeout).unwrap_or_else(PoisonError::into_inner);
             guard.0 = Some(g);
             WaitTimeoutResult(r.timed_out())
         }
+        /// Wakes one waiter.
+        #[inline]
         pub fn notify_one(&self) {
             self.0.notify_one();
         }
+        /// Wakes every waiter.
+        #[inline]
         pub fn notify_all(&self) {
             self.0.notify_all();
         }

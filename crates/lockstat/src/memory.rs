@@ -1,6 +1,6 @@
-//! The process's memory as the kernel and the allocator count it: what the cache budget's
-//! estimate (`cache::CacheBudget::used`) is checked against, by a running mount's control
-//! socket and by the benchmarks.
+//! The process's memory as the kernel and the allocator count it: what a program's own
+//! estimate of its caches is checked against (in ferrofs: the cache budget, by a running
+//! mount's control socket and by the benchmarks).
 
 /// Resident set size now, in bytes, from `/proc/self/statm` (one short line: cheap enough
 /// for a budget that bounds its process to sample); 0 where /proc is unavailable.
