@@ -3,8 +3,6 @@
 
 use super::*;
 use crate::error::{Error, Result};
-use crate::file::MAX_FILE_BLOCKS;
-use crate::fs::LINK_MAX;
 
 pub const INODE_SIZE: usize = 256;
 pub const MAGIC_INODE: u16 = 0x4e49; // "IN"
@@ -15,6 +13,14 @@ pub const XATTR_INLINE_OFF: usize = FORK_OFF + FORK_SIZE;
 pub const XATTR_INLINE_SIZE: usize = INODE_SIZE - XATTR_INLINE_OFF;
 pub const INLINE_EXTENTS: usize = FORK_SIZE / 16;
 pub const EXTENT_LEN_MAX: u32 = (1 << 15) - 1;
+/// Largest file: 2^44 blocks (64 PiB) keeps every block offset arithmetic far from overflow
+/// (docs/SPEC.md §3.1, §10: `lblk + len` ≤ 2^44).
+pub const MAX_FILE_BLOCKS: u64 = 1 << 44;
+/// Hard links per inode (docs/SPEC.md §3.1, §9.3): every call that adds a link enforces it,
+/// and loading an inode with more is corruption.
+pub const LINK_MAX: u32 = 65_000;
+/// Longest symlink target in bytes (docs/SPEC.md §3.1, §9.2): one block, less a NUL.
+pub const SYMLINK_MAX: usize = 4095;
 const PBLK_MASK: u64 = (1 << 48) - 1;
 
 const FORK_EMPTY: u8 = 0;

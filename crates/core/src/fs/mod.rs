@@ -17,8 +17,8 @@ pub use types::*;
 use crate::dev::BlockDevice;
 use crate::dir;
 use crate::error::{Error, Result};
-use crate::file::{self, MAP_RESERVE, MAX_FILE_BLOCKS};
-use crate::format::inode::{Timespec, S_IFCHR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID};
+use crate::file::{self, MAP_RESERVE};
+use crate::format::inode::{Timespec, LINK_MAX, MAX_FILE_BLOCKS, SYMLINK_MAX, S_IFCHR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID};
 use crate::format::{ino_ag, DiskInode, Extent, Fork, BLOCK_SIZE, ROOT_INO};
 use crate::inode::{Inode, InodeRef};
 use crate::lockstat::{LockClass, Mutex};
@@ -44,9 +44,6 @@ const FALLOC_EXTENTS: u64 = 64;
 /// Most extents one collapse or insert transaction moves: bounds its B+tree reservation.
 /// A file with no more extents past the range than this shifts in one transaction.
 const SHIFT_BATCH: usize = 256;
-/// Hard links per inode.
-pub const LINK_MAX: u32 = 65_000;
-pub const SYMLINK_MAX: usize = 4095;
 const BS: u64 = BLOCK_SIZE as u64;
 
 pub struct FileSystem {
