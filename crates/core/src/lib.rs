@@ -20,6 +20,7 @@ pub mod lockstat;
 pub mod memory;
 pub mod mkfs;
 pub mod mount;
+pub mod reclaim;
 pub mod store;
 pub mod sync;
 pub mod trans;
