@@ -10,6 +10,7 @@ mod atime;
 mod copy;
 mod falloc;
 mod path;
+mod seek;
 mod types;
 
 pub use types::*;
@@ -1240,36 +1241,6 @@ impl FileSystem {
     }
 
     // ---- preallocation ----------------------------------------------------------------
-
-    /// lseek(2) SEEK_DATA (`hole == false`) or SEEK_HOLE from `off`: the offset, or ENXIO
-    /// (`Error::NoData`) past the end. Unwritten extents read as zeros, so they count as holes.
-    pub fn seek(&self, ino: u64, off: u64, hole: bool) -> Result<u64> {
-        let i = self.m.iget(ino)?;
-        let g = i.core.read();
-        if off >= g.size {
-            return Err(Error::NoData);
-        }
-        let mut pos = off;
-        for e in file::read_extents(&self.m, ino, &g, off / BS, g.size.div_ceil(BS))?.iter().filter(|e| !e.unwritten) {
-            let (start, end) = (e.lblk * BS, e.end() * BS);
-            if end <= pos {
-                continue;
-            }
-            if hole {
-                if start > pos {
-                    return Ok(pos);
-                }
-                pos = end;
-            } else {
-                return Ok(start.max(pos));
-            }
-        }
-        if hole {
-            Ok(pos.min(g.size))
-        } else {
-            Err(Error::NoData)
-        }
-    }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let i = self.m.iget(ino)?;
