@@ -13,7 +13,7 @@ mod tmpfile;
 
 use crate::access::{searchable_by_all, Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
 use crate::epoch::NameEpoch;
-use crate::sync_pool::{SyncPool, SYNC_THREADS};
+use crate::sync_pool::{SyncPool, SYNC_QUEUE_MAX, SYNC_THREADS};
 use crate::workers::Workers;
 use crate::{MountConfig, MAX_WRITE};
 use ferrofs::format::inode::Timespec;
@@ -69,7 +69,7 @@ impl FerroFuse {
             checks: !opts.default_permissions,
             notifier: Arc::new(OnceLock::new()),
             name_epoch: Arc::default(),
-            syncs: SyncPool::start(SYNC_THREADS)?,
+            syncs: SyncPool::start(SYNC_THREADS, SYNC_QUEUE_MAX)?,
             workers: Arc::new(Workers::new(opts.thread_count())),
         })
     }
