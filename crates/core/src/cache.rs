@@ -468,6 +468,9 @@ impl CacheBudget {
         }
         self.stats.throttles.fetch_add(1, Relaxed);
         let start = std::time::Instant::now();
+        // No count bounds this wait, by design: whoever holds `throttling` clears `over`
+        // before letting go, so it repeats only while inserts keep pushing the budget over
+        // again, and then this transaction should keep waiting (it would add to the excess).
         while self.is_over() {
             match self.throttling.try_write() {
                 Some(_reclaimer) if self.is_over() => self.reclaim_throttled(),
