@@ -249,7 +249,8 @@ pub fn range(
         if !more {
             return Ok(());
         }
-        // Separators strictly increase, so the cursor does too and the walk ends.
+        // Separators strictly increase (node validation checks each node's keys and their
+        // bounds), so the cursor does too: the walk ends after at most one pass per leaf.
         match next_separator(&mut path) {
             Some(sep) => cursor = sep,
             None => return Ok(()),
@@ -489,6 +490,8 @@ fn find_leaf<R>(
 ) -> Result<R> {
     let mut at_leaf = Some(at_leaf);
     let (mut blkno, mut level, mut bounds) = (root, None, ALL_KEYS);
+    // One level down per pass (`visit` checks each node is at the level expected): at most
+    // the root's level + 1 passes, and that level is below MAX_DEPTH.
     loop {
         let (step, done) = visit(store, blkno, level, bounds, key, &mut at_leaf)?;
         if let Some(r) = done {
@@ -509,6 +512,7 @@ fn descend<R>(
     at_leaf: impl FnOnce(&[u8], usize, Bounds) -> Result<R>,
 ) -> Result<R> {
     let mut at_leaf = Some(at_leaf);
+    // One level down per pass, as in `find_leaf`.
     loop {
         let (blkno, level, bounds) = match path.last() {
             None => (root, None, ALL_KEYS),
@@ -743,6 +747,8 @@ fn surviving_root(store: &mut dyn NodeStore, root: &Step, doomed: &mut Doomed) -
     };
     doomed.push(root.buf.blkno);
     let mut level = root.level - 1;
+    // One level down per pass (`load` checks each node is at `level`), so it ends at the
+    // leaf level at the latest: at most `root.level` passes.
     loop {
         // A one-child node's child has the same key range, so `bounds` carries down unchanged.
         let node = load(store, blkno, Some(level), bounds, false)?;

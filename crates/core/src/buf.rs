@@ -2,11 +2,11 @@
 //! lock for AG headers and bitmaps, the inode lock for an inode's B+tree blocks); the buffer's
 //! own lock only keeps readers from seeing a half-copied block.
 
-use crate::cache::Reclaimable;
 #[cfg(debug_assertions)]
 use crate::format::log::CHUNK;
 use crate::format::log::ChunkMask;
 use crate::format::BLOCK_SIZE;
+use crate::reclaim::Reclaimable;
 use parking_lot::{RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;

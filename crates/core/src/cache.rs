@@ -25,6 +25,7 @@ use crate::error::Result;
 use crate::format::log::ALL_CHUNKS;
 use crate::format::{verify_block, BLOCK_SIZE};
 use crate::lockstat::{LockClass, Mutex, RwLock};
+use crate::reclaim::Reclaimable;
 use crate::sync::{RawRwLock, StripedRwLock};
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
@@ -47,16 +48,6 @@ const CHECK_EVERY: u64 = 256;
 
 static RECLAIM: LockClass = LockClass::ranked("cache-reclaim", 55);
 static BUDGET: LockClass = LockClass::ranked("cache-budget", 80);
-
-/// What a cached object tells reclaim.
-pub trait Reclaimable {
-    /// Set on lookup, cleared by a reclaim scan: an object is dropped only if no lookup
-    /// touched it since the last scan.
-    fn referenced(&self) -> &AtomicBool;
-    /// Its newest image is at home (nothing in the log is newer) and it holds no state the
-    /// disk does not (dirty data, open handles): dropping it loses nothing.
-    fn is_clean(&self, home_seq: u64) -> bool;
-}
 
 struct AgPart {
     /// Objects cached for this AG (changed under a shard write lock).
@@ -477,6 +468,9 @@ impl CacheBudget {
         }
         self.stats.throttles.fetch_add(1, Relaxed);
         let start = std::time::Instant::now();
+        // No count bounds this wait, by design: whoever holds `throttling` clears `over`
+        // before letting go, so it repeats only while inserts keep pushing the budget over
+        // again, and then this transaction should keep waiting (it would add to the excess).
         while self.is_over() {
             match self.throttling.try_write() {
                 Some(_reclaimer) if self.is_over() => self.reclaim_throttled(),

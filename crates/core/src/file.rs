@@ -3,15 +3,13 @@
 
 use crate::btree::{self, NodeStore};
 use crate::error::{Error, Result};
-use crate::format::inode::{EXTENT_LEN_MAX, INLINE_EXTENTS};
+use crate::format::inode::{EXTENT_LEN_MAX, INLINE_EXTENTS, MAX_FILE_BLOCKS};
 use crate::format::{get_u64, DiskInode, Extent, Fork};
 use crate::mount::Mount;
 use crate::store::{ReadStore, TxStore};
 
 /// Worst-case blocks one extent insert or split can allocate for B+tree nodes.
 pub const MAP_RESERVE: u64 = 8;
-/// Largest file: 2^44 blocks (64 PiB) keeps every block offset arithmetic far from overflow.
-pub const MAX_FILE_BLOCKS: u64 = 1 << 44;
 
 fn decode_value(m: &Mount, ino: u64, lblk: u64, v: &[u8]) -> Result<Extent> {
     if v.len() != 8 {

@@ -92,14 +92,12 @@ use crate::buf::{Block, Buf, BufRef};
 use crate::dev::BlockDevice;
 use crate::dir;
 use crate::error::{Error, Result};
-use crate::file::MAX_FILE_BLOCKS;
-use crate::format::inode::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK};
+use crate::format::inode::{MAX_FILE_BLOCKS, SYMLINK_MAX, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK};
 use crate::format::log::{LogHeader, LOG_HEADER_BLOCKS};
 use crate::format::{
     self, agh, ino_ag, ino_index, make_ino, AgLayout, DiskInode, Extent, Fork, Geometry, Superblock, BITMAP_BITS, BLOCK_SIZE, HDR_SIZE, INODE_SIZE,
     MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE, MAGIC_DATA_META, MAGIC_ORPHAN, NAME_MAX, ORPHAN_SLOTS_PER_BLOCK, ROOT_INO,
 };
-use crate::fs::SYMLINK_MAX;
 use crate::journal;
 use crate::mkfs;
 use crate::mount;

@@ -4,11 +4,12 @@
 //! decoded inode is the authoritative copy while cached; it is encoded into the journal when
 //! a transaction changes it and written home by the AIL.
 
-use crate::cache::{inode_ag, AgCache, CacheBudget, Reclaimable};
+use crate::cache::{inode_ag, AgCache, CacheBudget};
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::{ino_ag, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE};
 use crate::lockstat::{LockClass, Mutex, RwLock};
+use crate::reclaim::Reclaimable;
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Arc;

@@ -18,6 +18,7 @@ pub mod inode;
 pub mod journal;
 pub mod mkfs;
 pub mod mount;
+pub mod reclaim;
 pub mod store;
 pub mod trans;
 pub mod xattr;

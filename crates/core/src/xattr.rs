@@ -12,13 +12,11 @@ use crate::dir::probe_hashed;
 use crate::error::{Error, Result};
 use crate::format::inode::XATTR_INLINE_SIZE;
 use crate::format::log::ALL_CHUNKS;
-use crate::format::{get_u32, header_magic, header_owner, init_header, DiskInode, BLOCK_SIZE, HDR_SIZE, MAGIC_DATA_META};
+use crate::format::{get_u32, header_magic, header_owner, init_header, DiskInode, BLOCK_SIZE, HDR_SIZE, MAGIC_DATA_META, XATTR_VALUE_MAX};
 use crate::mount::Mount;
 use crate::store::{ReadStore, TxStore};
 
 pub const XATTR_NAME_MAX: usize = 255;
-/// The largest value, Linux's `XATTR_SIZE_MAX`.
-pub const XATTR_VALUE_MAX: usize = 65536;
 /// The largest value kept in its tree record; a longer one goes to value blocks. Values up
 /// to this size are stored exactly as before value blocks existed.
 pub const LOCAL_VALUE_MAX: usize = 1024;

@@ -180,7 +180,8 @@ fn assert_deleting_frees(dev: &std::sync::Arc<MemDevice>, fs: FileSystem, free0:
 /// which a replace, a remove and the file's deletion give back, and fsck accounts for.
 #[test]
 fn xattr_values_up_to_64k() {
-    use ferrofs::xattr::{LOCAL_VALUE_MAX, VALUE_BLOCK_BYTES, XATTR_REPLACE, XATTR_VALUE_MAX};
+    use ferrofs::format::XATTR_VALUE_MAX;
+    use ferrofs::xattr::{LOCAL_VALUE_MAX, VALUE_BLOCK_BYTES, XATTR_REPLACE};
     let (dev, fs) = fresh(64 << 20);
     let f = fs.create(ROOT, b"f", 0o644, C).unwrap();
     fs.sync().unwrap();

@@ -16,8 +16,9 @@
 //! `PROPTEST_CASES` overrides the number of cases (default: [`DEFAULT_CASES`]).
 
 use ferrofs::dev::{BlockDevice, MemDevice};
+use ferrofs::format::XATTR_VALUE_MAX;
 use ferrofs::journal::JournalConfig;
-use ferrofs::xattr::{XATTR_CREATE, XATTR_REPLACE, XATTR_VALUE_MAX};
+use ferrofs::xattr::{XATTR_CREATE, XATTR_REPLACE};
 use ferrofs::*;
 use proptest::prelude::*;
 use proptest::sample::select;

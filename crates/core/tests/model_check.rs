@@ -10,7 +10,8 @@
 #![cfg(feature = "shuttle")]
 
 use ferrofs::ag::Ag;
-use ferrofs::cache::{inode_ag, AgCache, BufCache, CacheBudget, CacheOwner, Reclaimable};
+use ferrofs::cache::{inode_ag, AgCache, BufCache, CacheBudget, CacheOwner};
+use ferrofs::reclaim::Reclaimable;
 use ferrofs::dev::MemDevice;
 use ferrofs::format::log::{ItemKey, LogHeader, ALL_CHUNKS};
 use ferrofs::format::INODE_SIZE;

@@ -125,7 +125,6 @@ mod epoch;
 mod kernel_mount;
 mod ops;
 mod options;
-mod seek;
 mod sync_pool;
 mod workers;
 

@@ -13,8 +13,7 @@ mod tmpfile;
 
 use crate::access::{searchable_by_all, Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
 use crate::epoch::NameEpoch;
-use crate::seek::{self, Whence};
-use crate::sync_pool::{SyncPool, SYNC_THREADS};
+use crate::sync_pool::{SyncPool, SYNC_QUEUE_MAX, SYNC_THREADS};
 use crate::workers::Workers;
 use crate::{MountConfig, MAX_WRITE};
 use ferrofs::format::inode::Timespec;
@@ -70,7 +69,7 @@ impl FerroFuse {
             checks: !opts.default_permissions,
             notifier: Arc::new(OnceLock::new()),
             name_epoch: Arc::default(),
-            syncs: SyncPool::start(SYNC_THREADS)?,
+            syncs: SyncPool::start(SYNC_THREADS, SYNC_QUEUE_MAX)?,
             workers: Arc::new(Workers::new(opts.thread_count())),
         })
     }
@@ -836,16 +835,17 @@ impl fuser::Filesystem for FerroFuse {
 
     fn lseek(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
         let _serving = self.workers.serving(req.pid());
-        let whence = match whence {
-            libc::SEEK_DATA => Whence::Data,
-            libc::SEEK_HOLE => Whence::Hole,
+        let hole = match whence {
+            libc::SEEK_DATA => false,
+            libc::SEEK_HOLE => true,
             // The kernel resolves SEEK_SET/CUR/END itself and never sends them.
             _ => return reply.error(Errno::EINVAL),
         };
         let Ok(off) = u64::try_from(offset) else { return reply.error(Errno::ENXIO) };
-        match self.call("lseek", |fs| seek::seek(fs, ino.0, off, whence)) {
-            Ok(Some(o)) => reply.offset(o as i64),
-            Ok(None) => reply.error(Errno::ENXIO),
+        // ENXIO (`Error::NoData`) at or past the end or with no data after `off`; EINVAL
+        // for a file that is not regular.
+        match self.call("lseek", |fs| fs.seek(ino.0, off, hole)) {
+            Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(e),
         }
     }

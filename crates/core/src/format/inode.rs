@@ -3,8 +3,6 @@
 
 use super::*;
 use crate::error::{Error, Result};
-use crate::file::MAX_FILE_BLOCKS;
-use crate::fs::LINK_MAX;
 
 pub const INODE_SIZE: usize = 256;
 pub const MAGIC_INODE: u16 = 0x4e49; // "IN"
@@ -15,6 +13,14 @@ pub const XATTR_INLINE_OFF: usize = FORK_OFF + FORK_SIZE;
 pub const XATTR_INLINE_SIZE: usize = INODE_SIZE - XATTR_INLINE_OFF;
 pub const INLINE_EXTENTS: usize = FORK_SIZE / 16;
 pub const EXTENT_LEN_MAX: u32 = (1 << 15) - 1;
+/// Largest file: 2^44 blocks (64 PiB) keeps every block offset arithmetic far from overflow
+/// (docs/SPEC.md §3.1, §10: `lblk + len` ≤ 2^44).
+pub const MAX_FILE_BLOCKS: u64 = 1 << 44;
+/// Hard links per inode (docs/SPEC.md §3.1, §9.3): every call that adds a link enforces it,
+/// and loading an inode with more is corruption.
+pub const LINK_MAX: u32 = 65_000;
+/// Longest symlink target in bytes (docs/SPEC.md §3.1, §9.2): one block, less a NUL.
+pub const SYMLINK_MAX: usize = 4095;
 const PBLK_MASK: u64 = (1 << 48) - 1;
 
 const FORK_EMPTY: u8 = 0;
@@ -97,8 +103,17 @@ pub struct DiskInode {
 
 /// The inode's inline xattr area. In memory it is allocated only while it holds something:
 /// most inodes have no xattrs, and the bytes saved are per cached inode.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct XattrArea(Option<Box<[u8; XATTR_INLINE_SIZE]>>);
+
+/// Equal when the bytes are: an allocated area left all zeros is the same area as none, as
+/// on disk.
+impl PartialEq for XattrArea {
+    fn eq(&self, other: &XattrArea) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+impl Eq for XattrArea {}
 
 static EMPTY_XATTR_AREA: [u8; XATTR_INLINE_SIZE] = [0; XATTR_INLINE_SIZE];
 
@@ -210,6 +225,7 @@ impl DiskInode {
         out[XATTR_INLINE_OFF..].copy_from_slice(self.xattr_inline.bytes());
         let crc = crc_with_hole(out, 4);
         put_u32(out, 4, crc);
+        debug_assert_eq!(Self::parse(out).as_ref(), Ok(self), "inode {ino} changed in its encoding");
     }
 
     fn encode_fork(&self, f: &mut [u8]) -> (u8, u8) {
@@ -262,10 +278,22 @@ impl DiskInode {
         if !valid_file_type(mode) {
             return Err(bad(format!("invalid mode {:o}", mode)));
         }
+        let di = Self::parse(b).map_err(bad)?;
+        if let Fork::Btree(root) = di.fork {
+            if !geo.is_data_range(root, 1) {
+                return Err(bad(format!("B+tree root {} outside the data area", root)));
+            }
+        }
+        di.check_shape(geo).map_err(bad)?;
+        Ok(di)
+    }
+
+    /// The fields of an inode image, with no check but that its fork format and length are
+    /// ones it could hold: `decode` checks the rest, and `encode` parses its own output back.
+    fn parse(b: &[u8; INODE_SIZE]) -> std::result::Result<DiskInode, String> {
         let ts = |i: usize| Timespec { sec: get_u64(b, 64 + 8 * i) as i64, nsec: get_u32(b, 96 + 4 * i) };
-        let fork = Self::decode_fork(b[3], b[128], &b[FORK_OFF..FORK_OFF + FORK_SIZE], geo).map_err(bad)?;
-        let di = DiskInode {
-            mode,
+        Ok(DiskInode {
+            mode: get_u16(b, 28),
             flags: get_u16(b, 30),
             uid: get_u32(b, 32),
             gid: get_u32(b, 36),
@@ -280,14 +308,12 @@ impl DiskInode {
             generation: get_u32(b, 24),
             parent: get_u64(b, 112),
             xattr_root: get_u64(b, 120),
-            fork,
+            fork: Self::parse_fork(b[3], b[128], &b[FORK_OFF..FORK_OFF + FORK_SIZE])?,
             xattr_inline: XattrArea::from_bytes(b[XATTR_INLINE_OFF..].try_into().unwrap()),
-        };
-        di.check_shape(geo).map_err(bad)?;
-        Ok(di)
+        })
     }
 
-    fn decode_fork(fmt: u8, len: u8, f: &[u8], geo: &Geometry) -> std::result::Result<Fork, String> {
+    fn parse_fork(fmt: u8, len: u8, f: &[u8]) -> std::result::Result<Fork, String> {
         match fmt {
             FORK_EMPTY => Ok(Fork::Empty),
             FORK_EXTENTS => {
@@ -300,13 +326,7 @@ impl DiskInode {
                 }
                 Ok(Fork::Extents { n: len, ext })
             }
-            FORK_BTREE => {
-                let root = get_u64(f, 0);
-                if !geo.is_data_range(root, 1) {
-                    return Err(format!("B+tree root {} outside the data area", root));
-                }
-                Ok(Fork::Btree(root))
-            }
+            FORK_BTREE => Ok(Fork::Btree(get_u64(f, 0))),
             FORK_INLINE => {
                 if len as usize > FORK_SIZE {
                     return Err(format!("inline data of {} bytes", len));
@@ -417,5 +437,32 @@ mod tests {
         a[7] = XATTR_INLINE_SIZE as u8;
         a[6] = 1;
         assert!(!xattr_inline_valid(&a), "an entry overrunning the area");
+    }
+
+    #[test]
+    fn an_inode_survives_its_encoding() {
+        let mut di = DiskInode::new(S_IFREG | 0o644, 1, 2, Timespec { sec: -3, nsec: 4 }, 5);
+        let mut ext = [Extent::default(); INLINE_EXTENTS];
+        ext[0] = Extent { lblk: 7, pblk: 300, len: 2, unwritten: true };
+        di.fork = Fork::Extents { n: 1, ext };
+        di.xattr_inline.bytes_mut()[..4].copy_from_slice(&[1, 1, b'a', b'b']);
+        let mut img = [0; INODE_SIZE];
+        di.encode(9, 10, &mut img);
+        assert_eq!(DiskInode::parse(&img), Ok(di.clone()));
+        // An area emptied in place is no area, as on disk.
+        di.xattr_inline.bytes_mut().fill(0);
+        di.encode(9, 10, &mut img);
+        assert_eq!(DiskInode::parse(&img).unwrap().xattr_inline, XattrArea::default());
+    }
+
+    /// Debug builds check every encoding against its parse: a fork no image can hold is caught
+    /// where it is encoded, not when it is read back after a crash.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "changed in its encoding")]
+    fn an_encoding_that_loses_the_fork_is_caught() {
+        let mut di = DiskInode::new(S_IFREG | 0o644, 0, 0, Timespec::default(), 1);
+        di.fork = Fork::Extents { n: 0, ext: [Extent::default(); INLINE_EXTENTS] };
+        di.encode(9, 0, &mut [0; INODE_SIZE]);
     }
 }

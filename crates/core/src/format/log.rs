@@ -114,6 +114,8 @@ impl LogHeader {
         put_u64(&mut b[..], 48, self.tail_off);
         put_u64(&mut b[..], 56, self.tail_seq);
         seal_block(&mut b[..], self.gen);
+        // Any ring size: the tail's bound is the reader's to check, not the encoding's.
+        debug_assert_eq!(LogHeader::decode(&b[..], blkno, u64::MAX).ok().as_ref(), Some(self), "log header changed in its encoding");
         b
     }
 
@@ -172,7 +174,7 @@ pub fn write_record<'a, E>(buf: &mut Vec<u8>, piece: usize, seq: u64, epoch: u64
     // with its crc field taken as zero (`crc_with_hole`).
     let (mut crc, mut done) = (0u32, 0usize);
     let mut head = [0u8; BLOCK_SIZE];
-    for (key, img, changed) in items {
+    for (key, img, changed) in items.clone() {
         debug_assert_eq!(img.len(), key.image_len());
         let at = buf.len();
         buf.resize(at + ITEM_HDR, 0);
@@ -205,6 +207,8 @@ pub fn write_record<'a, E>(buf: &mut Vec<u8>, piece: usize, seq: u64, epoch: u64
     crc = crc32c::crc32c_append(crc, buf);
     if done == 0 {
         put_u32(buf, 4, crc);
+        // A record written in pieces is not whole in memory; one in one write is checked.
+        debug_assert!(decodes_to(buf, items), "log record {seq} does not decode to its items");
         write(0, buf)?;
     } else {
         write(done as u64, buf)?;
@@ -212,6 +216,20 @@ pub fn write_record<'a, E>(buf: &mut Vec<u8>, piece: usize, seq: u64, epoch: u64
         write(0, &head)?;
     }
     Ok(total as u64)
+}
+
+/// Whether `rec` decodes to exactly `items`, each as [`write_record`] lays it out.
+fn decodes_to<'a>(rec: &[u8], mut items: impl Iterator<Item = (ItemKey, &'a [u8], ChunkMask)>) -> bool {
+    let Some(Ok(decoded)) = decode_record(rec) else { return false };
+    let mut decoded = decoded.into_iter();
+    let same = items.all(|(key, img, changed)| match (key, decoded.next()) {
+        (ItemKey::Block(b), Some(LogItem::Block(k, d))) => k == b && changed == ALL_CHUNKS && d == img,
+        (ItemKey::Block(b), Some(LogItem::Chunks(k, mask, d))) => k == b && mask == changed && chunk_indices(changed).zip(d.chunks(CHUNK)).all(|(i, c)| c == &img[i * CHUNK..(i + 1) * CHUNK]),
+        (ItemKey::Inode(i), Some(LogItem::Inode(k, d))) => k == i && d == img,
+        (ItemKey::Revoke(b), Some(LogItem::Revoke(k))) => k == b,
+        _ => false,
+    });
+    same && decoded.next().is_none()
 }
 
 /// The fields of a record's first block, read before the rest of the record.
@@ -314,6 +332,23 @@ mod tests {
         assert_eq!(len as usize, rec.len());
         assert!(buf.capacity() < piece + 2 * BLOCK_SIZE || writes.len() == 1, "a buffer of {} bytes for pieces of {piece}", buf.capacity());
         (rec, writes)
+    }
+
+    #[test]
+    fn a_record_is_checked_against_the_items_it_was_built_from() {
+        let block: Vec<u8> = (0..BLOCK_SIZE).map(|i| (i % 251) as u8).collect();
+        let inode = [3u8; INODE_SIZE];
+        let items = [(ItemKey::Block(100), &block[..], ALL_CHUNKS), (ItemKey::Block(101), &block[..], 0b101), (ItemKey::Inode(7), &inode[..], ALL_CHUNKS), (ItemKey::Revoke(102), &[][..], ALL_CHUNKS)];
+        let (rec, _) = encode(RECORD_PIECE, &items);
+        assert!(decodes_to(&rec, items.iter().copied()));
+        let other = [9u8; INODE_SIZE];
+        let mut changed = items;
+        changed[2].1 = &other[..];
+        assert!(!decodes_to(&rec, changed.iter().copied()), "another inode image");
+        changed = items;
+        changed[1].2 = 0b111;
+        assert!(!decodes_to(&rec, changed.iter().copied()), "another chunk mask");
+        assert!(!decodes_to(&rec, items[..3].iter().copied()), "an item too many");
     }
 
     #[test]

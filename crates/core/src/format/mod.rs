@@ -109,6 +109,8 @@ pub const BITMAP_BITS: u64 = ((BLOCK_SIZE - HDR_SIZE) * 8) as u64;
 pub const ORPHAN_SLOTS_PER_BLOCK: u64 = ((BLOCK_SIZE - HDR_SIZE) / 8) as u64;
 pub const INODES_PER_BLOCK: u64 = (BLOCK_SIZE / INODE_SIZE) as u64;
 pub const NAME_MAX: usize = 255;
+/// The largest extended attribute value, Linux's `XATTR_SIZE_MAX` (docs/SPEC.md §3.1, §14).
+pub const XATTR_VALUE_MAX: usize = 65536;
 
 /// Inode numbers carry their AG in the high 32 bits: `ino = agno << 32 | index`. Index 0 of
 /// AG 0 is never used, so 0 is "no inode" and the root is inode 1 (FUSE's root id).

@@ -168,6 +168,7 @@ impl Superblock {
         b[80..96].copy_from_slice(&self.uuid);
         put_u64(&mut b[..], 96, self.mkfs_time as u64);
         seal_block(&mut b[..], 0);
+        debug_assert_eq!(Superblock::decode(&b[..], blkno).ok().as_ref(), Some(self), "superblock changed in its encoding");
         b
     }
 

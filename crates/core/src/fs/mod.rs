@@ -10,6 +10,7 @@ mod atime;
 mod copy;
 mod falloc;
 mod path;
+mod seek;
 mod types;
 
 pub use types::*;
@@ -17,8 +18,8 @@ pub use types::*;
 use crate::dev::BlockDevice;
 use crate::dir;
 use crate::error::{Error, Result};
-use crate::file::{self, MAP_RESERVE, MAX_FILE_BLOCKS};
-use crate::format::inode::{Timespec, S_IFCHR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID};
+use crate::file::{self, MAP_RESERVE};
+use crate::format::inode::{Timespec, LINK_MAX, MAX_FILE_BLOCKS, SYMLINK_MAX, S_IFCHR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID};
 use crate::format::{ino_ag, DiskInode, Extent, Fork, BLOCK_SIZE, ROOT_INO};
 use crate::inode::{Inode, InodeRef};
 use crate::lockstat::{LockClass, Mutex};
@@ -44,9 +45,6 @@ const FALLOC_EXTENTS: u64 = 64;
 /// Most extents one collapse or insert transaction moves: bounds its B+tree reservation.
 /// A file with no more extents past the range than this shifts in one transaction.
 const SHIFT_BATCH: usize = 256;
-/// Hard links per inode.
-pub const LINK_MAX: u32 = 65_000;
-pub const SYMLINK_MAX: usize = 4095;
 const BS: u64 = BLOCK_SIZE as u64;
 
 pub struct FileSystem {
@@ -1243,36 +1241,6 @@ impl FileSystem {
     }
 
     // ---- preallocation ----------------------------------------------------------------
-
-    /// lseek(2) SEEK_DATA (`hole == false`) or SEEK_HOLE from `off`: the offset, or ENXIO
-    /// (`Error::NoData`) past the end. Unwritten extents read as zeros, so they count as holes.
-    pub fn seek(&self, ino: u64, off: u64, hole: bool) -> Result<u64> {
-        let i = self.m.iget(ino)?;
-        let g = i.core.read();
-        if off >= g.size {
-            return Err(Error::NoData);
-        }
-        let mut pos = off;
-        for e in file::read_extents(&self.m, ino, &g, off / BS, g.size.div_ceil(BS))?.iter().filter(|e| !e.unwritten) {
-            let (start, end) = (e.lblk * BS, e.end() * BS);
-            if end <= pos {
-                continue;
-            }
-            if hole {
-                if start > pos {
-                    return Ok(pos);
-                }
-                pos = end;
-            } else {
-                return Ok(start.max(pos));
-            }
-        }
-        if hole {
-            Ok(pos.min(g.size))
-        } else {
-            Err(Error::NoData)
-        }
-    }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let i = self.m.iget(ino)?;
