@@ -236,6 +236,7 @@ pub fn range(
     }
     let mut path = Path::new();
     let mut cursor = from;
+    // One pass per leaf at most: the cursor strictly increases (below).
     loop {
         let more = descend(store, &mut path, root, cursor, |b, n, _| {
             let first = partition_point(0, n, |i| leaf_key(b, i) < cursor);
@@ -743,6 +744,7 @@ fn surviving_root(store: &mut dyn NodeStore, root: &Step, doomed: &mut Doomed) -
     };
     doomed.push(root.buf.blkno);
     let mut level = root.level - 1;
+    // At most `root.level` steps: each goes one level down, and a leaf ends the walk.
     loop {
         // A one-child node's child has the same key range, so `bounds` carries down unchanged.
         let node = load(store, blkno, Some(level), bounds, false)?;

@@ -12,7 +12,14 @@ use super::{eio, split_at_units, BlockDevice, SECTOR_SIZE};
 /// One recorded device operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    Write { off: u64, data: Vec<u8> },
+    /// A write of `data` at byte offset `off`.
+    Write {
+        /// Byte offset of the write.
+        off: u64,
+        /// The bytes written.
+        data: Vec<u8>,
+    },
+    /// A flush barrier: every write logged before it is durable once it returns.
     Flush,
 }
 
@@ -121,7 +128,9 @@ impl BlockDevice for CrashDevice {
 /// first and last pieces are partial sectors). `op` is the write's index in the op log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tear {
+    /// Index of the torn write in the op log.
     pub op: usize,
+    /// Bit `i % 64` set: the write's `i`-th piece persisted.
     pub sectors: u64,
 }
 

@@ -17,7 +17,7 @@ const LOCK_RETRY: Duration = Duration::from_millis(20);
 /// A device backed by an image file or a block-device node: what real mounts run on.
 /// It holds advisory `flock`s for its whole lifetime (exclusive when writable, shared when
 /// read-only) so two processes can never mount the same image and corrupt it: one on the file
-/// it opened, and one on a lock file named after what the image *is* ([`identity`]), so that
+/// it opened, and one on a lock file named after what the image *is* ([`identity`](super::identity)), so that
 /// the same image reached through a loop device, or a loop device through its backing file, is
 /// locked as well.
 #[derive(Debug)]
@@ -68,6 +68,8 @@ impl FileDevice {
         let path = path.as_ref();
         let file = OpenOptions::new().read(true).write(!read_only).open(path)?;
         let deadline = Instant::now().checked_add(timeout);
+        // Bounded by `timeout`; one too long for a deadline (Duration::MAX) waits, as asked,
+        // until the holder lets go.
         let identity_lock = loop {
             let err = match lock_image(&file, path, read_only) {
                 Ok(identity_lock) => break identity_lock,

@@ -153,6 +153,7 @@ fn lock(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
     } else {
         libc::LOCK_EX
     };
+    // Repeats only a call a signal interrupted: a non-blocking flock otherwise returns at once.
     loop {
         // SAFETY: `file` owns an open descriptor for the whole call; flock takes no pointers.
         if unsafe { libc::flock(file.as_raw_fd(), mode | libc::LOCK_NB) } == 0 {

@@ -27,6 +27,8 @@ pub use self::lock::{identity, identity_of_path, runtime_dir};
 pub use self::mem::MemDevice;
 pub use self::overlay::OverlayDevice;
 
+/// Storage as the engine sees it: byte-addressed reads and writes of a fixed-size device and a
+/// flush barrier, with the media assumptions of the module docs. Shared between threads.
 pub trait BlockDevice: Send + Sync {
     /// Read exactly `buf.len()` bytes at byte offset `off`.
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()>;
@@ -47,7 +49,7 @@ pub trait BlockDevice: Send + Sync {
 /// The unit a write may tear at (see the module docs).
 pub const SECTOR_SIZE: u64 = 512;
 
-/// Page size of [`MemDevice`] storage and the block unit of [`FaultDevice::fail_read_block`].
+/// Page size of [`MemDevice`] storage and the block unit of `FaultDevice::fail_read_block`.
 pub const PAGE_SIZE: usize = 4096;
 
 /// Reject I/O that does not lie entirely inside `0..size` (including offset overflow).

@@ -14,6 +14,7 @@ pub struct OverlayDevice {
 }
 
 impl OverlayDevice {
+    /// An empty layer over `inner`: reads see `inner` until a write covers them.
     pub fn new(inner: std::sync::Arc<dyn BlockDevice>) -> OverlayDevice {
         OverlayDevice { inner, pages: Mutex::new(std::collections::HashMap::new()) }
     }

@@ -107,28 +107,36 @@ mod xattr;
 /// Most messages a report keeps; later ones are counted, not stored.
 pub const MAX_MESSAGES: usize = 1000;
 
-/// Exit codes, e2fsck's bits: 5 means some errors were fixed and some were left.
+// Exit codes, e2fsck's bits: 5 means some errors were fixed and some were left.
+/// Exit code: no errors found.
 pub const EXIT_CLEAN: i32 = 0;
+/// Exit code bit: errors were found and fixed.
 pub const EXIT_FIXED: i32 = 1;
+/// Exit code bit: errors were found and left (a check without repair, or damage the repair
+/// does not fix).
 pub const EXIT_UNCORRECTED: i32 = 4;
 /// `check` returned an error: the device failed, or no superblock could be read.
 pub const EXIT_OPERATIONAL: i32 = 8;
 
 const BS: u64 = BLOCK_SIZE as u64;
 
+/// What [`check`] may do to the image.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FsckOptions {
     /// Write the repairs. `false` is `-n`: the device is never written, not even by log replay.
     pub repair: bool,
 }
 
+/// What [`check`] found and fixed: findings for a person in `messages`, counts for a program,
+/// and the exit code a tool should end with ([`FsckReport::exit_code`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FsckReport {
+    /// Errors found, fixed or not (notes are not errors).
     pub errors_found: u64,
     /// Errors repaired; always 0 without `repair`.
     pub errors_fixed: u64,
-    /// One finding per line: errors ("inode 7: nlink 3 but 2 names", tagged "[fixed]" or
-    /// "[not fixed]" when repairing) and notes ("note: ..."). At most [`MAX_MESSAGES`] plus a
+    /// One finding per line: errors ("inode 7: nlink 3 but 2 names", tagged `[fixed]` or
+    /// `[not fixed]` when repairing) and notes ("note: ..."). At most [`MAX_MESSAGES`] plus a
     /// last line counting the ones left out.
     pub messages: Vec<String>,
     /// Live inodes: reachable from the root, or pending on an orphan list.
@@ -137,6 +145,7 @@ pub struct FsckReport {
     pub dirs: u64,
     /// Blocks in use: AG metadata, the log and everything live inodes own.
     pub blocks_used: u64,
+    /// Log records replayed: onto the device when repairing, into memory otherwise.
     pub log_records_replayed: u64,
 }
 
@@ -154,6 +163,7 @@ impl FsckReport {
         code
     }
 
+    /// Whether no error was found (the report may still hold notes).
     pub fn is_clean(&self) -> bool {
         self.errors_found == 0
     }
