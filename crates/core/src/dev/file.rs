@@ -1,8 +1,8 @@
 //! The device real mounts run on: an image file or a block-device node.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Seek, SeekFrom};
 use std::io;
+use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};

@@ -6,7 +6,6 @@
 use std::io;
 use std::ops::Range;
 
-
 mod file;
 mod lock;
 mod mem;
