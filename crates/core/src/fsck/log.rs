@@ -1,0 +1,166 @@
+//! Pass 2: the log, replayed as a mount would (into memory under `-n`), or reset when it cannot
+//! be replayed.
+
+use std::collections::{hash_map, HashMap};
+use std::io;
+use std::ops::Range;
+
+use parking_lot::Mutex;
+
+use crate::buf::Block;
+use crate::dev::BlockDevice;
+use crate::error::Result;
+use crate::format::BLOCK_SIZE;
+use crate::format::log::{LOG_HEADER_BLOCKS, LogHeader};
+use crate::{format, journal};
+
+use super::{count, finding, BS, Checker};
+
+/// Where `-n` replays the log: recovery's writes land in memory and reads see them, so the
+/// check sees the recovered image while the device is never written.
+pub(super) struct ReplayOverlay<'a> {
+    dev: &'a dyn BlockDevice,
+    blocks: Mutex<HashMap<u64, Box<Block>>>,
+}
+
+impl<'a> ReplayOverlay<'a> {
+    pub(super) fn new(dev: &'a dyn BlockDevice) -> Self {
+        ReplayOverlay { dev, blocks: Mutex::new(HashMap::new()) }
+    }
+}
+
+/// The per-block pieces of a byte range: (block, offset in the block, range in the buffer).
+fn block_pieces(off: u64, len: usize) -> impl Iterator<Item = (u64, usize, Range<usize>)> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        (at < len).then(|| {
+            let pos = off + at as u64;
+            let in_block = (pos % BS) as usize;
+            let n = (BLOCK_SIZE - in_block).min(len - at);
+            let piece = (pos / BS, in_block, at..at + n);
+            at += n;
+            piece
+        })
+    })
+}
+
+impl BlockDevice for ReplayOverlay<'_> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        self.dev.read_at(buf, off)?;
+        let blocks = self.blocks.lock();
+        for (blkno, in_block, piece) in block_pieces(off, buf.len()) {
+            if let Some(b) = blocks.get(&blkno) {
+                let n = piece.len();
+                buf[piece].copy_from_slice(&b[in_block..in_block + n]);
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        if off.checked_add(buf.len() as u64).is_none_or(|end| end > self.size()) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "write past the end of the device"));
+        }
+        let mut blocks = self.blocks.lock();
+        for (blkno, in_block, piece) in block_pieces(off, buf.len()) {
+            let b = match blocks.entry(blkno) {
+                hash_map::Entry::Occupied(e) => e.into_mut(),
+                hash_map::Entry::Vacant(e) => {
+                    let mut b = Box::new([0u8; BLOCK_SIZE]);
+                    self.dev.read_at(&mut b[..], blkno * BS)?;
+                    e.insert(b)
+                }
+            };
+            b[in_block..in_block + piece.len()].copy_from_slice(&buf[piece]);
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+}
+
+impl<'a> Checker<'a> {
+    /// Replay the log as a mount would. A repair first replays into memory (`recover` writes
+    /// the items it replays to whatever device it is given) to learn whether there is anything
+    /// to replay, so that repairing a cleanly unmounted image writes nothing, not even a new
+    /// log header.
+    pub(super) fn replay_log(&mut self) -> Result<()> {
+        (self.progress)("log", 0, 1);
+        let probe = ReplayOverlay::new(self.dev);
+        let target: &dyn BlockDevice = if self.out.repair { &probe } else { self.dev };
+        match journal::recover(target, &self.geo, false) {
+            Ok(r) if r.records > 0 => {
+                let records = count(r.records, "record", "records");
+                if self.out.repair {
+                    journal::recover(self.dev, &self.geo, true)?;
+                    self.out.note(format!("log: replayed {records}"));
+                } else {
+                    self.out.note(format!("log: replayed {records} in memory only; the next mount replays them on disk"));
+                }
+                self.log_records = r.records;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let e = finding(e)?;
+                self.out.fixable(format!("log: cannot be replayed ({e}); resetting it loses the changes it held"));
+                self.reset_log()?;
+            }
+        }
+        (self.progress)("log", 1, 1);
+        Ok(())
+    }
+
+    /// Empty log headers, as mkfs writes them, in an epoch after any the old headers name (so
+    /// no stale record can replay), and an empty first ring block.
+    fn reset_log(&mut self) -> Result<()> {
+        let log = self.geo.ag_layout(0).log;
+        let mut epoch = 0u64;
+        for blkno in log..log + LOG_HEADER_BLOCKS {
+            // The headers failed verification: read their epoch field raw, best effort.
+            epoch = epoch.max(format::get_u64(&self.read_block(blkno)?[..], 40));
+        }
+        for gen in 0..LOG_HEADER_BLOCKS {
+            let h = LogHeader { gen, epoch: epoch.wrapping_add(1), tail_off: 0, tail_seq: 1 };
+            self.block_writes.insert(log + gen, h.encode(log + gen));
+        }
+        self.block_writes.insert(log + LOG_HEADER_BLOCKS, Box::new([0u8; BLOCK_SIZE]));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::MemDevice;
+
+    #[test]
+    fn block_pieces_split_at_block_boundaries() {
+        let pieces: Vec<_> = block_pieces(4090, 10_000).collect();
+        assert_eq!(pieces, [(0, 4090, 0..6), (1, 0, 6..4102), (2, 0, 4102..8198), (3, 0, 8198..10_000)]);
+        assert_eq!(block_pieces(BS, 0).count(), 0);
+    }
+
+    #[test]
+    fn overlay_shows_its_writes_and_never_writes_through() {
+        let dev = MemDevice::new(4 * BS);
+        dev.write_at(&[1u8; 100], 5000).unwrap();
+        let before = dev.to_bytes();
+        let overlay = ReplayOverlay::new(&dev);
+        overlay.write_at(&[2u8; 10], 5005).unwrap();
+        overlay.write_at(&[3u8; 2], BS - 1).unwrap();
+        let mut b = [0u8; 20];
+        overlay.read_at(&mut b, 4995).unwrap();
+        assert_eq!(b, [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]);
+        let mut edge = [0u8; 4];
+        overlay.read_at(&mut edge, BS - 2).unwrap();
+        assert_eq!(edge, [0, 3, 3, 0]);
+        assert!(overlay.write_at(&[0; 2], 4 * BS - 1).is_err(), "writes past the end fail");
+        assert!(dev.to_bytes() == before, "the device was written");
+    }
+}
