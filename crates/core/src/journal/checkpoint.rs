@@ -3,8 +3,8 @@
 //! the tail.
 
 use super::ail::{self, SealedImages};
-use super::cil::{BusyExtent, CilBatch, CilItem, IMAGE_KINDS};
-use super::Journal;
+use super::cil::{Buffers, BusyExtent, CilBatch, CilItem, ShardSlot, IMAGE_KINDS};
+use super::{debug_assert_verified, Journal};
 use crate::error::{Error, Result};
 use crate::format::log::{logged_bytes, write_record, ChunkMask, ItemKey, ALL_CHUNKS, RECORD_HDR};
 use crate::format::{seal_block, DiskInode, BLOCK_SIZE};
@@ -52,6 +52,53 @@ pub(super) struct Switched {
     pub(super) items: Vec<Checkpointed>,
     pub(super) busy: Vec<BusyExtent>,
     pub(super) in_flight: u64,
+}
+
+/// What a switch counts over the shards it visits (`Journal::take_shard`).
+#[derive(Default)]
+struct SwitchTally {
+    /// Images of each kind the batches taken copied: the spare's demand until the next switch.
+    demand: [usize; IMAGE_KINDS],
+    /// Bytes of recycled buffers the shards keep.
+    kept: usize,
+    /// What the batches taken added to `Journal::in_flight_bytes`.
+    in_flight: u64,
+}
+
+/// Merge one sequence's batches into `merged` and drain it, sorted by home: the items of the
+/// checkpoint, and the extents it frees. The batches' emptied maps go to `maps` for the
+/// shards' next batches.
+fn merge_batches(taken: Vec<CilBatch>, merged: &mut FxHashMap<ItemKey, CilItem>, maps: &mut Vec<FxHashMap<ItemKey, CilItem>>) -> (Vec<Checkpointed>, Vec<BusyExtent>) {
+    let total = taken.iter().map(|b| b.items.len()).sum();
+    debug_assert!(merged.is_empty());
+    merged.reserve(total);
+    let mut busy = Vec::new();
+    for mut shard in taken {
+        busy.extend(shard.busy);
+        for (k, mut it) in shard.items.drain() {
+            // The newest image wins, carrying the changes of both shards' commits: all
+            // of them happened since the block's previous image in the log.
+            match merged.get_mut(&k) {
+                Some(old) if old.version >= it.version => {
+                    debug_assert_ne!(old.version, it.version, "{:?}: one version logged twice", k);
+                    old.changed |= it.changed;
+                }
+                Some(old) => {
+                    it.changed |= old.changed;
+                    *old = it;
+                }
+                None => {
+                    merged.insert(k, it);
+                }
+            }
+        }
+        if shard.items.capacity() > 0 {
+            maps.push(shard.items);
+        }
+    }
+    let mut items: Vec<_> = merged.drain().map(|(key, it)| Checkpointed { key, image: it.image, changed: it.changed }).collect();
+    items.sort_unstable_by_key(|it| it.key);
+    (items, busy)
 }
 
 
@@ -173,93 +220,69 @@ impl Journal {
     pub(super) fn switch(&self, state: &mut PushState) -> Switched {
         let PushState { maps, merged } = state;
         let mut spare = std::mem::take(&mut self.spare.lock().buffers);
-        let mut demand = [0; IMAGE_KINDS];
         let seq = self.open_seq.fetch_add(1, SeqCst);
-        let mut kept = 0;
-        let mut in_flight = 0;
+        let mut tally = SwitchTally::default();
         let taken: Vec<CilBatch> = self
             .shards
             .iter()
             .filter(|slot| slot.active.load(SeqCst))
-            .filter_map(|slot| {
-                let mut g = slot.shard.lock();
-                if g.seq != seq {
-                    // Idle until a committer that read the new sequence brought it up to
-                    // that: nothing in it belongs to `seq`.
-                    debug_assert!(g.seq > seq || (g.open.is_empty() && g.next.is_empty()), "shard at {} skipped by switch {seq}", g.seq);
-                    kept += g.free.bytes();
-                    return None;
-                }
-                g.seq = seq + 1;
-                let next = std::mem::take(&mut g.next);
-                let batch = std::mem::replace(&mut g.open, next);
-                // A shard in use (its new batch usually empty yet) starts from a recycled map.
-                if !batch.items.is_empty() && g.open.items.capacity() == 0 {
-                    g.open.items = maps.pop().unwrap_or_default();
-                }
-                // Moved, not dropped: the budget counts the items and then their record
-                // until the record is in the AIL.
-                // Most of the 64 shards are idle: no atomics on the committers' counters for them.
-                if batch.bytes > 0 {
-                    let counted = 2 * batch.bytes;
-                    self.in_flight_bytes.fetch_add(counted, Relaxed);
-                    debug_assert!(batch.unpublished <= batch.bytes);
-                    self.cil_bytes.fetch_sub(batch.bytes - batch.unpublished, Relaxed);
-                    in_flight += counted;
-                }
-                // Top the shard's buffers up to what this batch used, or trim them to it: a
-                // shard that went quiet keeps none. Surplus is freed after the lock.
-                let surplus = g.free.fit(batch.copies, &mut spare);
-                for (d, c) in demand.iter_mut().zip(batch.copies) {
-                    *d += c;
-                }
-                kept += g.free.bytes();
-                if batch.is_empty() && g.open.is_empty() {
-                    // Nothing in it and no buffers kept: later switches skip it until a
-                    // committer sets the flag again.
-                    debug_assert!(g.free.is_empty());
-                    slot.active.store(false, SeqCst);
-                }
-                drop(g);
-                drop(surplus);
-                Some(batch)
-            })
+            .filter_map(|slot| self.take_shard(slot, seq, maps, &mut spare, &mut tally))
             .collect();
         let mut parked = self.spare.lock();
         parked.buffers.append(&mut spare);
-        parked.demand = demand;
-        self.recycled_bytes.store((kept + parked.buffers.bytes()) as u64, Relaxed);
+        parked.demand = tally.demand;
+        self.recycled_bytes.store((tally.kept + parked.buffers.bytes()) as u64, Relaxed);
         drop(parked);
-        let total = taken.iter().map(|b| b.items.len()).sum();
-        debug_assert!(merged.is_empty());
-        merged.reserve(total);
-        let mut busy = Vec::new();
-        for mut shard in taken {
-            busy.extend(shard.busy);
-            for (k, mut it) in shard.items.drain() {
-                // The newest image wins, carrying the changes of both shards' commits: all
-                // of them happened since the block's previous image in the log.
-                match merged.get_mut(&k) {
-                    Some(old) if old.version >= it.version => {
-                        debug_assert_ne!(old.version, it.version, "{:?}: one version logged twice", k);
-                        old.changed |= it.changed;
-                    }
-                    Some(old) => {
-                        it.changed |= old.changed;
-                        *old = it;
-                    }
-                    None => {
-                        merged.insert(k, it);
-                    }
-                }
-            }
-            if shard.items.capacity() > 0 {
-                maps.push(shard.items);
-            }
+        let (items, busy) = merge_batches(taken, merged, maps);
+        Switched { seq, items, busy, in_flight: tally.in_flight }
+    }
+
+    /// Take sequence `seq`'s batch out of one shard (`None`: the shard was idle, and holds
+    /// nothing of it), under that shard's lock alone; `switch` visits the shards in use with
+    /// it. The shard moves on to the next sequence, with a recycled map for its new batch and
+    /// its buffers fitted to what the batch taken copied (from `spare`, or back to it).
+    fn take_shard(&self, slot: &ShardSlot, seq: u64, maps: &mut Vec<FxHashMap<ItemKey, CilItem>>, spare: &mut Buffers, tally: &mut SwitchTally) -> Option<CilBatch> {
+        let mut g = slot.shard.lock();
+        if g.seq != seq {
+            // Idle until a committer that read the new sequence brought it up to
+            // that: nothing in it belongs to `seq`.
+            debug_assert!(g.seq > seq || (g.open.is_empty() && g.next.is_empty()), "shard at {} skipped by switch {seq}", g.seq);
+            tally.kept += g.free.bytes();
+            return None;
         }
-        let mut items: Vec<_> = merged.drain().map(|(key, it)| Checkpointed { key, image: it.image, changed: it.changed }).collect();
-        items.sort_unstable_by_key(|it| it.key);
-        Switched { seq, items, busy, in_flight }
+        g.seq = seq + 1;
+        let next = std::mem::take(&mut g.next);
+        let batch = std::mem::replace(&mut g.open, next);
+        // A shard in use (its new batch usually empty yet) starts from a recycled map.
+        if !batch.items.is_empty() && g.open.items.capacity() == 0 {
+            g.open.items = maps.pop().unwrap_or_default();
+        }
+        // Moved, not dropped: the budget counts the items and then their record
+        // until the record is in the AIL.
+        // Most of the 64 shards are idle: no atomics on the committers' counters for them.
+        if batch.bytes > 0 {
+            let counted = 2 * batch.bytes;
+            self.in_flight_bytes.fetch_add(counted, Relaxed);
+            debug_assert!(batch.unpublished <= batch.bytes);
+            self.cil_bytes.fetch_sub(batch.bytes - batch.unpublished, Relaxed);
+            tally.in_flight += counted;
+        }
+        // Top the shard's buffers up to what this batch used, or trim them to it: a
+        // shard that went quiet keeps none. Surplus is freed after the lock.
+        let surplus = g.free.fit(batch.copies, spare);
+        for (d, c) in tally.demand.iter_mut().zip(batch.copies) {
+            *d += c;
+        }
+        tally.kept += g.free.bytes();
+        if batch.is_empty() && g.open.is_empty() {
+            // Nothing in it and no buffers kept: later switches skip it until a
+            // committer sets the flag again.
+            debug_assert!(g.free.is_empty());
+            slot.active.store(false, SeqCst);
+        }
+        drop(g);
+        drop(surplus);
+        Some(batch)
     }
 
     /// Claim log space for the record of CIL sequence `seq` under the push lock, then build
@@ -282,6 +305,7 @@ impl Journal {
                     ItemKey::Inode(_) => DiskInode::seal(&mut img, rec_seq),
                     ItemKey::Revoke(_) => {}
                 }
+                debug_assert_verified(k, &img, &self.geo, "sealed into the log");
                 (k, img, changed)
             })
             .collect();
@@ -360,6 +384,8 @@ impl Journal {
         Ok(freed)
     }
 
+    /// Checkpoint everything and write it all home: the log is empty afterwards and holds no
+    /// memory (what unmount, freeze and the memory benchmark want).
     pub fn quiesce(&self) -> Result<()> {
         self.checkpoint()?;
         self.push_ail(self.ail.ring_blocks()).map(|_| ())

@@ -16,7 +16,9 @@ use std::time::Instant;
 /// otherwise a crash could leave the old owner pointing at someone else's new data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BusyExtent {
+    /// The extent's first block.
     pub blkno: u64,
+    /// Its length in blocks.
     pub len: u32,
 }
 
@@ -227,6 +229,7 @@ impl CilWriter<'_> {
         self.added_bytes += item_bytes(ItemKey::Revoke(blkno)) as u64;
     }
 
+    /// The extent was freed: it is reused only once this sequence is durable.
     pub fn busy(&mut self, e: BusyExtent) {
         self.batch.busy.push(e);
     }
@@ -404,7 +407,9 @@ impl Journal {
 mod tests {
     use super::*;
     use crate::dev::BlockDevice;
+    use crate::format::inode::{Timespec, S_IFREG};
     use crate::format::log::LogHeader;
+    use crate::format::DiskInode;
     use crate::journal::JournalConfig;
     use std::sync::Arc;
 
@@ -423,8 +428,12 @@ mod tests {
         let j = Journal::start(dev, geo, header, cfg, Box::new(|_| {}));
         let item = item_bytes(ItemKey::Inode(1)) as u64;
         assert!(j.publish_bytes >= 4 * item, "a step of {} bytes", j.publish_bytes);
-        let image = [0u8; INODE_SIZE];
-        let commit = |ino: u64| j.commit(Route::Thread, |w| w.log(ItemKey::Inode(ino), 1, &image, ALL_CHUNKS));
+        // A valid image: the checkpoint verifies what it seals in debug builds.
+        let commit = |ino: u64| {
+            let mut image = [0u8; INODE_SIZE];
+            DiskInode::new(S_IFREG | 0o644, 0, 0, Timespec::default(), 1).encode(ino, 0, &mut image);
+            j.commit(Route::Thread, |w| w.log(ItemKey::Inode(ino), 1, &image, ALL_CHUNKS))
+        };
         commit(1);
         assert_eq!(j.cil_bytes(), item, "a batch's first bytes are published at once");
         let mut n = 1;

@@ -24,8 +24,8 @@ pub use recover::{recover, RecoveryReport};
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::log::{LogHeader, RECORD_PIECE};
-use crate::format::{Geometry, BLOCK_SIZE};
+use crate::format::log::{ItemKey, LogHeader, RECORD_PIECE};
+use crate::format::{header_magic, verify_block, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE, MAGIC_DATA_META, MAGIC_ORPHAN};
 use crate::lockstat::{Condvar, LockClass, Mutex};
 use ail::Ail;
 use checkpoint::PushState;
@@ -52,17 +52,26 @@ const CIL_SHARDS: usize = 64;
 /// that the CIL shards keep (`Journal::counters`).
 #[derive(Default, Debug)]
 pub struct JournalStats {
+    /// Checkpoint records written.
     pub checkpoints: AtomicU64,
+    /// Checkpoints the CIL worker made (push threshold or timer) that succeeded.
     pub background_checkpoints: AtomicU64,
+    /// Checkpoints an fsync (a force) wrote itself.
     pub forced_checkpoints: AtomicU64,
+    /// Items (blocks, inodes, revokes) in the records written.
     pub items_logged: AtomicU64,
+    /// Bytes of the records written.
     pub log_bytes: AtomicU64,
+    /// Checkpoints that found the log full and wrote back to make room.
     pub log_space_waits: AtomicU64,
+    /// Transactions that waited at `throttle` for a full CIL.
     pub commit_throttles: AtomicU64,
     /// Nanoseconds throttled commits waited, in all (a wait for log progress, not for a lock:
     /// lockstat does not see it).
     pub throttle_wait_ns: AtomicU64,
+    /// Writebacks asked to free log space (not those that only took records in).
     pub ail_pushes: AtomicU64,
+    /// Images written to their home locations.
     pub items_written_home: AtomicU64,
     /// fsyncs whose change was already durable: no log write (at most a data flush).
     pub fsyncs_durable: AtomicU64,
@@ -119,6 +128,8 @@ pub struct JournalConfig {
 }
 
 impl JournalConfig {
+    /// The defaults for a log ring of `ring_blocks` blocks: thresholds in proportion to it,
+    /// capped for large logs.
     pub fn for_log(ring_blocks: u64) -> JournalConfig {
         let ring_bytes = ring_blocks * BLOCK_SIZE as u64;
         JournalConfig {
@@ -161,6 +172,40 @@ const AIL_PUSH_PERCENT_MIN: u64 = 4;
 
 type DurableHook = Box<dyn Fn(Vec<BusyExtent>) + Send + Sync>;
 
+/// The magics of the metadata blocks the journal carries. The read path checks a block
+/// against the magic its caller expects; the journal knows no block types, so any of these.
+const METADATA_MAGICS: [u32; 5] = [MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN, MAGIC_BTREE, MAGIC_DATA_META];
+
+/// Check a sealed image with the verifiers its reads use (`verify_block`,
+/// `DiskInode::decode`): what is sealed into the log, or written home, must read back.
+fn verify_sealed(key: ItemKey, image: &[u8], geo: &Geometry) -> Result<()> {
+    match key {
+        ItemKey::Block(blkno) => {
+            let magic = if image.len() == BLOCK_SIZE { header_magic(image) } else { 0 };
+            let magic = METADATA_MAGICS.into_iter().find(|&m| m == magic).ok_or_else(|| Error::corrupt("logged block", blkno, format!("bad magic {magic:#x}")))?;
+            verify_block(image, "logged block", magic, blkno, None)
+        }
+        ItemKey::Inode(ino) => {
+            let image: &[u8; INODE_SIZE] = image.try_into().map_err(|_| Error::corrupt("logged inode", ino, format!("an image of {} bytes", image.len())))?;
+            DiskInode::decode(image, ino, geo).map(drop)
+        }
+        ItemKey::Revoke(_) => Ok(()),
+    }
+}
+
+/// In debug builds, panic unless `image` passes `verify_sealed` (`when`: what is about to
+/// be done with it). Verified when read, and again before it is sealed or written home, a
+/// block damaged in memory is caught where it was damaged, not by the next mount.
+#[track_caller]
+fn debug_assert_verified(key: ItemKey, image: &[u8], geo: &Geometry, when: &str) {
+    if cfg!(debug_assertions) {
+        let verified = verify_sealed(key, image, geo);
+        debug_assert!(verified.is_ok(), "{key:?} {when}: {verified:?}");
+    }
+}
+
+/// A mount's journal: the CIL that commits go into, the checkpoints that write it to the log,
+/// the AIL that writes the log home, and the background threads that drive them.
 pub struct Journal {
     dev: Arc<dyn BlockDevice>,
     geo: Geometry,
@@ -228,6 +273,7 @@ pub struct Journal {
     /// throttle waits, counted in `JournalStats`.
     cil_full: RwLock<()>,
     threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+    /// Counters for the benchmarks and `ferrofs lockstat --journal`.
     pub stats: JournalStats,
 }
 
@@ -285,10 +331,12 @@ impl Journal {
         j
     }
 
+    /// The geometry of the file system the journal logs.
     pub fn geometry(&self) -> &Geometry {
         &self.geo
     }
 
+    /// The device the log and the home locations are on.
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
         &self.dev
     }
@@ -326,16 +374,16 @@ impl Journal {
         }
     }
 
+    /// The open CIL sequence: what a commit made now belongs to.
     pub fn open_seq(&self) -> u64 {
         self.open_seq.load(Acquire)
     }
 
+    /// Every CIL sequence up to this one is durable in the log.
     pub fn durable_seq(&self) -> u64 {
         self.durable_seq.load(Acquire)
     }
 
-    /// Checkpoint everything and write it all home: the log is empty afterwards and holds no
-    /// memory (what unmount, freeze and the memory benchmark want).
     /// Every change of this CIL sequence and before is at its home location: a cache may
     /// drop an object whose last change is that old and read it back from home.
     pub fn home_seq(&self) -> u64 {
@@ -372,6 +420,7 @@ impl Journal {
         self.cil_bytes.load(Relaxed)
     }
 
+    /// How full the log ring is, in percent (between the tail and the head).
     pub fn log_used_percent(&self) -> u64 {
         self.ail.used_percent()
     }

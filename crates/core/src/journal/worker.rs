@@ -69,6 +69,8 @@ impl Journal {
     }
 
     pub(super) fn cil_worker(&self) {
+        // No bound: the worker lives as long as the mount. Each turn waits on `worker_cv` for
+        // a push request or the timer; it ends when `shutdown` sets `stop`.
         loop {
             {
                 let mut w = self.worker.lock();
@@ -102,6 +104,9 @@ impl Journal {
     }
 
     pub(super) fn ail_worker(&self) {
+        // No bound: the writer lives as long as the mount. Each turn waits on `ail_cv` for a
+        // request or the timer; it ends when `shutdown` sets `stop`, or at a failed writeback
+        // (the journal has failed).
         loop {
             let (asked, all) = {
                 let mut w = self.worker.lock();
