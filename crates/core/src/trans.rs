@@ -45,6 +45,14 @@ impl AgOp {
     }
 }
 
+/// What a commit's AG operations changed (`Tx::apply_ops`).
+struct AgChanges {
+    bufs: SmallVec<[BufRef; 4]>,
+    busy: SmallVec<[BusyExtent; 2]>,
+    /// Metadata blocks freed: revoked in the log rather than logged.
+    revoked: SmallVec<[u64; 2]>,
+}
+
 struct LoggedInode {
     inode: InodeRef,
     image: [u8; INODE_SIZE],
@@ -67,6 +75,8 @@ pub struct Tx<'m> {
 }
 
 impl<'m> Tx<'m> {
+    /// Begin a transaction, waiting first (holding no lock) while the caches or the CIL are
+    /// over their bounds.
     pub fn new(m: &'m Mount) -> Result<Tx<'m>> {
         m.check_writable()?;
         m.icache.budget().throttle();
@@ -88,6 +98,7 @@ impl<'m> Tx<'m> {
         }
     }
 
+    /// The mount the transaction changes.
     pub fn mount(&self) -> &'m Mount {
         self.m
     }
@@ -162,6 +173,9 @@ impl<'m> Tx<'m> {
         for i in order {
             let (agno, avail) = self.reserved[i];
             if let Some((start, len)) = self.m.ags[agno as usize].claim_blocks(goal, max_len.min(avail)) {
+                // The reservation covers the claim: data blocks of the AG that reserved them,
+                // no more than is left of it (the AG counted them out of its free space then).
+                debug_assert!(len > 0 && len <= avail && self.m.geo.block_ag(start) == agno && self.m.geo.is_data_range(start, len), "claimed {len} blocks at {start} from {avail} reserved in AG {agno}");
                 self.reserved[i].1 -= len;
                 self.ops.push(AgOp::BlockAlloc { start, len });
                 return Ok((start, len));
@@ -177,6 +191,8 @@ impl<'m> Tx<'m> {
         Ok(self.m.bufs.get_new(b))
     }
 
+    /// Free `len` blocks from `start` at commit (`meta`: metadata blocks, revoked in the log);
+    /// they are reused once the checkpoint that frees them is durable.
     pub fn free_blocks(&mut self, start: u64, len: u64, meta: bool) {
         debug_assert!(self.m.geo.is_data_range(start, len));
         self.modified = true;
@@ -201,6 +217,7 @@ impl<'m> Tx<'m> {
         Ok(())
     }
 
+    /// Take an inode off its AG's on-disk orphan list.
     pub fn orphan_remove(&mut self, ino: u64, di: &mut DiskInode) {
         debug_assert_ne!(di.orphan_slot, 0);
         self.ops.push(AgOp::OrphanClear { ino, slot: di.orphan_slot - 1 });
@@ -290,29 +307,7 @@ impl<'m> Tx<'m> {
         agnos.dedup();
         let mut guards: SmallVec<[_; 4]> = agnos.iter().map(|&a| (a, m.ags[a as usize].lock())).collect();
         self.check_frees(&guards)?;
-        // The AGs' blocks (bitmaps, orphan tables), changed under their locks.
-        let mut bufs: SmallVec<[BufRef; 4]> = SmallVec::new();
-        let mut busy: SmallVec<[BusyExtent; 2]> = SmallVec::new();
-        let mut revoked: SmallVec<[u64; 2]> = SmallVec::new();
-        for op in &self.ops {
-            let agno = op.agno(m);
-            let ag = &m.ags[agno as usize];
-            let g = &mut guards.iter_mut().find(|(a, _)| *a == agno).unwrap().1;
-            match *op {
-                AgOp::InodeAlloc { ino } => bufs.push(ag.alloc_disk_inode(ino_index(ino))),
-                AgOp::InodeFree { ino, log_version } => bufs.push(ag.free_disk_inode(g, ino_index(ino), log_version)),
-                AgOp::BlockAlloc { start, len } => bufs.extend(ag.set_disk_blocks(start, len, true)),
-                AgOp::BlockFree { start, len, meta } => {
-                    bufs.extend(ag.free_disk_blocks(g, start, len));
-                    busy.push(BusyExtent { blkno: start, len: len as u32 });
-                    if meta {
-                        revoked.extend(start..start + len);
-                    }
-                }
-                AgOp::OrphanSet { ino, slot } => bufs.push(ag.set_disk_orphan(g, slot, ino)),
-                AgOp::OrphanClear { slot, .. } => bufs.push(ag.set_disk_orphan(g, slot, 0)),
-            }
-        }
+        let AgChanges { bufs, busy, revoked } = self.apply_ops(&mut guards);
         // Reservations of locked AGs go back now; the others after the guards drop.
         self.reserved.retain(|&mut (agno, n)| match guards.iter_mut().find(|(a, _)| *a == agno) {
             Some((_, g)) => {
@@ -321,14 +316,7 @@ impl<'m> Tx<'m> {
             }
             None => true,
         });
-        bufs.sort_unstable_by_key(|b| b.blkno);
-        bufs.dedup_by_key(|b| b.blkno);
-        // The transaction's own blocks (directory and tree nodes), changed under the inode
-        // locks its caller holds; a node it freed is revoked instead.
-        let mut own = std::mem::take(&mut self.bufs);
-        own.sort_unstable_by_key(|b| b.blkno);
-        own.dedup_by_key(|b| b.blkno);
-        own.retain(|b| !revoked.contains(&b.blkno));
+        let own = self.own_bufs(&revoked);
         debug_assert!(own.iter().all(|b| bufs.binary_search_by_key(&b.blkno, |a| a.blkno).is_err()), "an AG block changed outside its AG's lock");
         let inodes = std::mem::take(&mut self.inodes);
         let revoked_bufs: Vec<Option<BufRef>> = revoked.iter().map(|&blkno| m.bufs.get(blkno)).collect();
@@ -370,6 +358,47 @@ impl<'m> Tx<'m> {
         }
         self.done = true;
         Ok(seq)
+    }
+
+    /// The AG operations applied to the AGs' blocks (bitmaps, orphan tables), under the AG
+    /// locks `guards` of `commit`: the blocks changed, sorted, the extents freed, and the
+    /// metadata blocks among them (revoked rather than logged).
+    fn apply_ops(&self, guards: &mut [(u32, MutexGuard<'_, AgState>)]) -> AgChanges {
+        let m = self.m;
+        let mut changes = AgChanges { bufs: SmallVec::new(), busy: SmallVec::new(), revoked: SmallVec::new() };
+        let AgChanges { bufs, busy, revoked } = &mut changes;
+        for op in &self.ops {
+            let agno = op.agno(m);
+            let ag = &m.ags[agno as usize];
+            let g = &mut guards.iter_mut().find(|(a, _)| *a == agno).unwrap().1;
+            match *op {
+                AgOp::InodeAlloc { ino } => bufs.push(ag.alloc_disk_inode(ino_index(ino))),
+                AgOp::InodeFree { ino, log_version } => bufs.push(ag.free_disk_inode(g, ino_index(ino), log_version)),
+                AgOp::BlockAlloc { start, len } => bufs.extend(ag.set_disk_blocks(start, len, true)),
+                AgOp::BlockFree { start, len, meta } => {
+                    bufs.extend(ag.free_disk_blocks(g, start, len));
+                    busy.push(BusyExtent { blkno: start, len: len as u32 });
+                    if meta {
+                        revoked.extend(start..start + len);
+                    }
+                }
+                AgOp::OrphanSet { ino, slot } => bufs.push(ag.set_disk_orphan(g, slot, ino)),
+                AgOp::OrphanClear { slot, .. } => bufs.push(ag.set_disk_orphan(g, slot, 0)),
+            }
+        }
+        bufs.sort_unstable_by_key(|b| b.blkno);
+        bufs.dedup_by_key(|b| b.blkno);
+        changes
+    }
+
+    /// The transaction's own blocks (directory and tree nodes), changed under the inode
+    /// locks its caller holds, sorted; a node it freed is revoked instead.
+    fn own_bufs(&mut self, revoked: &[u64]) -> SmallVec<[BufRef; 4]> {
+        let mut own = std::mem::take(&mut self.bufs);
+        own.sort_unstable_by_key(|b| b.blkno);
+        own.dedup_by_key(|b| b.blkno);
+        own.retain(|b| !revoked.contains(&b.blkno));
+        own
     }
 }
 

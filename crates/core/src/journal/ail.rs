@@ -6,7 +6,7 @@
 //! written home once however often it was relogged; then the tail moves past what was
 //! written.
 
-use super::BusyExtent;
+use super::{debug_assert_verified, BusyExtent};
 use crate::dev::BlockDevice;
 use crate::format::log::{ItemKey, LogHeader, LOG_HEADER_BLOCKS};
 use crate::format::{Geometry, BLOCK_SIZE};
@@ -357,10 +357,15 @@ impl Ail {
 /// the batch may then write an older image home, which that record's own writeback
 /// overwrites later (and a revoke among them is covered by `reusable`).
 fn live_items<'b>(latest: &mut FxHashMap<ItemKey, Newest>, records: &'b FxHashMap<u64, Written>, batch: &[Entry], geo: &Geometry, out: &mut Vec<(u64, &'b [u8])>) -> io::Result<()> {
-    let home_off = |k: ItemKey| match k {
-        ItemKey::Block(b) => Ok(b * BLOCK_SIZE as u64),
-        ItemKey::Inode(ino) => geo.inode_offset(ino).map_err(io::Error::other),
-        ItemKey::Revoke(_) => unreachable!("revokes are never written home"),
+    // Verified as its reads will verify it, in debug builds, before it is written home.
+    let homed_at = |k: ItemKey, img: &'b [u8]| -> io::Result<(u64, &'b [u8])> {
+        debug_assert_verified(k, img, geo, "written home");
+        let off = match k {
+            ItemKey::Block(b) => b * BLOCK_SIZE as u64,
+            ItemKey::Inode(ino) => geo.inode_offset(ino).map_err(io::Error::other)?,
+            ItemKey::Revoke(_) => unreachable!("revokes are never written home"),
+        };
+        Ok((off, img))
     };
     for e in batch {
         let w = &records[&e.rec_seq];
@@ -371,13 +376,13 @@ fn live_items<'b>(latest: &mut FxHashMap<ItemKey, Newest>, records: &'b FxHashMa
                 let homed = newest.homed;
                 latest.remove(&home_key);
                 if !homed && !matches!(k, ItemKey::Revoke(_)) {
-                    out.push((home_off(*k)?, &img[..]));
+                    out.push(homed_at(*k, img)?);
                 }
             } else if matches!(home_key, ItemKey::Block(_)) && !newest.homed {
                 debug_assert!(newest.rec_seq > e.rec_seq, "{home_key:?}: newest record {} before {}", newest.rec_seq, e.rec_seq);
                 newest.homed = true;
                 if let Some(img) = records[&newest.rec_seq].image_of(home_key) {
-                    out.push((home_off(home_key)?, img));
+                    out.push(homed_at(home_key, img)?);
                 }
             }
         }
@@ -427,6 +432,7 @@ fn write_coalesced(dev: &dyn BlockDevice, pieces: &[(u64, &[u8])], run: &mut Vec
 mod tests {
     use super::*;
     use crate::dev::MemDevice;
+    use crate::format::{init_header, seal_block, MAGIC_BITMAP};
     use crate::mkfs::{self, MkfsOptions};
 
     const DEV_BYTES: u64 = 64 << 20;
@@ -438,12 +444,19 @@ mod tests {
         let geo = mkfs::plan(DEV_BYTES, &MkfsOptions { ag_count: Some(1), ..MkfsOptions::default() }).expect("geometry");
         let dev = MemDevice::new(DEV_BYTES);
         let ail = Ail::new(geo.ag_layout(0).log, 64, LogHeader { gen: 0, epoch: 1, tail_off: 0, tail_seq: 1 });
-        let block = |v: u8| vec![v; BLOCK_SIZE].into_boxed_slice();
+        // Sealed blocks (writeback verifies what it writes home in debug builds), filled
+        // with `v` after the header.
+        let block = |blkno: u64, v: u8| {
+            let mut b = vec![v; BLOCK_SIZE];
+            init_header(&mut b, MAGIC_BITMAP, blkno, 0);
+            seal_block(&mut b, 1);
+            b.into_boxed_slice()
+        };
         for v in 1..=3u8 {
             let (rec_seq, _, _) = ail.reserve(2).expect("room");
-            let mut items = vec![(ItemKey::Block(100), block(v))];
+            let mut items = vec![(ItemKey::Block(100), block(100, v))];
             if v == 1 {
-                items.push((ItemKey::Block(101), block(9)));
+                items.push((ItemKey::Block(101), block(101, 9)));
             }
             ail.mark_durable(rec_seq, u64::from(v), items);
         }
@@ -457,8 +470,8 @@ mod tests {
         assert_eq!(ail.held_bytes(), 0);
         let mut home = vec![0u8; 2 * BLOCK_SIZE];
         dev.read_at(&mut home, 100 * BLOCK_SIZE as u64).expect("read home");
-        assert!(home[..BLOCK_SIZE].iter().all(|&b| b == 3), "block 100 holds the newest image");
-        assert!(home[BLOCK_SIZE..].iter().all(|&b| b == 9));
+        assert_eq!(home[..BLOCK_SIZE], block(100, 3)[..], "block 100 holds the newest image");
+        assert_eq!(home[BLOCK_SIZE..], block(101, 9)[..]);
     }
 
     /// Writeback's scratch outlives the records its slices point into only through

@@ -8,10 +8,14 @@ use crate::format::log::{chunk_indices, decode_record, record_head, LogHeader, L
 use crate::format::{Geometry, BLOCK_SIZE};
 use rustc_hash::FxHashMap;
 
+/// What recovery found in the log at mount.
 #[derive(Debug, Clone)]
 pub struct RecoveryReport {
+    /// Intact records replayed.
     pub records: u64,
+    /// Items in those records (revokes and skipped images included).
     pub items: u64,
+    /// Block images skipped because a later record revoked (freed) the block.
     pub revoked: u64,
     /// The header the log now has (or would have, read-only): empty, in a new epoch.
     pub header: LogHeader,
@@ -22,6 +26,7 @@ struct Record {
     bytes: Vec<u8>,
 }
 
+/// The newer valid copy of the log header (it is kept in two blocks, written alternately).
 pub fn read_log_header(dev: &dyn BlockDevice, geo: &Geometry) -> Result<LogHeader> {
     let log = geo.ag_layout(0).log;
     let ring = geo.log_ring_blocks();
