@@ -2,7 +2,58 @@
 
 use super::*;
 
+/// What one step of a job run by `FileSystem::in_steps` left behind.
+pub(super) enum Step {
+    /// More steps follow.
+    More,
+    /// The job is done; the inode is logged with the last step.
+    Done,
+    /// The job is done and the step freed the inode, which is therefore not logged.
+    Freed,
+}
+
+impl Step {
+    pub(super) fn done_if(done: bool) -> Step {
+        if done {
+            Step::Done
+        } else {
+            Step::More
+        }
+    }
+}
+
+/// Stamp a change of the file's contents (mtime and ctime).
+pub(super) fn stamp_modified(di: &mut DiskInode) {
+    let t = now();
+    di.mtime = t;
+    di.ctime = t;
+}
+
 impl FileSystem {
+    /// Run a job on locked inode `i` (whose state is `g`) as a series of transactions, one
+    /// step each: `step` changes a copy of the inode in a new transaction, which logs the
+    /// copy (with its data, ordered) and commits; only then is the copy stored into `g`, so
+    /// a failed step leaves `g` as the last committed step left it. Truncate, fallocate's
+    /// batches and the freeing of unlinked inodes all run this way.
+    pub(super) fn in_steps(&self, i: &InodeRef, g: &mut DiskInode, mut step: impl FnMut(&mut Tx, &mut DiskInode) -> Result<Step>) -> Result<()> {
+        // No computed bound: every step either ends the job or commits one batch of it
+        // (unmaps, maps or shifts up to a batch of extents), so the job's size bounds the
+        // number of steps.
+        loop {
+            let mut nd = g.clone();
+            let mut tx = Tx::new(&self.m)?;
+            let outcome = step(&mut tx, &mut nd)?;
+            if !matches!(outcome, Step::Freed) {
+                tx.log_inode(i, &nd, true);
+            }
+            tx.commit()?;
+            *g = nd;
+            if !matches!(outcome, Step::More) {
+                return Ok(());
+            }
+        }
+    }
+
     // ---- file data --------------------------------------------------------------------
 
     /// Open a handle: the inode stays allocated until the last handle is released, even if
@@ -76,11 +127,9 @@ impl FileSystem {
         let mut tx = Tx::new(&self.m)?;
         self.zero_tail(&i, &nd, off)?;
         let maps_changed = self.write_blocks(&mut tx, &i, &mut nd, off, data)?;
-        let t = now();
         let grew = end > nd.size;
         nd.size = nd.size.max(end);
-        nd.mtime = t;
-        nd.ctime = t;
+        stamp_modified(&mut nd);
         tx.log_inode(&i, &nd, maps_changed || grew);
         tx.commit()?;
         *g = nd;
@@ -227,25 +276,18 @@ impl FileSystem {
         // Only unwritten (preallocated) blocks can lie past the old end: growing keeps them,
         // as ext4 and XFS do; a truncate to the same size or smaller drops them.
         let grow = size > g.size;
-        loop {
-            let mut nd = g.clone();
-            let mut tx = Tx::new(&self.m)?;
-            let done = grow || self.unmap_from(&mut tx, i.ino, &mut nd, from)?;
+        self.in_steps(i, g, |tx, nd| {
+            let done = grow || self.unmap_from(tx, i.ino, nd, from)?;
             nd.size = size;
             if !done && nd.orphan_slot == 0 {
-                tx.orphan_add(i.ino, &mut nd)?;
+                tx.orphan_add(i.ino, nd)?;
             }
             if done && nd.orphan_slot != 0 && nd.nlink > 0 {
-                tx.orphan_remove(i.ino, &mut nd);
+                tx.orphan_remove(i.ino, nd);
             }
-            attrs(&mut nd);
-            tx.log_inode(i, &nd, true);
-            tx.commit()?;
-            *g = nd;
-            if done {
-                return Ok(());
-            }
-        }
+            attrs(nd);
+            Ok(Step::done_if(done))
+        })
     }
 
     /// Unmap and free up to one batch of the file's blocks at or after block `from`.

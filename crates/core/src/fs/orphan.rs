@@ -1,6 +1,7 @@
 //! Freeing inodes that lost their last name: at the last close, after an unlink or a
 //! rename replaced them, and at mount for those the orphan lists say were in flight.
 
+use super::data::Step;
 use super::*;
 
 impl FileSystem {
@@ -17,28 +18,23 @@ impl FileSystem {
     }
 
     fn reap(&self, i: &InodeRef, g: &mut DiskInode) -> Result<()> {
-        loop {
-            let mut tx = Tx::new(&self.m)?;
-            let mut nd = g.clone();
-            let done = self.unmap_from(&mut tx, i.ino, &mut nd, 0)? && self.free_xattr_values(&mut tx, i.ino, &mut nd)?;
+        self.in_steps(i, g, |tx, nd| {
+            let done = self.unmap_from(tx, i.ino, nd, 0)? && self.free_xattr_values(tx, i.ino, nd)?;
             if done {
-                xattr::destroy(&mut TxStore::new(&mut tx, i.ino, 0), &mut nd)?;
+                xattr::destroy(&mut TxStore::new(tx, i.ino, 0), nd)?;
                 if nd.orphan_slot != 0 {
-                    tx.orphan_remove(i.ino, &mut nd);
+                    tx.orphan_remove(i.ino, nd);
                 }
                 tx.free_inode(i);
-                tx.commit()?;
-                *g = nd;
-                self.m.icache.remove(i.ino);
-                return Ok(());
+                return Ok(Step::Freed);
             }
             if nd.orphan_slot == 0 {
-                tx.orphan_add(i.ino, &mut nd)?;
+                tx.orphan_add(i.ino, nd)?;
             }
-            tx.log_inode(i, &nd, true);
-            tx.commit()?;
-            *g = nd;
-        }
+            Ok(Step::More)
+        })?;
+        self.m.icache.remove(i.ino);
+        Ok(())
     }
 
     /// Free up to one batch of the value blocks of the inode's xattrs. Returns whether none is
