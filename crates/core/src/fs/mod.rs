@@ -72,11 +72,11 @@ fn ftype_of(mode: u16) -> u8 {
 
 
 /// A setgid directory's new entries take its group, and new directories its setgid bit.
-fn inherit_setgid(parent: &DiskInode, di: &mut DiskInode) {
+fn inherit_setgid(parent: &DiskInode, child: &mut DiskInode) {
     if parent.mode & S_ISGID != 0 {
-        di.gid = parent.gid;
-        if di.is_dir() {
-            di.mode |= S_ISGID;
+        child.gid = parent.gid;
+        if child.is_dir() {
+            child.mode |= S_ISGID;
         }
     }
 }
@@ -90,16 +90,22 @@ struct Locked<'a> {
 
 impl<'a> Locked<'a> {
     fn new(inodes: &[&'a InodeRef]) -> Locked<'a> {
-        let mut v: SmallVec<[&InodeRef; 4]> = SmallVec::from_slice(inodes);
-        v.sort_by_key(|i| i.ino);
-        v.dedup_by_key(|i| i.ino);
-        Locked { guards: v.into_iter().map(|i| (i.ino, i.core.write())).collect() }
+        let mut sorted: SmallVec<[&InodeRef; 4]> = SmallVec::from_slice(inodes);
+        sorted.sort_by_key(|inode| inode.ino);
+        sorted.dedup_by_key(|inode| inode.ino);
+        let locked = Locked { guards: sorted.into_iter().map(|inode| (inode.ino, inode.core.write())).collect() };
+        debug_assert!(locked.guards.windows(2).all(|pair| pair[0].0 < pair[1].0), "inodes locked out of ascending order");
+        locked
     }
     fn get(&self, ino: u64) -> &DiskInode {
-        &self.guards.iter().find(|(i, _)| *i == ino).expect("inode locked").1
+        &self.guards.iter().find(|(held, _)| *held == ino).expect("inode locked").1
     }
     fn set(&mut self, ino: u64, di: DiskInode) {
-        *self.guards.iter_mut().find(|(i, _)| *i == ino).expect("inode locked").1 = di;
+        *self.guards.iter_mut().find(|(held, _)| *held == ino).expect("inode locked").1 = di;
+    }
+    /// Whether every one of `inos` is locked here (for the callers' assertions).
+    fn holds(&self, inos: &[u64]) -> bool {
+        inos.iter().all(|ino| self.guards.iter().any(|(held, _)| held == ino))
     }
 
     /// Lock `more` as well, keeping the order rule: an inode numbered above every one held is
@@ -109,21 +115,21 @@ impl<'a> Locked<'a> {
     /// directory lock it needs anyway, rather than under a shared hold first: in a busy
     /// directory every extra acquisition is another wait behind its writers.
     fn add(&mut self, more: &[&'a InodeRef]) -> bool {
-        let mut v: SmallVec<[&InodeRef; 4]> = SmallVec::from_slice(more);
-        v.sort_by_key(|i| i.ino);
-        for i in v {
-            if self.guards.iter().any(|(ino, _)| *ino == i.ino) {
+        let mut sorted: SmallVec<[&InodeRef; 4]> = SmallVec::from_slice(more);
+        sorted.sort_by_key(|inode| inode.ino);
+        for inode in sorted {
+            if self.holds(&[inode.ino]) {
                 continue;
             }
-            let guard = if self.guards.iter().all(|(ino, _)| *ino < i.ino) {
-                i.core.write()
+            let guard = if self.guards.iter().all(|(held, _)| *held < inode.ino) {
+                inode.core.write()
             } else {
-                match i.core.try_write() {
-                    Some(g) => g,
+                match inode.core.try_write() {
+                    Some(guard) => guard,
                     None => return false,
                 }
             };
-            self.guards.push((i.ino, guard));
+            self.guards.push((inode.ino, guard));
         }
         true
     }
@@ -143,15 +149,15 @@ impl FileSystem {
         let fs = Self::open_device(dev.clone(), opts)?;
         match fs.process_orphans() {
             Ok(()) => {}
-            Err(e) if opts.read_only => {
-                eprintln!("ferrofs: read-only mount: orphans left as they are on disk ({e}); their space counts as used");
+            Err(error) if opts.read_only => {
+                eprintln!("ferrofs: read-only mount: orphans left as they are on disk ({error}); their space counts as used");
                 fs.m.seal_read_only(); // dropped without a final checkpoint
                 drop(fs);
                 let fs = Self::open_device(dev, opts)?;
                 fs.m.seal_read_only();
                 return Ok(fs);
             }
-            Err(e) => return Err(e),
+            Err(error) => return Err(error),
         }
         if opts.read_only {
             fs.m.seal_read_only();
@@ -170,6 +176,7 @@ impl FileSystem {
         Ok(fs)
     }
 
+    /// The mounted engine underneath: journal, caches and allocation groups.
     pub fn mount(&self) -> &Arc<Mount> {
         &self.m
     }
@@ -217,6 +224,7 @@ impl FileSystem {
         }
     }
 
+    /// Space and inode counts for statfs(2); cannot fail.
     pub fn statfs(&self) -> StatFs {
         let geo = &self.m.geo;
         let (bfree, ffree) = self.m.ags.iter().fold((0, 0), |(b, f), ag| (b + ag.free_blocks(), f + ag.free_inodes()));

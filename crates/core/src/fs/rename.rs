@@ -11,6 +11,33 @@ struct Whiteout {
     cred: Cred,
 }
 
+/// The inodes a rename changes, all locked.
+#[derive(Clone, Copy)]
+struct RenameInodes<'a> {
+    old_dir: &'a InodeRef,
+    new_dir: &'a InodeRef,
+    src: &'a InodeRef,
+    /// What the new name held, if anything: replaced, or exchanged with `src`.
+    dst: Option<&'a InodeRef>,
+}
+
+/// The two names of a rename, and what they were found to hold under the parents' locks.
+struct RenameNames<'a> {
+    old_name: &'a [u8],
+    old_entry: dir::Entry,
+    new_name: &'a [u8],
+    new_entry: Option<dir::Entry>,
+}
+
+/// A rename's working copies of the inodes it changes, stored back once it committed.
+struct RenameCopies {
+    old_dir: DiskInode,
+    /// None when both names are in one directory.
+    new_dir: Option<DiskInode>,
+    src: DiskInode,
+    dst: Option<DiskInode>,
+}
+
 impl FileSystem {
     /// rename(2)/renameat2(2); a whiteout left by `RENAME_WHITEOUT` belongs to root (see
     /// `rename_as`).
@@ -43,21 +70,31 @@ impl FileSystem {
         let Some(tx) = self.rename_under_parent_locks(tx, oldparent, oldname, newparent, newname, flags, whiteout)? else {
             return Ok(());
         };
+        self.rename_in_lock_order(tx, (oldparent, oldname), (newparent, newname), flags, whiteout)
+    }
+
+    /// The slow path: look the names up, then lock every inode in ascending order (and the
+    /// rename lock first when a directory changes parent), retrying if a name changed while
+    /// nothing was locked.
+    fn rename_in_lock_order(&self, tx: Tx, (oldparent, oldname): (u64, &[u8]), (newparent, newname): (u64, &[u8]), flags: u32, whiteout: Option<&Whiteout>) -> Result<()> {
+        // No computed bound: a retry means another operation changed one of the names
+        // between the lookup and the locks, and each such change completed (as the VFS's
+        // lookup retries).
         loop {
-            let (op, src) = self.lookup_child(oldparent, oldname)?;
-            let np = self.m.iget(newparent)?;
+            let (old_dir, src) = self.lookup_child(oldparent, oldname)?;
+            let new_dir = self.m.iget(newparent)?;
             let dst = {
-                let npd = np.core.read();
-                if !npd.is_dir() {
+                let new_dir_inode = new_dir.core.read();
+                if !new_dir_inode.is_dir() {
                     return Err(Error::NotDir);
                 }
                 // A removed directory that is still open takes no new entries (Linux:
                 // IS_DEADDIR); an entry there would leak with the directory.
-                if npd.nlink == 0 {
+                if new_dir_inode.nlink == 0 {
                     return Err(Error::NotFound);
                 }
-                match dir::lookup(&self.m, newparent, &npd, newname)? {
-                    Some(e) => Some(self.m.iget(e.ino)?),
+                match dir::lookup(&self.m, newparent, &new_dir_inode, newname)? {
+                    Some(entry) => Some(self.m.iget(entry.ino)?),
                     None => None,
                 }
             };
@@ -78,25 +115,27 @@ impl FileSystem {
                     self.check_not_ancestor(dst.as_ref().unwrap().ino, oldparent)?;
                 }
             }
-            let mut set = vec![&op, &np, &src];
+            let mut set = vec![&old_dir, &new_dir, &src];
             set.extend(dst.as_ref());
-            let mut l = Locked::new(&set);
+            let mut locked = Locked::new(&set);
             // Retry if a name changed or the new parent was removed meanwhile (the retry
             // then reports ENOENT for it).
-            let old_e = dir::lookup(&self.m, oldparent, l.get(oldparent), oldname)?;
-            let new_e = dir::lookup(&self.m, newparent, l.get(newparent), newname)?;
-            let old_e = match old_e {
-                Some(e) if e.ino == src.ino => e,
+            let old_entry = dir::lookup(&self.m, oldparent, locked.get(oldparent), oldname)?;
+            let new_entry = dir::lookup(&self.m, newparent, locked.get(newparent), newname)?;
+            let old_entry = match old_entry {
+                Some(entry) if entry.ino == src.ino => entry,
                 _ => continue,
             };
-            if new_e.map(|e| e.ino) != dst.as_ref().map(|d| d.ino) || l.get(newparent).nlink == 0 {
+            if new_entry.map(|e| e.ino) != dst.as_ref().map(|d| d.ino) || locked.get(newparent).nlink == 0 {
                 continue;
             }
-            self.rename_locked(&mut l, tx, [&op, &np, &src], dst.as_ref(), (old_e, oldname), (new_e, newname), flags, whiteout)?;
-            drop(l);
+            let inodes = RenameInodes { old_dir: &old_dir, new_dir: &new_dir, src: &src, dst: dst.as_ref() };
+            let names = RenameNames { old_name: oldname, old_entry, new_name: newname, new_entry };
+            self.rename_locked(&mut locked, tx, inodes, &names, flags, whiteout)?;
+            drop(locked);
             // A replaced target that is open or large is freed now that the locks are gone.
             return match dst.filter(|_| flags & RENAME_EXCHANGE == 0) {
-                Some(d) => self.reap_if_unused(&d),
+                Some(replaced) => self.reap_if_unused(&replaced),
                 None => Ok(()),
             };
         }
@@ -111,26 +150,26 @@ impl FileSystem {
     #[allow(clippy::too_many_arguments)]
     fn rename_under_parent_locks<'m>(&'m self, tx: Tx<'m>, oldparent: u64, oldname: &[u8], newparent: u64, newname: &[u8], flags: u32, whiteout: Option<&Whiteout>) -> Result<Option<Tx<'m>>> {
         dir::check_name(oldname)?;
-        let (op, np) = (self.m.iget(oldparent)?, self.m.iget(newparent)?);
+        let (old_dir, new_dir) = (self.m.iget(oldparent)?, self.m.iget(newparent)?);
         let src: InodeRef;
         let dst: Option<InodeRef>;
-        let mut l = Locked::new(&[&op, &np]);
-        if !l.get(oldparent).is_dir() {
+        let mut locked = Locked::new(&[&old_dir, &new_dir]);
+        if !locked.get(oldparent).is_dir() {
             return Err(Error::NotDir);
         }
-        let old_e = dir::lookup(&self.m, oldparent, l.get(oldparent), oldname)?.ok_or(Error::NotFound)?;
-        let src_ino = old_e.ino;
-        let npd = l.get(newparent);
-        if !npd.is_dir() {
+        let old_entry = dir::lookup(&self.m, oldparent, locked.get(oldparent), oldname)?.ok_or(Error::NotFound)?;
+        let src_ino = old_entry.ino;
+        let new_dir_inode = locked.get(newparent);
+        if !new_dir_inode.is_dir() {
             return Err(Error::NotDir);
         }
-        if npd.nlink == 0 {
+        if new_dir_inode.nlink == 0 {
             return Err(Error::NotFound);
         }
-        let new_e = dir::lookup(&self.m, newparent, npd, newname)?;
-        let dst_ino = new_e.map(|e| e.ino);
+        let new_entry = dir::lookup(&self.m, newparent, new_dir_inode, newname)?;
+        let dst_ino = new_entry.map(|e| e.ino);
         src = self.m.iget(src_ino)?;
-        dst = dst_ino.map(|i| self.m.iget(i)).transpose()?;
+        dst = dst_ino.map(|ino| self.m.iget(ino)).transpose()?;
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
             return Err(Error::Exists);
         }
@@ -144,17 +183,19 @@ impl FileSystem {
             Some(d) => &[&src, d],
             None => &[&src],
         };
-        if !l.add(children) {
+        if !locked.add(children) {
             return Ok(Some(tx));
         }
-        if oldparent != newparent && (l.get(src_ino).is_dir() || dst_ino.is_some_and(|d| l.get(d).is_dir())) {
+        if oldparent != newparent && (locked.get(src_ino).is_dir() || dst_ino.is_some_and(|ino| locked.get(ino).is_dir())) {
             return Ok(Some(tx));
         }
-        self.rename_locked(&mut l, tx, [&op, &np, &src], dst.as_ref(), (old_e, oldname), (new_e, newname), flags, whiteout)?;
-        drop(l);
+        let inodes = RenameInodes { old_dir: &old_dir, new_dir: &new_dir, src: &src, dst: dst.as_ref() };
+        let names = RenameNames { old_name: oldname, old_entry, new_name: newname, new_entry };
+        self.rename_locked(&mut locked, tx, inodes, &names, flags, whiteout)?;
+        drop(locked);
         // A replaced target that is open or large is freed now that the locks are gone.
-        if let Some(d) = dst.filter(|_| flags & RENAME_EXCHANGE == 0) {
-            self.reap_if_unused(&d)?;
+        if let Some(replaced) = dst.filter(|_| flags & RENAME_EXCHANGE == 0) {
+            self.reap_if_unused(&replaced)?;
         }
         Ok(None)
     }
@@ -174,130 +215,160 @@ impl FileSystem {
         Err(Error::corrupt("directory", dir, "parent chain does not reach the root"))
     }
 
-    /// `old` and `new`: the names and what they were found to hold under the parents' locks.
-    #[allow(clippy::too_many_arguments)]
-    fn rename_locked(&self, l: &mut Locked, mut tx: Tx, [op, np, src]: [&InodeRef; 3], dst: Option<&InodeRef>, (old_e, oldname): (dir::Entry, &[u8]), (new_e, newname): (Option<dir::Entry>, &[u8]), flags: u32, whiteout: Option<&Whiteout>) -> Result<()> {
-        let (opi, npi) = (op.ino, np.ino);
-        let mut sd = l.get(src.ino).clone();
-        let mut dd = dst.map(|d| l.get(d.ino).clone());
+    /// Make the rename in `tx` and commit it: every inode in `inodes` is locked in `locked`,
+    /// and `names` says what the names held under those locks.
+    fn rename_locked(&self, locked: &mut Locked, mut tx: Tx, inodes: RenameInodes, names: &RenameNames, flags: u32, whiteout: Option<&Whiteout>) -> Result<()> {
+        let RenameInodes { old_dir, new_dir, src, dst } = inodes;
+        debug_assert!(locked.holds(&[old_dir.ino, new_dir.ino, src.ino]), "rename: inodes not locked");
+        debug_assert!(dst.is_none_or(|d| locked.holds(&[d.ino])), "rename: target not locked");
         let exchange = flags & RENAME_EXCHANGE != 0;
-        if let (Some(d), false) = (&dd, exchange) {
-            match (sd.is_dir(), d.is_dir()) {
-                (true, false) => return Err(Error::NotDir),
-                (false, true) => return Err(Error::IsDir),
-                (true, true) if dir::root_of(d) != 0 => return Err(Error::NotEmpty),
-                _ => {}
-            }
+        let same_dir = old_dir.ino == new_dir.ino;
+        let mut copies = RenameCopies {
+            old_dir: locked.get(old_dir.ino).clone(),
+            new_dir: (!same_dir).then(|| locked.get(new_dir.ino).clone()),
+            src: locked.get(src.ino).clone(),
+            dst: dst.map(|d| locked.get(d.ino).clone()),
+        };
+        check_rename_kinds(&copies, exchange)?;
+        tx.route_by(old_dir);
+        if !same_dir {
+            tx.route_by(new_dir);
         }
-        // A directory moving to another parent adds a link there (and, exchanged with a
-        // file, to the old parent): refuse past the limit before anything changes.
-        let dst_dir = dd.as_ref().is_some_and(DiskInode::is_dir);
-        let new_gains = sd.is_dir() && !dst_dir;
-        let old_gains = exchange && dst_dir && !sd.is_dir();
-        if opi != npi && ((new_gains && l.get(npi).nlink >= LINK_MAX) || (old_gains && l.get(opi).nlink >= LINK_MAX)) {
-            return Err(Error::TooManyLinks);
-        }
-        tx.route_by(op);
-        if opi != npi {
-            tx.route_by(np);
-        }
-        let t = now();
-        let mut opd = l.get(opi).clone();
-        let mut npd = if opi == npi { None } else { Some(l.get(npi).clone()) };
+        let time = now();
+        self.rename_entries(&mut tx, inodes, names, &mut copies, exchange, whiteout)?;
+        move_dir_links(inodes, &mut copies, exchange)?;
         let mut freed = false;
-        {
-            let goal = self.dir_goal(opi, &opd);
-            let mut s = TxStore::new(&mut tx, opi, goal);
+        if let (Some(dst), Some(dst_copy)) = (dst, copies.dst.as_mut()) {
             if exchange {
-                let d = dd.as_ref().unwrap();
-                dir::retarget(&mut s, &mut opd, &old_e, oldname, dst.unwrap().ino, ftype_of(d.mode))?;
-            } else if let Some(w) = whiteout {
-                dir::retarget(&mut s, &mut opd, &old_e, oldname, w.ino, ftype_of(S_IFCHR))?;
+                if dst_copy.is_dir() && !same_dir {
+                    dst_copy.parent = old_dir.ino;
+                }
+                dst_copy.ctime = time;
+                tx.log_inode(dst, dst_copy, false);
             } else {
-                dir::remove(&mut s, &mut opd, &old_e)?;
-            }
-            opd.add_blocks(opi, s.blocks)?;
-        }
-        {
-            let target = npd.as_mut().unwrap_or(&mut opd);
-            let goal = self.dir_goal(npi, target);
-            let mut s = TxStore::new(&mut tx, npi, goal);
-            // Entries are keyed by their name's hash: removing the old name moved no other.
-            match new_e {
-                Some(e) => dir::retarget(&mut s, target, &e, newname, src.ino, ftype_of(sd.mode))?,
-                None => dir::insert(&mut s, npi, target, newname, src.ino, ftype_of(sd.mode))?,
-            }
-            target.add_blocks(npi, s.blocks)?;
-        }
-        if let (Some(d), Some(npd)) = (dd.as_mut(), npd.as_mut()) {
-            if exchange && d.is_dir() != sd.is_dir() {
-                // A directory moved each way: parent link counts follow it (the gaining
-                // parent's limit was checked before the transaction).
-                if sd.is_dir() {
-                    npd.nlink += 1;
-                    opd.drop_dir_link(opi)?;
-                } else {
-                    opd.nlink += 1;
-                    npd.drop_dir_link(npi)?;
+                if dst_copy.is_dir() && same_dir {
+                    copies.old_dir.drop_dir_link(old_dir.ino)?;
                 }
+                freed = self.drop_link(&mut tx, dst, dst_copy, time)?;
             }
         }
-        if sd.is_dir() && opi != npi {
-            sd.parent = npi;
-            let replaced_dir = dd.as_ref().is_some_and(|d| d.is_dir() && !exchange);
-            if !exchange {
-                opd.drop_dir_link(opi)?;
-                if !replaced_dir {
-                    npd.as_mut().unwrap().nlink += 1;
-                }
-            }
+        copies.src.ctime = time;
+        copies.old_dir.mtime = time;
+        copies.old_dir.ctime = time;
+        tx.log_inode(src, &copies.src, false);
+        tx.log_inode(old_dir, &copies.old_dir, false);
+        if let Some(new_dir_copy) = copies.new_dir.as_mut() {
+            new_dir_copy.mtime = time;
+            new_dir_copy.ctime = time;
+            tx.log_inode(new_dir, new_dir_copy, false);
         }
-        if let Some(d) = dd.as_mut() {
-            if exchange {
-                if d.is_dir() && opi != npi {
-                    d.parent = opi;
-                }
-                d.ctime = t;
-                tx.log_inode(dst.unwrap(), d, false);
-            } else {
-                if d.is_dir() && opi == npi {
-                    opd.drop_dir_link(opi)?;
-                }
-                freed = self.drop_link(&mut tx, dst.unwrap(), d, t)?;
-            }
-        }
-        sd.ctime = t;
-        opd.mtime = t;
-        opd.ctime = t;
-        tx.log_inode(src, &sd, false);
-        tx.log_inode(op, &opd, false);
-        if let Some(npd) = npd.as_mut() {
-            npd.mtime = t;
-            npd.ctime = t;
-            tx.log_inode(np, npd, false);
-        }
-        let whiteout = whiteout.map(|w| {
-            let mut di = DiskInode::new(S_IFCHR, w.cred.uid, w.cred.gid, t, w.gen);
-            inherit_setgid(&opd, &mut di);
-            di.fork = Fork::Device(0);
-            let inode = Inode::new(w.ino, di.clone(), w.log_version);
-            tx.log_inode(&inode, &di, true);
-            inode
-        });
+        let whiteout = whiteout.map(|w| log_whiteout(&mut tx, w, &copies.old_dir, time));
         self.commit_with_new_inode(tx, whiteout)?;
-        l.set(src.ino, sd);
-        l.set(opi, opd);
-        if let Some(npd) = npd {
-            l.set(npi, npd);
+        locked.set(src.ino, copies.src);
+        locked.set(old_dir.ino, copies.old_dir);
+        if let Some(new_dir_copy) = copies.new_dir {
+            locked.set(new_dir.ino, new_dir_copy);
         }
-        if let (Some(d), Some(dd)) = (dst, dd) {
-            l.set(d.ino, dd);
+        if let (Some(dst), Some(dst_copy)) = (dst, copies.dst) {
+            locked.set(dst.ino, dst_copy);
         }
-        if let Some(d) = dst.filter(|_| !exchange) {
-            if freed {
-                self.m.icache.remove(d.ino);
-            }
+        if let (true, Some(replaced)) = (freed, dst) {
+            self.m.icache.remove(replaced.ino);
         }
         Ok(())
     }
+
+    /// The entry changes: the old name goes (or names the exchanged inode, or the
+    /// whiteout), and the new name names the source.
+    fn rename_entries(&self, tx: &mut Tx, inodes: RenameInodes, names: &RenameNames, copies: &mut RenameCopies, exchange: bool, whiteout: Option<&Whiteout>) -> Result<()> {
+        let (old_dir_ino, new_dir_ino) = (inodes.old_dir.ino, inodes.new_dir.ino);
+        let goal = self.dir_goal(old_dir_ino, &copies.old_dir);
+        let mut store = TxStore::new(tx, old_dir_ino, goal);
+        match (inodes.dst, copies.dst.as_ref(), whiteout) {
+            (Some(dst), Some(dst_copy), _) if exchange => dir::retarget(&mut store, &mut copies.old_dir, &names.old_entry, names.old_name, dst.ino, ftype_of(dst_copy.mode))?,
+            (_, _, Some(w)) => dir::retarget(&mut store, &mut copies.old_dir, &names.old_entry, names.old_name, w.ino, ftype_of(S_IFCHR))?,
+            _ => dir::remove(&mut store, &mut copies.old_dir, &names.old_entry)?,
+        }
+        let tree_delta = store.blocks;
+        copies.old_dir.add_blocks(old_dir_ino, tree_delta)?;
+        let target = copies.new_dir.as_mut().unwrap_or(&mut copies.old_dir);
+        let goal = self.dir_goal(new_dir_ino, target);
+        let mut store = TxStore::new(tx, new_dir_ino, goal);
+        let (src_ino, src_ftype) = (inodes.src.ino, ftype_of(copies.src.mode));
+        // Entries are keyed by their name's hash: removing the old name moved no other.
+        match names.new_entry {
+            Some(entry) => dir::retarget(&mut store, target, &entry, names.new_name, src_ino, src_ftype)?,
+            None => dir::insert(&mut store, new_dir_ino, target, names.new_name, src_ino, src_ftype)?,
+        }
+        let tree_delta = store.blocks;
+        target.add_blocks(new_dir_ino, tree_delta)
+    }
+}
+
+/// The checks made before anything changes: a replaced target must be of the source's
+/// kind (and empty, for a directory), and a directory moving to another parent adds a link
+/// there (and, exchanged with a file, to the old parent), so refuse past the limit.
+fn check_rename_kinds(copies: &RenameCopies, exchange: bool) -> Result<()> {
+    let src_is_dir = copies.src.is_dir();
+    if let (Some(dst), false) = (&copies.dst, exchange) {
+        match (src_is_dir, dst.is_dir()) {
+            (true, false) => return Err(Error::NotDir),
+            (false, true) => return Err(Error::IsDir),
+            (true, true) if dir::root_of(dst) != 0 => return Err(Error::NotEmpty),
+            _ => {}
+        }
+    }
+    let dst_is_dir = copies.dst.as_ref().is_some_and(DiskInode::is_dir);
+    let new_gains = src_is_dir && !dst_is_dir;
+    let old_gains = exchange && dst_is_dir && !src_is_dir;
+    if let Some(new_dir) = &copies.new_dir {
+        if (new_gains && new_dir.nlink >= LINK_MAX) || (old_gains && copies.old_dir.nlink >= LINK_MAX) {
+            return Err(Error::TooManyLinks);
+        }
+    }
+    Ok(())
+}
+
+/// A directory that changes parent takes a link from the old parent to the new one (and,
+/// exchanged with a file, the file's parent gains the link the directory's loses); its
+/// `..` follows it. The gaining parent's limit was checked before the transaction.
+fn move_dir_links(inodes: RenameInodes, copies: &mut RenameCopies, exchange: bool) -> Result<()> {
+    let (old_dir_ino, new_dir_ino) = (inodes.old_dir.ino, inodes.new_dir.ino);
+    let src_is_dir = copies.src.is_dir();
+    if let (Some(dst_copy), Some(new_dir_copy)) = (copies.dst.as_ref(), copies.new_dir.as_mut()) {
+        if exchange && dst_copy.is_dir() != src_is_dir {
+            if src_is_dir {
+                debug_assert!(new_dir_copy.nlink < LINK_MAX, "rename: inode {new_dir_ino} nlink past LINK_MAX");
+                new_dir_copy.nlink += 1;
+                copies.old_dir.drop_dir_link(old_dir_ino)?;
+            } else {
+                debug_assert!(copies.old_dir.nlink < LINK_MAX, "rename: inode {old_dir_ino} nlink past LINK_MAX");
+                copies.old_dir.nlink += 1;
+                new_dir_copy.drop_dir_link(new_dir_ino)?;
+            }
+        }
+    }
+    if src_is_dir && old_dir_ino != new_dir_ino {
+        copies.src.parent = new_dir_ino;
+        let replaced_dir = copies.dst.as_ref().is_some_and(|d| d.is_dir() && !exchange);
+        if !exchange {
+            copies.old_dir.drop_dir_link(old_dir_ino)?;
+            if !replaced_dir {
+                let new_dir_copy = copies.new_dir.as_mut().expect("two parents have two copies");
+                debug_assert!(new_dir_copy.nlink < LINK_MAX, "rename: inode {new_dir_ino} nlink past LINK_MAX");
+                new_dir_copy.nlink += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Log the whiteout left at the old name: a character device 0:0 in the old parent.
+fn log_whiteout(tx: &mut Tx, whiteout: &Whiteout, old_dir: &DiskInode, time: Timespec) -> InodeRef {
+    let mut disk_inode = DiskInode::new(S_IFCHR, whiteout.cred.uid, whiteout.cred.gid, time, whiteout.gen);
+    inherit_setgid(old_dir, &mut disk_inode);
+    disk_inode.fork = Fork::Device(0);
+    let inode = Inode::new(whiteout.ino, disk_inode.clone(), whiteout.log_version);
+    tx.log_inode(&inode, &disk_inode, true);
+    inode
 }
