@@ -4,40 +4,44 @@
 use super::*;
 
 impl FileSystem {
+    /// The attributes of inode `ino` (stat(2)): ESTALE if it is not allocated.
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let i = self.m.iget(ino)?;
-        let di = i.core.read();
-        Ok(Attr::from_inode(ino, &di))
+        let inode = i.core.read();
+        Ok(Attr::from_inode(ino, &inode))
     }
 
-    pub fn setattr(&self, ino: u64, sa: &SetAttr) -> Result<Attr> {
+    /// Change what `changes` names (mode bits, owner, times, size) in one transaction, or a
+    /// series for a large shrink (see `truncate`). EISDIR or EINVAL for a size change of a
+    /// directory or other non-regular file, EFBIG past the largest file.
+    pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
         let i = self.m.iget(ino)?;
         let mut g = i.core.write();
-        let t = now();
-        let apply = |nd: &mut DiskInode| {
-            if let Some(mode) = sa.mode {
-                nd.mode = (nd.mode & S_IFMT) | (mode & 0o7777);
+        let time = now();
+        let apply = |updated: &mut DiskInode| {
+            if let Some(mode) = changes.mode {
+                updated.mode = (updated.mode & S_IFMT) | (mode & 0o7777);
             }
-            if let Some(uid) = sa.uid {
-                nd.uid = uid;
+            if let Some(uid) = changes.uid {
+                updated.uid = uid;
             }
-            if let Some(gid) = sa.gid {
-                nd.gid = gid;
+            if let Some(gid) = changes.gid {
+                updated.gid = gid;
             }
-            if let Some(a) = sa.atime {
-                nd.atime = a.resolve(t);
+            if let Some(atime) = changes.atime {
+                updated.atime = atime.resolve(time);
             }
-            if let Some(m) = sa.mtime {
-                nd.mtime = m.resolve(t);
-            } else if sa.size.is_some() {
+            if let Some(mtime) = changes.mtime {
+                updated.mtime = mtime.resolve(time);
+            } else if changes.size.is_some() {
                 // truncate(2) marks mtime even when the size does not change (as Linux's
                 // local file systems do), and open(O_TRUNC) of an existing file must: FUSE
                 // sends that as a bare size change and leaves the time to us.
-                nd.mtime = t;
+                updated.mtime = time;
             }
-            nd.ctime = sa.ctime.unwrap_or(t);
+            updated.ctime = changes.ctime.unwrap_or(time);
         };
-        match sa.size {
+        match changes.size {
             Some(size) => {
                 if g.is_dir() {
                     return Err(Error::IsDir);
@@ -48,51 +52,56 @@ impl FileSystem {
                 self.truncate(&i, &mut g, size, &apply)?;
             }
             None => {
-                let mut nd = g.clone();
-                apply(&mut nd);
+                let mut updated = g.clone();
+                apply(&mut updated);
                 let mut tx = Tx::new(&self.m)?;
-                tx.log_inode(&i, &nd, false);
+                tx.log_inode(&i, &updated, false);
                 tx.commit()?;
-                *g = nd;
+                *g = updated;
             }
         }
         Ok(Attr::from_inode(ino, &g))
     }
 
+    /// The value of extended attribute `name`: ENODATA if there is none.
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let i = self.m.iget(ino)?;
         let g = i.core.read();
         xattr::get(&self.m, ino, &g, name)
     }
 
+    /// The names of the inode's extended attributes.
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
         let i = self.m.iget(ino)?;
         let g = i.core.read();
         xattr::list(&self.m, ino, &g)
     }
 
+    /// Set extended attribute `name` (setxattr(2), `flags` as XATTR_CREATE/XATTR_REPLACE):
+    /// EEXIST or ENODATA as the flags demand, E2BIG past `XATTR_VALUE_MAX`, ENOSPC.
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
-        self.change_xattrs(ino, xattr::set_reserve(value.len()), |s, di| xattr::set(s, ino, di, name, value, flags))
+        self.change_xattrs(ino, xattr::set_reserve(value.len()), |store, inode| xattr::set(store, ino, inode, name, value, flags))
     }
 
+    /// Remove extended attribute `name`: ENODATA if there is none.
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        self.change_xattrs(ino, MAP_RESERVE, |s, di| xattr::remove(s, ino, di, name))
+        self.change_xattrs(ino, MAP_RESERVE, |store, inode| xattr::remove(store, ino, inode, name))
     }
 
-    fn change_xattrs(&self, ino: u64, reserve: u64, f: impl FnOnce(&mut TxStore, &mut DiskInode) -> Result<()>) -> Result<()> {
+    fn change_xattrs(&self, ino: u64, reserve: u64, change: impl FnOnce(&mut TxStore, &mut DiskInode) -> Result<()>) -> Result<()> {
         let i = self.m.iget(ino)?;
         let mut g = i.core.write();
-        let mut nd = g.clone();
+        let mut updated = g.clone();
         let mut tx = Tx::new(&self.m)?;
         tx.reserve(ino_ag(ino), reserve)?;
-        let goal = if nd.xattr_root != 0 { nd.xattr_root } else { self.m.geo.ag_layout(ino_ag(ino)).data_start };
-        let mut s = TxStore::new(&mut tx, ino, goal);
-        f(&mut s, &mut nd)?;
-        nd.add_blocks(ino, s.blocks)?;
-        nd.ctime = now();
-        tx.log_inode(&i, &nd, false);
+        let goal = if updated.xattr_root != 0 { updated.xattr_root } else { self.m.geo.ag_layout(ino_ag(ino)).data_start };
+        let mut store = TxStore::new(&mut tx, ino, goal);
+        change(&mut store, &mut updated)?;
+        updated.add_blocks(ino, store.blocks)?;
+        updated.ctime = now();
+        tx.log_inode(&i, &updated, false);
         tx.commit()?;
-        *g = nd;
+        *g = updated;
         Ok(())
     }
 }

@@ -23,10 +23,10 @@ impl Step {
 }
 
 /// Stamp a change of the file's contents (mtime and ctime).
-pub(super) fn stamp_modified(di: &mut DiskInode) {
+pub(super) fn stamp_modified(state: &mut DiskInode) {
     let t = now();
-    di.mtime = t;
-    di.ctime = t;
+    state.mtime = t;
+    state.ctime = t;
 }
 
 impl FileSystem {
@@ -40,14 +40,14 @@ impl FileSystem {
         // (unmaps, maps or shifts up to a batch of extents), so the job's size bounds the
         // number of steps.
         loop {
-            let mut nd = g.clone();
+            let mut updated = g.clone();
             let mut tx = Tx::new(&self.m)?;
-            let outcome = step(&mut tx, &mut nd)?;
+            let outcome = step(&mut tx, &mut updated)?;
             if !matches!(outcome, Step::Freed) {
-                tx.log_inode(i, &nd, true);
+                tx.log_inode(i, &updated, true);
             }
             tx.commit()?;
-            *g = nd;
+            *g = updated;
             if !matches!(outcome, Step::More) {
                 return Ok(());
             }
@@ -68,6 +68,8 @@ impl FileSystem {
         Ok(Attr::from_inode(ino, &g))
     }
 
+    /// Close a handle `open` gave; the last close of an unlinked inode frees it. Never
+    /// fails for an inode no longer cached (nothing left to do).
     pub fn release(&self, ino: u64) -> Result<()> {
         let Some(i) = self.m.icache.get(ino) else { return Ok(()) };
         let prev = i.open_count.fetch_sub(1, AcqRel);
@@ -96,17 +98,20 @@ impl FileSystem {
         }
         let end = (off + len as u64).min(g.size);
         let mut out = vec![0u8; (end - off) as usize];
-        for e in file::read_extents(&self.m, ino, &g, off / BS, end.div_ceil(BS))? {
-            if e.unwritten {
+        for extent in file::read_extents(&self.m, ino, &g, off / BS, end.div_ceil(BS))? {
+            if extent.unwritten {
                 continue;
             }
-            let (lo, hi) = ((e.lblk * BS).max(off), (e.end() * BS).min(end));
-            let dev_off = e.pblk * BS + (lo - e.lblk * BS);
+            let (lo, hi) = ((extent.lblk * BS).max(off), (extent.end() * BS).min(end));
+            let dev_off = extent.pblk * BS + (lo - extent.lblk * BS);
             self.m.dev.read_at(&mut out[(lo - off) as usize..(hi - off) as usize], dev_off)?;
         }
         Ok(out)
     }
 
+    /// Write `data` at `off`, growing the file if it ends past the size; returns the bytes
+    /// written (all of them). EISDIR/EINVAL for a non-regular file, EFBIG past the largest
+    /// file, ENOSPC.
     pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<usize> {
         if data.is_empty() {
             return Ok(0);
@@ -123,30 +128,30 @@ impl FileSystem {
         if !g.is_reg() {
             return Err(Error::Invalid("write to a non-regular file"));
         }
-        let mut nd = g.clone();
+        let mut updated = g.clone();
         let mut tx = Tx::new(&self.m)?;
-        self.zero_tail(&i, &nd, off)?;
-        let maps_changed = self.write_blocks(&mut tx, &i, &mut nd, off, data)?;
-        let grew = end > nd.size;
-        nd.size = nd.size.max(end);
-        stamp_modified(&mut nd);
-        tx.log_inode(&i, &nd, maps_changed || grew);
+        self.zero_tail(&i, &updated, off)?;
+        let maps_changed = self.write_blocks(&mut tx, &i, &mut updated, off, data)?;
+        let grew = end > updated.size;
+        updated.size = updated.size.max(end);
+        stamp_modified(&mut updated);
+        tx.log_inode(&i, &updated, maps_changed || grew);
         tx.commit()?;
-        *g = nd;
+        *g = updated;
         Ok(data.len())
     }
 
     /// Before the size grows past `new_end`: zero the stale bytes after the old EOF in the
     /// old last block (they may hold data from before a shrinking truncate).
-    pub(super) fn zero_tail(&self, i: &InodeRef, di: &DiskInode, new_end: u64) -> Result<()> {
-        let size = di.size;
+    pub(super) fn zero_tail(&self, i: &InodeRef, state: &DiskInode, new_end: u64) -> Result<()> {
+        let size = state.size;
         if new_end <= size || size.is_multiple_of(BS) {
             return Ok(());
         }
         let blk = size / BS;
-        if let Some(e) = file::read_extents(&self.m, i.ino, di, blk, blk + 1)?.first().filter(|e| !e.unwritten) {
+        if let Some(extent) = file::read_extents(&self.m, i.ino, state, blk, blk + 1)?.first().filter(|extent| !extent.unwritten) {
             let n = (BS - size % BS).min(new_end - size) as usize;
-            self.m.dev.write_at(&vec![0u8; n], (e.pblk + (blk - e.lblk)) * BS + size % BS)?;
+            self.m.dev.write_at(&vec![0u8; n], (extent.pblk + (blk - extent.lblk)) * BS + size % BS)?;
             self.note_data(i);
         }
         Ok(())
@@ -161,24 +166,24 @@ impl FileSystem {
     /// over holes and unwritten extents, which are then mapped. Data reaches the device
     /// before the transaction that maps it commits (ordered data). Returns whether the block
     /// map changed.
-    fn write_blocks(&self, tx: &mut Tx, i: &InodeRef, nd: &mut DiskInode, off: u64, data: &[u8]) -> Result<bool> {
+    fn write_blocks(&self, tx: &mut Tx, i: &InodeRef, updated: &mut DiskInode, off: u64, data: &[u8]) -> Result<bool> {
         let (first, last) = (off / BS, (off + data.len() as u64 - 1) / BS);
-        let mapped = file::read_extents(&self.m, i.ino, nd, first, last + 1)?;
+        let mapped = file::read_extents(&self.m, i.ino, updated, first, last + 1)?;
         let mut cur = first;
         let mut new_maps: Vec<Extent> = Vec::new();
         let mut to_convert: Vec<(u64, u64)> = Vec::new();
-        for e in mapped.iter().chain(std::iter::once(&Extent { lblk: last + 1, pblk: 0, len: 0, unwritten: false })) {
-            if e.lblk > cur {
-                new_maps.push(Extent { lblk: cur, pblk: 0, len: (e.lblk.min(last + 1) - cur) as u32, unwritten: false });
+        for extent in mapped.iter().chain(std::iter::once(&Extent { lblk: last + 1, pblk: 0, len: 0, unwritten: false })) {
+            if extent.lblk > cur {
+                new_maps.push(Extent { lblk: cur, pblk: 0, len: (extent.lblk.min(last + 1) - cur) as u32, unwritten: false });
             }
-            if e.len == 0 {
+            if extent.len == 0 {
                 break;
             }
-            let (lo, hi) = (e.lblk.max(first), e.end().min(last + 1));
-            if e.unwritten {
+            let (lo, hi) = (extent.lblk.max(first), extent.end().min(last + 1));
+            if extent.unwritten {
                 to_convert.push((lo, hi));
             } else {
-                self.write_span(data, off, lo, hi, e.pblk + (lo - e.lblk), false)?;
+                self.write_span(data, off, lo, hi, extent.pblk + (lo - extent.lblk), false)?;
             }
             cur = hi;
         }
@@ -192,15 +197,15 @@ impl FileSystem {
         // B+tree map the worst case is reserved from the AGs' pools, which ordinary
         // allocations leave alone, so a write into preallocated space gets its tree blocks
         // on a full file system too (until the pools run dry: thousands of splits).
-        let fresh: u64 = new_maps.iter().map(|e| e.len as u64).sum::<u64>();
-        let inline = match nd.fork {
+        let fresh: u64 = new_maps.iter().map(|extent| extent.len as u64).sum::<u64>();
+        let inline = match updated.fork {
             Fork::Empty => Some(0),
             Fork::Extents { n, .. } => Some(n as usize),
             _ => None,
         };
         let stays_inline = new_maps.is_empty() && inline.is_some_and(|n| n + 2 * to_convert.len() <= crate::format::inode::INLINE_EXTENTS);
         let (tree_fresh, tree_convert) = if stays_inline { (0, 0) } else { (MAP_RESERVE * new_maps.len() as u64, MAP_RESERVE * 3 * to_convert.len() as u64) };
-        let goal = mapped.last().map_or(self.m.geo.ag_layout(ino_ag(i.ino)).data_start, |e| e.pblk + e.len as u64);
+        let goal = mapped.last().map_or(self.m.geo.ag_layout(ino_ag(i.ino)).data_start, |extent| extent.pblk + extent.len as u64);
         if fresh + tree_fresh > 0 {
             tx.reserve(ino_ag(i.ino), fresh + tree_fresh)?;
         }
@@ -209,39 +214,39 @@ impl FileSystem {
         }
         let mut goal = goal;
         for (lo, hi) in to_convert {
-            let mut s = TxStore::new(tx, i.ino, 0);
-            let (pieces, _) = file::unmap(&mut s, &self.m, i.ino, nd, lo, hi, usize::MAX)?;
-            nd.add_blocks(i.ino, s.blocks)?;
-            for p in pieces {
-                self.write_span(data, off, p.lblk, p.end(), p.pblk, true)?;
-                nd.add_blocks(i.ino, -(p.len as i64))?;
-                new_maps.push(Extent { unwritten: false, ..p });
+            let mut store = TxStore::new(tx, i.ino, 0);
+            let (pieces, _) = file::unmap(&mut store, &self.m, i.ino, updated, lo, hi, usize::MAX)?;
+            updated.add_blocks(i.ino, store.blocks)?;
+            for piece in pieces {
+                self.write_span(data, off, piece.lblk, piece.end(), piece.pblk, true)?;
+                updated.add_blocks(i.ino, -(piece.len as i64))?;
+                new_maps.push(Extent { unwritten: false, ..piece });
             }
         }
-        for hole in new_maps.iter().filter(|e| e.pblk == 0).copied().collect::<Vec<_>>() {
+        for hole in new_maps.iter().filter(|extent| extent.pblk == 0).copied().collect::<Vec<_>>() {
             let mut lblk = hole.lblk;
             while lblk < hole.end() {
                 let want = (hole.end() - lblk).min(crate::format::inode::EXTENT_LEN_MAX as u64);
                 let (pblk, len) = tx.alloc_blocks(goal, want)?;
                 self.write_span(data, off, lblk, lblk + len, pblk, true)?;
-                self.map_extent(tx, i.ino, nd, Extent { lblk, pblk, len: len as u32, unwritten: false })?;
-                nd.blocks += len;
+                self.map_extent(tx, i.ino, updated, Extent { lblk, pblk, len: len as u32, unwritten: false })?;
+                updated.blocks += len;
                 goal = pblk + len;
                 lblk += len;
             }
         }
-        for e in new_maps.into_iter().filter(|e| e.pblk != 0) {
-            self.map_extent(tx, i.ino, nd, e)?;
-            nd.blocks += e.len as u64;
+        for extent in new_maps.into_iter().filter(|extent| extent.pblk != 0) {
+            self.map_extent(tx, i.ino, updated, extent)?;
+            updated.blocks += extent.len as u64;
         }
         self.note_data(i);
         Ok(true)
     }
 
-    pub(super) fn map_extent(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode, e: Extent) -> Result<()> {
-        let mut s = TxStore::new(tx, ino, e.pblk);
-        file::map(&mut s, &self.m, ino, nd, e)?;
-        nd.add_blocks(ino, s.blocks)?;
+    pub(super) fn map_extent(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode, extent: Extent) -> Result<()> {
+        let mut store = TxStore::new(tx, ino, extent.pblk);
+        file::map(&mut store, &self.m, ino, updated, extent)?;
+        updated.add_blocks(ino, store.blocks)?;
         Ok(())
     }
 
@@ -249,6 +254,7 @@ impl FileSystem {
     /// blocks `[lo, hi)`, at device block `pblk`. `fresh` blocks get zeros around the data.
     fn write_span(&self, data: &[u8], off: u64, lo: u64, hi: u64, pblk: u64, fresh: bool) -> Result<()> {
         let (start, end) = ((lo * BS).max(off), (hi * BS).min(off + data.len() as u64));
+        debug_assert!(start < end, "blocks [{lo}, {hi}) hold none of the data at {off}");
         let piece = &data[(start - off) as usize..(end - off) as usize];
         if !fresh {
             self.m.dev.write_at(piece, pblk * BS + (start - lo * BS))?;
@@ -276,45 +282,47 @@ impl FileSystem {
         // Only unwritten (preallocated) blocks can lie past the old end: growing keeps them,
         // as ext4 and XFS do; a truncate to the same size or smaller drops them.
         let grow = size > g.size;
-        self.in_steps(i, g, |tx, nd| {
-            let done = grow || self.unmap_from(tx, i.ino, nd, from)?;
-            nd.size = size;
-            if !done && nd.orphan_slot == 0 {
-                tx.orphan_add(i.ino, nd)?;
+        self.in_steps(i, g, |tx, updated| {
+            let done = grow || self.unmap_from(tx, i.ino, updated, from)?;
+            updated.size = size;
+            if !done && updated.orphan_slot == 0 {
+                tx.orphan_add(i.ino, updated)?;
             }
-            if done && nd.orphan_slot != 0 && nd.nlink > 0 {
-                tx.orphan_remove(i.ino, nd);
+            if done && updated.orphan_slot != 0 && updated.nlink > 0 {
+                tx.orphan_remove(i.ino, updated);
             }
-            attrs(nd);
+            attrs(updated);
             Ok(Step::done_if(done))
         })
     }
 
     /// Unmap and free up to one batch of the file's blocks at or after block `from`.
     /// Returns whether nothing is left to unmap there.
-    pub(super) fn unmap_from(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode, from: u64) -> Result<bool> {
-        self.unmap_range(tx, ino, nd, from, MAX_FILE_BLOCKS)
+    pub(super) fn unmap_from(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode, from: u64) -> Result<bool> {
+        self.unmap_range(tx, ino, updated, from, MAX_FILE_BLOCKS)
     }
 
     /// Unmap and free up to one batch of the file's blocks in `[from, to)`. Returns whether
     /// nothing is left to unmap there.
-    pub(super) fn unmap_range(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode, from: u64, to: u64) -> Result<bool> {
-        if !(nd.is_reg() || nd.is_symlink()) || matches!(nd.fork, Fork::Inline { .. }) {
+    pub(super) fn unmap_range(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode, from: u64, to: u64) -> Result<bool> {
+        debug_assert!(from <= to, "unmap of a reversed range [{from}, {to}) in inode {ino}");
+        if !(updated.is_reg() || updated.is_symlink()) || matches!(updated.fork, Fork::Inline { .. }) {
             return Ok(true);
         }
         // A punch may split an extent: freeing space must work on a full file system.
         tx.reserve_pooled(ino_ag(ino), MAP_RESERVE)?;
-        let mut s = TxStore::new(tx, ino, 0);
-        let (pieces, done) = file::unmap(&mut s, &self.m, ino, nd, from, to, UNMAP_BATCH)?;
-        let tree_delta = s.blocks;
-        for p in &pieces {
-            tx.free_blocks(p.pblk, p.len as u64, false);
+        let mut store = TxStore::new(tx, ino, 0);
+        let (pieces, done) = file::unmap(&mut store, &self.m, ino, updated, from, to, UNMAP_BATCH)?;
+        let tree_delta = store.blocks;
+        for piece in &pieces {
+            tx.free_blocks(piece.pblk, piece.len as u64, false);
         }
-        let unmapped: i64 = pieces.iter().map(|p| p.len as i64).sum();
-        nd.add_blocks(ino, tree_delta - unmapped)?;
+        let unmapped: i64 = pieces.iter().map(|piece| piece.len as i64).sum();
+        updated.add_blocks(ino, tree_delta - unmapped)?;
         Ok(done)
     }
 
+    /// The target of symlink `ino`: EINVAL if it is not a symlink.
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let i = self.m.iget(ino)?;
         let g = i.core.read();

@@ -106,20 +106,20 @@ impl FileSystem {
             self.zero_edges(i, g, off, end)?;
         }
         let mut unfilled = Unfilled { holes: holes.into_iter().peekable(), blocks: need, goal: self.m.geo.ag_layout(ino_ag(i.ino)).data_start };
-        self.in_steps(i, g, |tx, nd| {
+        self.in_steps(i, g, |tx, updated| {
             if unfilled.blocks > 0 {
-                self.fill_batch(tx, i.ino, nd, &mut unfilled, &mut remap)?;
+                self.fill_batch(tx, i.ino, updated, &mut unfilled, &mut remap)?;
             }
             let done = unfilled.holes.peek().is_none();
-            let t = now();
-            if done && size != nd.size {
-                nd.size = size;
-                nd.mtime = t;
+            let time = now();
+            if done && size != updated.size {
+                updated.size = size;
+                updated.mtime = time;
             }
             if zero {
-                nd.mtime = t;
+                updated.mtime = time;
             }
-            nd.ctime = t;
+            updated.ctime = time;
             Ok(Step::done_if(done))
         })
     }
@@ -127,11 +127,11 @@ impl FileSystem {
     /// One transaction's batch of `preallocate`: reserve for it, unmap `remap` if that is
     /// still to do, then map unwritten extents over the next holes, as many as the
     /// reservation covers.
-    fn fill_batch(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode, unfilled: &mut Unfilled, remap: &mut Option<(u64, u64)>) -> Result<()> {
+    fn fill_batch(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode, unfilled: &mut Unfilled, remap: &mut Option<(u64, u64)>) -> Result<()> {
         let (mut budget, mut extents) = self.reserve_falloc_batch(tx, ino_ag(ino), unfilled.blocks)?;
         // After the reservation, which may fail: nothing is changed before it.
         if let Some((from, to)) = remap.take() {
-            let unmapped = self.unmap_range(tx, ino, nd, from, to)?;
+            let unmapped = self.unmap_range(tx, ino, updated, from, to)?;
             debug_assert!(unmapped, "more than UNMAP_BATCH extents to remap");
         }
         // Data blocks come out of `budget` only: the rest of the reservation is for the tree
@@ -140,8 +140,8 @@ impl FileSystem {
             let Some(&(lo, hi)) = unfilled.holes.peek() else { break };
             let want = (hi - lo).min(budget).min(crate::format::inode::EXTENT_LEN_MAX as u64);
             let (pblk, len) = tx.alloc_blocks(unfilled.goal, want)?;
-            self.map_extent(tx, ino, nd, Extent { lblk: lo, pblk, len: len as u32, unwritten: true })?;
-            nd.blocks += len;
+            self.map_extent(tx, ino, updated, Extent { lblk: lo, pblk, len: len as u32, unwritten: true })?;
+            updated.blocks += len;
             unfilled.goal = pblk + len;
             unfilled.blocks -= len;
             budget -= len;
@@ -173,20 +173,20 @@ impl FileSystem {
         // Those after the range, and the piece of one the range's end splits.
         let moving = file::read_extents(&self.m, i.ino, g, from + by, MAX_FILE_BLOCKS)?.len() + 1;
         let (mut punched, mut rest) = (false, Some(from + by));
-        self.in_steps(i, g, |tx, nd| {
+        self.in_steps(i, g, |tx, updated| {
             let batch = self.reserve_shift(tx, i.ino, moving)?;
             if !punched {
-                punched = self.unmap_range(tx, i.ino, nd, from, from + by)?;
+                punched = self.unmap_range(tx, i.ino, updated, from, from + by)?;
             }
             if let (true, Some(start)) = (punched, rest) {
-                rest = self.shift_batch(tx, i.ino, nd, (start, MAX_FILE_BLOCKS), -(by as i64), batch)?;
+                rest = self.shift_batch(tx, i.ino, updated, (start, MAX_FILE_BLOCKS), -(by as i64), batch)?;
             }
             let done = punched && rest.is_none();
             if done {
-                nd.size -= len;
+                updated.size -= len;
             }
             // The data moved: mtime and ctime change in every step.
-            stamp_modified(nd);
+            stamp_modified(updated);
             Ok(Step::done_if(done))
         })
     }
@@ -204,7 +204,7 @@ impl FileSystem {
         }
         let (from, by) = (off / BS, len / BS);
         let moving = file::read_extents(&self.m, i.ino, g, from, MAX_FILE_BLOCKS)?;
-        let last = moving.last().map_or(0, |e| e.end());
+        let last = moving.last().map_or(0, |extent| extent.end());
         if g.size.checked_add(len).is_none_or(|size| size > MAX_FILE_BLOCKS * BS) || last + by > MAX_FILE_BLOCKS {
             return Err(Error::FileTooBig);
         }
@@ -214,20 +214,20 @@ impl FileSystem {
         // Extents in `[from, end)` are still to move; the highest move first.
         let mut end = MAX_FILE_BLOCKS;
         let mut split = false;
-        self.in_steps(i, g, |tx, nd| {
+        self.in_steps(i, g, |tx, updated| {
             let batch = self.reserve_shift(tx, i.ino, moving.len() + 1)?;
             if !split {
                 tx.reserve_pooled(ino_ag(i.ino), 2 * MAP_RESERVE)?;
                 let mut store = TxStore::new(tx, i.ino, 0);
-                file::split_at(&mut store, &self.m, i.ino, nd, from)?;
+                file::split_at(&mut store, &self.m, i.ino, updated, from)?;
                 let tree_delta = store.blocks;
-                nd.add_blocks(i.ino, tree_delta)?;
-                nd.size += len;
+                updated.add_blocks(i.ino, tree_delta)?;
+                updated.size += len;
                 split = true;
             }
-            let rest = self.shift_batch(tx, i.ino, nd, (from, end), by as i64, batch)?;
+            let rest = self.shift_batch(tx, i.ino, updated, (from, end), by as i64, batch)?;
             // The data moved: mtime and ctime change in every step.
-            stamp_modified(nd);
+            stamp_modified(updated);
             end = rest.unwrap_or(from);
             Ok(Step::done_if(rest.is_none()))
         })
@@ -245,11 +245,11 @@ impl FileSystem {
     }
 
     /// One batch of `file::shift`, counting the B+tree blocks it adds or frees.
-    fn shift_batch(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode, range: (u64, u64), by: i64, max: usize) -> Result<Option<u64>> {
-        let mut s = TxStore::new(tx, ino, 0);
-        let rest = file::shift(&mut s, &self.m, ino, nd, range, by, max)?;
-        let tree_delta = s.blocks;
-        nd.add_blocks(ino, tree_delta)?;
+    fn shift_batch(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode, range: (u64, u64), by: i64, max: usize) -> Result<Option<u64>> {
+        let mut store = TxStore::new(tx, ino, 0);
+        let rest = file::shift(&mut store, &self.m, ino, updated, range, by, max)?;
+        let tree_delta = store.blocks;
+        updated.add_blocks(ino, tree_delta)?;
         Ok(rest)
     }
 
@@ -280,9 +280,9 @@ impl FileSystem {
     fn punch_hole(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64) -> Result<()> {
         let (from, to) = (off.div_ceil(BS), end / BS);
         self.zero_edges(i, g, off, end)?;
-        self.in_steps(i, g, |tx, nd| {
-            let done = from >= to || self.unmap_range(tx, i.ino, nd, from, to)?;
-            stamp_modified(nd);
+        self.in_steps(i, g, |tx, updated| {
+            let done = from >= to || self.unmap_range(tx, i.ino, updated, from, to)?;
+            stamp_modified(updated);
             Ok(Step::done_if(done))
         })
     }
@@ -295,8 +295,8 @@ impl FileSystem {
         let tail = (!end.is_multiple_of(BS) && to >= from).then(|| (to * BS, end));
         for (lo, hi) in head.into_iter().chain(tail).map(|(lo, hi)| (lo, hi.min(g.size))).filter(|(lo, hi)| lo < hi) {
             let blk = lo / BS;
-            if let Some(e) = file::read_extents(&self.m, i.ino, g, blk, blk + 1)?.first().filter(|e| !e.unwritten) {
-                self.m.dev.write_at(&vec![0u8; (hi - lo) as usize], (e.pblk + (blk - e.lblk)) * BS + lo % BS)?;
+            if let Some(extent) = file::read_extents(&self.m, i.ino, g, blk, blk + 1)?.first().filter(|extent| !extent.unwritten) {
+                self.m.dev.write_at(&vec![0u8; (hi - lo) as usize], (extent.pblk + (blk - extent.lblk)) * BS + lo % BS)?;
                 self.note_data(i);
             }
         }

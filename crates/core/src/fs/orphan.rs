@@ -11,25 +11,26 @@ impl FileSystem {
     /// free.
     pub(super) fn reap_if_unused(&self, i: &InodeRef) -> Result<()> {
         let mut g = i.core.write();
-        if g.nlink > 0 || i.open_count.load(Acquire) > 0 || !self.m.ags[ino_ag(i.ino) as usize].inode_in_use(crate::format::ino_index(i.ino)) || !self.m.icache.get(i.ino).is_some_and(|c| Arc::ptr_eq(&c, i)) {
+        if g.nlink > 0 || i.open_count.load(Acquire) > 0 || !self.m.ags[ino_ag(i.ino) as usize].inode_in_use(crate::format::ino_index(i.ino)) || !self.m.icache.get(i.ino).is_some_and(|cached| Arc::ptr_eq(&cached, i)) {
             return Ok(());
         }
         self.reap(i, &mut g)
     }
 
     fn reap(&self, i: &InodeRef, g: &mut DiskInode) -> Result<()> {
-        self.in_steps(i, g, |tx, nd| {
-            let done = self.unmap_from(tx, i.ino, nd, 0)? && self.free_xattr_values(tx, i.ino, nd)?;
+        debug_assert_eq!(g.nlink, 0, "reap of inode {} that has names", i.ino);
+        self.in_steps(i, g, |tx, updated| {
+            let done = self.unmap_from(tx, i.ino, updated, 0)? && self.free_xattr_values(tx, i.ino, updated)?;
             if done {
-                xattr::destroy(&mut TxStore::new(tx, i.ino, 0), nd)?;
-                if nd.orphan_slot != 0 {
-                    tx.orphan_remove(i.ino, nd);
+                xattr::destroy(&mut TxStore::new(tx, i.ino, 0), updated)?;
+                if updated.orphan_slot != 0 {
+                    tx.orphan_remove(i.ino, updated);
                 }
                 tx.free_inode(i);
                 return Ok(Step::Freed);
             }
-            if nd.orphan_slot == 0 {
-                tx.orphan_add(i.ino, nd)?;
+            if updated.orphan_slot == 0 {
+                tx.orphan_add(i.ino, updated)?;
             }
             Ok(Step::More)
         })?;
@@ -39,10 +40,10 @@ impl FileSystem {
 
     /// Free up to one batch of the value blocks of the inode's xattrs. Returns whether none is
     /// left.
-    fn free_xattr_values(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode) -> Result<bool> {
-        let mut s = TxStore::new(tx, ino, 0);
-        let done = xattr::free_values(&mut s, nd, xattr::FREE_BATCH_BLOCKS)?;
-        nd.add_blocks(ino, s.blocks)?;
+    fn free_xattr_values(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode) -> Result<bool> {
+        let mut store = TxStore::new(tx, ino, 0);
+        let done = xattr::free_values(&mut store, updated, xattr::FREE_BATCH_BLOCKS)?;
+        updated.add_blocks(ino, store.blocks)?;
         Ok(done)
     }
 
