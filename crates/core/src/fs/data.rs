@@ -23,10 +23,10 @@ impl Step {
 }
 
 /// Stamp a change of the file's contents (mtime and ctime).
-pub(super) fn stamp_modified(state: &mut DiskInode) {
-    let t = now();
-    state.mtime = t;
-    state.ctime = t;
+pub(super) fn stamp_modified(inode: &mut DiskInode) {
+    let time = now();
+    inode.mtime = time;
+    inode.ctime = time;
 }
 
 impl FileSystem {
@@ -191,28 +191,8 @@ impl FileSystem {
             self.note_data(i);
             return Ok(false);
         }
-        // Converting unwritten blocks allocates no data blocks, only tree nodes: a conversion
-        // in the middle of an unwritten extent removes it and inserts up to three pieces
-        // (net two more extents). A conversion that keeps the map inline needs none. With a
-        // B+tree map the worst case is reserved from the AGs' pools, which ordinary
-        // allocations leave alone, so a write into preallocated space gets its tree blocks
-        // on a full file system too (until the pools run dry: thousands of splits).
-        let fresh: u64 = new_maps.iter().map(|extent| extent.len as u64).sum::<u64>();
-        let inline = match updated.fork {
-            Fork::Empty => Some(0),
-            Fork::Extents { n, .. } => Some(n as usize),
-            _ => None,
-        };
-        let stays_inline = new_maps.is_empty() && inline.is_some_and(|n| n + 2 * to_convert.len() <= crate::format::inode::INLINE_EXTENTS);
-        let (tree_fresh, tree_convert) = if stays_inline { (0, 0) } else { (MAP_RESERVE * new_maps.len() as u64, MAP_RESERVE * 3 * to_convert.len() as u64) };
-        let goal = mapped.last().map_or(self.m.geo.ag_layout(ino_ag(i.ino)).data_start, |extent| extent.pblk + extent.len as u64);
-        if fresh + tree_fresh > 0 {
-            tx.reserve(ino_ag(i.ino), fresh + tree_fresh)?;
-        }
-        if tree_convert > 0 {
-            tx.reserve_pooled(ino_ag(i.ino), tree_convert)?;
-        }
-        let mut goal = goal;
+        self.reserve_for_write(tx, i.ino, updated, &new_maps, &to_convert)?;
+        let mut goal = mapped.last().map_or(self.m.geo.ag_layout(ino_ag(i.ino)).data_start, |extent| extent.pblk + extent.len as u64);
         for (lo, hi) in to_convert {
             let mut store = TxStore::new(tx, i.ino, 0);
             let (pieces, _) = file::unmap(&mut store, &self.m, i.ino, updated, lo, hi, usize::MAX)?;
@@ -241,6 +221,32 @@ impl FileSystem {
         }
         self.note_data(i);
         Ok(true)
+    }
+
+    /// Reserve what `write_blocks` maps: the blocks of `new_maps` (holes to fill) and the
+    /// tree blocks of those inserts and of converting the unwritten ranges `to_convert`.
+    fn reserve_for_write(&self, tx: &mut Tx, ino: u64, updated: &DiskInode, new_maps: &[Extent], to_convert: &[(u64, u64)]) -> Result<()> {
+        // Converting unwritten blocks allocates no data blocks, only tree nodes: a conversion
+        // in the middle of an unwritten extent removes it and inserts up to three pieces
+        // (net two more extents). A conversion that keeps the map inline needs none. With a
+        // B+tree map the worst case is reserved from the AGs' pools, which ordinary
+        // allocations leave alone, so a write into preallocated space gets its tree blocks
+        // on a full file system too (until the pools run dry: thousands of splits).
+        let fresh: u64 = new_maps.iter().map(|extent| extent.len as u64).sum::<u64>();
+        let inline = match updated.fork {
+            Fork::Empty => Some(0),
+            Fork::Extents { n, .. } => Some(n as usize),
+            _ => None,
+        };
+        let stays_inline = new_maps.is_empty() && inline.is_some_and(|n| n + 2 * to_convert.len() <= crate::format::inode::INLINE_EXTENTS);
+        let (tree_fresh, tree_convert) = if stays_inline { (0, 0) } else { (MAP_RESERVE * new_maps.len() as u64, MAP_RESERVE * 3 * to_convert.len() as u64) };
+        if fresh + tree_fresh > 0 {
+            tx.reserve(ino_ag(ino), fresh + tree_fresh)?;
+        }
+        if tree_convert > 0 {
+            tx.reserve_pooled(ino_ag(ino), tree_convert)?;
+        }
+        Ok(())
     }
 
     pub(super) fn map_extent(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode, extent: Extent) -> Result<()> {

@@ -54,6 +54,8 @@ pub const LINK_MAX: u32 = 65_000;
 pub const SYMLINK_MAX: usize = 4095;
 const BS: u64 = BLOCK_SIZE as u64;
 
+/// A mounted ferrofs: every file system operation, addressed by inode number. Made by
+/// `mount_device`; `unmount` (or dropping it) leaves a clean log.
 pub struct FileSystem {
     m: Arc<Mount>,
     /// Serialises directory renames across directories, so the loop check (is the target
@@ -100,8 +102,8 @@ impl<'a> Locked<'a> {
     fn get(&self, ino: u64) -> &DiskInode {
         &self.guards.iter().find(|(held, _)| *held == ino).expect("inode locked").1
     }
-    fn set(&mut self, ino: u64, di: DiskInode) {
-        *self.guards.iter_mut().find(|(held, _)| *held == ino).expect("inode locked").1 = di;
+    fn set(&mut self, ino: u64, updated: DiskInode) {
+        *self.guards.iter_mut().find(|(held, _)| *held == ino).expect("inode locked").1 = updated;
     }
     /// Whether every one of `inos` is locked here (for the callers' assertions).
     fn holds(&self, inos: &[u64]) -> bool {

@@ -57,7 +57,7 @@ impl FileSystem {
         // directory lock: threads renaming in one directory then meet only for the entry
         // changes and the commit. A whiteout's inode is claimed here too, as a create's is.
         let mut tx = Tx::new(&self.m)?;
-        let claim_error = |e| self.early_claim_error(e, oldparent, oldname, true);
+        let claim_error = |error| self.early_claim_error(error, oldparent, oldname, true);
         tx.reserve(ino_ag(newparent), dir::INSERT_RESERVE).map_err(claim_error)?;
         let whiteout = match flags & RENAME_WHITEOUT {
             0 => None,
@@ -104,10 +104,10 @@ impl FileSystem {
             if flags & RENAME_EXCHANGE != 0 && dst.is_none() {
                 return Err(Error::NotFound);
             }
-            if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+            if dst.as_ref().is_some_and(|dst| dst.ino == src.ino) {
                 return Ok(());
             }
-            let moves_dir = oldparent != newparent && (src.core.read().is_dir() || dst.as_ref().is_some_and(|d| d.core.read().is_dir()));
+            let moves_dir = oldparent != newparent && (src.core.read().is_dir() || dst.as_ref().is_some_and(|dst| dst.core.read().is_dir()));
             let _rename = moves_dir.then(|| self.rename_lock.lock());
             if moves_dir {
                 self.check_not_ancestor(src.ino, newparent)?;
@@ -126,7 +126,7 @@ impl FileSystem {
                 Some(entry) if entry.ino == src.ino => entry,
                 _ => continue,
             };
-            if new_entry.map(|e| e.ino) != dst.as_ref().map(|d| d.ino) || locked.get(newparent).nlink == 0 {
+            if new_entry.map(|entry| entry.ino) != dst.as_ref().map(|dst| dst.ino) || locked.get(newparent).nlink == 0 {
                 continue;
             }
             let inodes = RenameInodes { old_dir: &old_dir, new_dir: &new_dir, src: &src, dst: dst.as_ref() };
@@ -167,7 +167,7 @@ impl FileSystem {
             return Err(Error::NotFound);
         }
         let new_entry = dir::lookup(&self.m, newparent, new_dir_inode, newname)?;
-        let dst_ino = new_entry.map(|e| e.ino);
+        let dst_ino = new_entry.map(|entry| entry.ino);
         src = self.m.iget(src_ino)?;
         dst = dst_ino.map(|ino| self.m.iget(ino)).transpose()?;
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
@@ -180,7 +180,7 @@ impl FileSystem {
             return Ok(None);
         }
         let children: &[&InodeRef] = match &dst {
-            Some(d) => &[&src, d],
+            Some(dst) => &[&src, dst],
             None => &[&src],
         };
         if !locked.add(children) {
@@ -220,14 +220,14 @@ impl FileSystem {
     fn rename_locked(&self, locked: &mut Locked, mut tx: Tx, inodes: RenameInodes, names: &RenameNames, flags: u32, whiteout: Option<&Whiteout>) -> Result<()> {
         let RenameInodes { old_dir, new_dir, src, dst } = inodes;
         debug_assert!(locked.holds(&[old_dir.ino, new_dir.ino, src.ino]), "rename: inodes not locked");
-        debug_assert!(dst.is_none_or(|d| locked.holds(&[d.ino])), "rename: target not locked");
+        debug_assert!(dst.is_none_or(|dst| locked.holds(&[dst.ino])), "rename: target not locked");
         let exchange = flags & RENAME_EXCHANGE != 0;
         let same_dir = old_dir.ino == new_dir.ino;
         let mut copies = RenameCopies {
             old_dir: locked.get(old_dir.ino).clone(),
             new_dir: (!same_dir).then(|| locked.get(new_dir.ino).clone()),
             src: locked.get(src.ino).clone(),
-            dst: dst.map(|d| locked.get(d.ino).clone()),
+            dst: dst.map(|dst| locked.get(dst.ino).clone()),
         };
         check_rename_kinds(&copies, exchange)?;
         tx.route_by(old_dir);
@@ -262,7 +262,7 @@ impl FileSystem {
             new_dir_copy.ctime = time;
             tx.log_inode(new_dir, new_dir_copy, false);
         }
-        let whiteout = whiteout.map(|w| log_whiteout(&mut tx, w, &copies.old_dir, time));
+        let whiteout = whiteout.map(|whiteout| log_whiteout(&mut tx, whiteout, &copies.old_dir, time));
         self.commit_with_new_inode(tx, whiteout)?;
         locked.set(src.ino, copies.src);
         locked.set(old_dir.ino, copies.old_dir);
@@ -286,7 +286,7 @@ impl FileSystem {
         let mut store = TxStore::new(tx, old_dir_ino, goal);
         match (inodes.dst, copies.dst.as_ref(), whiteout) {
             (Some(dst), Some(dst_copy), _) if exchange => dir::retarget(&mut store, &mut copies.old_dir, &names.old_entry, names.old_name, dst.ino, ftype_of(dst_copy.mode))?,
-            (_, _, Some(w)) => dir::retarget(&mut store, &mut copies.old_dir, &names.old_entry, names.old_name, w.ino, ftype_of(S_IFCHR))?,
+            (_, _, Some(whiteout)) => dir::retarget(&mut store, &mut copies.old_dir, &names.old_entry, names.old_name, whiteout.ino, ftype_of(S_IFCHR))?,
             _ => dir::remove(&mut store, &mut copies.old_dir, &names.old_entry)?,
         }
         let tree_delta = store.blocks;
@@ -350,7 +350,7 @@ fn move_dir_links(inodes: RenameInodes, copies: &mut RenameCopies, exchange: boo
     }
     if src_is_dir && old_dir_ino != new_dir_ino {
         copies.src.parent = new_dir_ino;
-        let replaced_dir = copies.dst.as_ref().is_some_and(|d| d.is_dir() && !exchange);
+        let replaced_dir = copies.dst.as_ref().is_some_and(|dst| dst.is_dir() && !exchange);
         if !exchange {
             copies.old_dir.drop_dir_link(old_dir_ino)?;
             if !replaced_dir {
