@@ -14,8 +14,8 @@ use crate::trans::Tx;
 /// relatime updates an atime at least this old even when nothing changed since.
 const RELATIME_MAX_AGE_SECS: i64 = 24 * 60 * 60;
 
-fn order(t: Timespec) -> (i64, u32) {
-    (t.sec, t.nsec)
+fn order(time: Timespec) -> (i64, u32) {
+    (time.sec, time.nsec)
 }
 
 impl FileSystem {
@@ -28,15 +28,15 @@ impl FileSystem {
     }
 
     /// The kernel's rule (`atime_needs_update`, `relatime_need_update`) for an access at `t`.
-    fn atime_due(&self, dir: bool, atime: Timespec, mtime: Timespec, ctime: Timespec, t: Timespec) -> bool {
-        let m = self.mount();
-        if m.is_read_only() || (dir && m.nodiratime) || order(atime) == order(t) {
+    fn atime_due(&self, dir: bool, atime: Timespec, mtime: Timespec, ctime: Timespec, time: Timespec) -> bool {
+        let mount = self.mount();
+        if mount.is_read_only() || (dir && mount.nodiratime) || order(atime) == order(time) {
             return false;
         }
-        match m.atime {
+        match mount.atime {
             AtimeMode::Never => false,
             AtimeMode::Strict => true,
-            AtimeMode::Relative => order(atime) <= order(mtime) || order(atime) <= order(ctime) || t.sec.saturating_sub(atime.sec) >= RELATIME_MAX_AGE_SECS,
+            AtimeMode::Relative => order(atime) <= order(mtime) || order(atime) <= order(ctime) || time.sec.saturating_sub(atime.sec) >= RELATIME_MAX_AGE_SECS,
         }
     }
 
@@ -48,8 +48,8 @@ impl FileSystem {
         if self.mount().atime == AtimeMode::Never || self.mount().is_read_only() {
             return;
         }
-        let t = now();
-        let due = |g: &DiskInode| g.nlink > 0 && self.atime_due(g.is_dir(), g.atime, g.mtime, g.ctime, t);
+        let time = now();
+        let due = |g: &DiskInode| g.nlink > 0 && self.atime_due(g.is_dir(), g.atime, g.mtime, g.ctime, time);
         if !due(&i.core.read()) {
             return;
         }
@@ -58,12 +58,12 @@ impl FileSystem {
         if !due(&g) {
             return;
         }
-        let mut nd = g.clone();
-        nd.atime = t;
+        let mut updated = g.clone();
+        updated.atime = time;
         let Ok(mut tx) = Tx::new(self.mount()) else { return };
-        tx.log_inode(i, &nd, false);
+        tx.log_inode(i, &updated, false);
         if tx.commit().is_ok() {
-            *g = nd;
+            *g = updated;
         }
     }
 }

@@ -34,9 +34,9 @@ impl FileSystem {
         while pos < end_in {
             // The source may shrink meanwhile: its end (NoData) then ends the copy.
             let data_at = match self.seek(ino_in, pos, false) {
-                Ok(d) => d.min(end_in),
+                Ok(found) => found.min(end_in),
                 Err(Error::NoData) => end_in,
-                Err(e) => return Err(e),
+                Err(error) => return Err(error),
             };
             if data_at > pos {
                 self.zero_below_eof(ino_out, out_at(pos), data_at - pos)?;
@@ -44,9 +44,9 @@ impl FileSystem {
                 continue;
             }
             let hole_at = match self.seek(ino_in, pos, true) {
-                Ok(h) => h.min(end_in),
+                Ok(found) => found.min(end_in),
                 Err(Error::NoData) => break,
-                Err(e) => return Err(e),
+                Err(error) => return Err(error),
             };
             while pos < hole_at {
                 let data = self.read(ino_in, pos, (hole_at - pos).min(COPY_STEP) as usize)?;

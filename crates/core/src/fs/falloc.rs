@@ -2,7 +2,17 @@
 //! `FALLOC_FL_COLLAPSE_RANGE` and `FALLOC_FL_INSERT_RANGE` (docs/DESIGN.md,
 //! "Preallocation (fallocate)").
 
+use super::data::{stamp_modified, Step};
 use super::*;
+
+/// The holes `preallocate` has still to fill, in file order.
+struct Unfilled {
+    holes: std::iter::Peekable<std::vec::IntoIter<(u64, u64)>>,
+    /// Data blocks the holes still need.
+    blocks: u64,
+    /// Where the next data block should go: after the last one allocated.
+    goal: u64,
+}
 
 impl FileSystem {
     /// fallocate(2). Supported modes: 0 (allocate, and grow the size to `off + len`),
@@ -79,7 +89,7 @@ impl FileSystem {
     fn preallocate(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64, extend: bool, zero: bool) -> Result<()> {
         let mut holes = file::holes(&self.m, i.ino, g, off / BS, end.div_ceil(BS))?;
         let (from, to) = (off.div_ceil(BS), end / BS);
-        let remap = (zero && from < to).then_some((from, to));
+        let mut remap = (zero && from < to).then_some((from, to));
         if let Some((from, to)) = remap {
             holes = holes.into_iter().flat_map(|(lo, hi)| [(lo, hi.min(from)), (lo.max(to), hi)]).filter(|(lo, hi)| lo < hi).chain([(from, to)]).collect();
             holes.sort_unstable();
@@ -95,53 +105,53 @@ impl FileSystem {
         if zero {
             self.zero_edges(i, g, off, end)?;
         }
-        let mut holes = holes.into_iter().peekable();
-        let (mut goal, mut rest, mut remap) = (self.m.geo.ag_layout(ino_ag(i.ino)).data_start, need, remap);
-        loop {
-            let mut nd = g.clone();
-            let mut tx = Tx::new(&self.m)?;
-            if rest > 0 {
-                let (mut budget, mut extents) = self.reserve_falloc_batch(&mut tx, ino_ag(i.ino), rest)?;
-                // After the reservation, which may fail: nothing is changed before it.
-                if let Some((from, to)) = remap.take() {
-                    let unmapped = self.unmap_range(&mut tx, i.ino, &mut nd, from, to)?;
-                    debug_assert!(unmapped, "more than UNMAP_BATCH extents to remap");
-                }
-                // Data blocks come out of `budget` only: the rest of the reservation is
-                // for the tree blocks of at most `extents` inserts.
-                while budget > 0 && extents > 0 {
-                    let Some(&(lo, hi)) = holes.peek() else { break };
-                    let want = (hi - lo).min(budget).min(crate::format::inode::EXTENT_LEN_MAX as u64);
-                    let (pblk, len) = tx.alloc_blocks(goal, want)?;
-                    self.map_extent(&mut tx, i.ino, &mut nd, Extent { lblk: lo, pblk, len: len as u32, unwritten: true })?;
-                    nd.blocks += len;
-                    goal = pblk + len;
-                    budget -= len;
-                    rest -= len;
-                    extents -= 1;
-                    match lo + len {
-                        next if next < hi => *holes.peek_mut().expect("peeked") = (next, hi),
-                        _ => drop(holes.next()),
-                    }
-                }
+        let mut unfilled = Unfilled { holes: holes.into_iter().peekable(), blocks: need, goal: self.m.geo.ag_layout(ino_ag(i.ino)).data_start };
+        self.in_steps(i, g, |tx, updated| {
+            if unfilled.blocks > 0 {
+                self.fill_batch(tx, i.ino, updated, &mut unfilled, &mut remap)?;
             }
-            let done = holes.peek().is_none();
-            let t = now();
-            if done && size != nd.size {
-                nd.size = size;
-                nd.mtime = t;
+            let done = unfilled.holes.peek().is_none();
+            let time = now();
+            if done && size != updated.size {
+                updated.size = size;
+                updated.mtime = time;
             }
             if zero {
-                nd.mtime = t;
+                updated.mtime = time;
             }
-            nd.ctime = t;
-            tx.log_inode(i, &nd, true);
-            tx.commit()?;
-            *g = nd;
-            if done {
-                return Ok(());
+            updated.ctime = time;
+            Ok(Step::done_if(done))
+        })
+    }
+
+    /// One transaction's batch of `preallocate`: reserve for it, unmap `remap` if that is
+    /// still to do, then map unwritten extents over the next holes, as many as the
+    /// reservation covers.
+    fn fill_batch(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode, unfilled: &mut Unfilled, remap: &mut Option<(u64, u64)>) -> Result<()> {
+        let (mut budget, mut extents) = self.reserve_falloc_batch(tx, ino_ag(ino), unfilled.blocks)?;
+        // After the reservation, which may fail: nothing is changed before it.
+        if let Some((from, to)) = remap.take() {
+            let unmapped = self.unmap_range(tx, ino, updated, from, to)?;
+            debug_assert!(unmapped, "more than UNMAP_BATCH extents to remap");
+        }
+        // Data blocks come out of `budget` only: the rest of the reservation is for the tree
+        // blocks of at most `extents` inserts.
+        while budget > 0 && extents > 0 {
+            let Some(&(lo, hi)) = unfilled.holes.peek() else { break };
+            let want = (hi - lo).min(budget).min(crate::format::inode::EXTENT_LEN_MAX as u64);
+            let (pblk, len) = tx.alloc_blocks(unfilled.goal, want)?;
+            self.map_extent(tx, ino, updated, Extent { lblk: lo, pblk, len: len as u32, unwritten: true })?;
+            updated.blocks += len;
+            unfilled.goal = pblk + len;
+            unfilled.blocks -= len;
+            budget -= len;
+            extents -= 1;
+            match lo + len {
+                next if next < hi => *unfilled.holes.peek_mut().expect("peeked") = (next, hi),
+                _ => drop(unfilled.holes.next()),
             }
         }
+        Ok(())
     }
 
     /// `FALLOC_FL_COLLAPSE_RANGE`, with ext4's and XFS's rules: `off` and `len` whole
@@ -163,25 +173,22 @@ impl FileSystem {
         // Those after the range, and the piece of one the range's end splits.
         let moving = file::read_extents(&self.m, i.ino, g, from + by, MAX_FILE_BLOCKS)?.len() + 1;
         let (mut punched, mut rest) = (false, Some(from + by));
-        loop {
-            let mut nd = g.clone();
-            let mut tx = Tx::new(&self.m)?;
-            let batch = self.reserve_shift(&mut tx, i.ino, moving)?;
+        self.in_steps(i, g, |tx, updated| {
+            let batch = self.reserve_shift(tx, i.ino, moving)?;
             if !punched {
-                punched = self.unmap_range(&mut tx, i.ino, &mut nd, from, from + by)?;
+                punched = self.unmap_range(tx, i.ino, updated, from, from + by)?;
             }
             if let (true, Some(start)) = (punched, rest) {
-                rest = self.shift_batch(&mut tx, i.ino, &mut nd, (start, MAX_FILE_BLOCKS), -(by as i64), batch)?;
+                rest = self.shift_batch(tx, i.ino, updated, (start, MAX_FILE_BLOCKS), -(by as i64), batch)?;
             }
             let done = punched && rest.is_none();
             if done {
-                nd.size -= len;
+                updated.size -= len;
             }
-            self.commit_shift(tx, i, g, nd)?;
-            if done {
-                return Ok(());
-            }
-        }
+            // The data moved: mtime and ctime change in every step.
+            stamp_modified(updated);
+            Ok(Step::done_if(done))
+        })
     }
 
     /// `FALLOC_FL_INSERT_RANGE`, with ext4's and XFS's rules: `off` and `len` whole blocks
@@ -197,32 +204,33 @@ impl FileSystem {
         }
         let (from, by) = (off / BS, len / BS);
         let moving = file::read_extents(&self.m, i.ino, g, from, MAX_FILE_BLOCKS)?;
-        let last = moving.last().map_or(0, |e| e.end());
+        let last = moving.last().map_or(0, |extent| extent.end());
         if g.size.checked_add(len).is_none_or(|size| size > MAX_FILE_BLOCKS * BS) || last + by > MAX_FILE_BLOCKS {
             return Err(Error::FileTooBig);
         }
         if off >= g.size {
             return Err(Error::Invalid("fallocate: insert range at or past the end of the file"));
         }
-        let mut rest = Some(MAX_FILE_BLOCKS);
+        // Extents in `[from, end)` are still to move; the highest move first.
+        let mut end = MAX_FILE_BLOCKS;
         let mut split = false;
-        while let Some(end) = rest {
-            let mut nd = g.clone();
-            let mut tx = Tx::new(&self.m)?;
-            let batch = self.reserve_shift(&mut tx, i.ino, moving.len() + 1)?;
+        self.in_steps(i, g, |tx, updated| {
+            let batch = self.reserve_shift(tx, i.ino, moving.len() + 1)?;
             if !split {
                 tx.reserve_pooled(ino_ag(i.ino), 2 * MAP_RESERVE)?;
-                let mut s = TxStore::new(&mut tx, i.ino, 0);
-                file::split_at(&mut s, &self.m, i.ino, &mut nd, from)?;
-                let tree_delta = s.blocks;
-                nd.add_blocks(i.ino, tree_delta)?;
-                nd.size += len;
+                let mut store = TxStore::new(tx, i.ino, 0);
+                file::split_at(&mut store, &self.m, i.ino, updated, from)?;
+                let tree_delta = store.blocks;
+                updated.add_blocks(i.ino, tree_delta)?;
+                updated.size += len;
                 split = true;
             }
-            rest = self.shift_batch(&mut tx, i.ino, &mut nd, (from, end), by as i64, batch)?;
-            self.commit_shift(tx, i, g, nd)?;
-        }
-        Ok(())
+            let rest = self.shift_batch(tx, i.ino, updated, (from, end), by as i64, batch)?;
+            // The data moved: mtime and ctime change in every step.
+            stamp_modified(updated);
+            end = rest.unwrap_or(from);
+            Ok(Step::done_if(rest.is_none()))
+        })
     }
 
     /// Reserve the B+tree blocks for moving up to `moving` extents, at most `SHIFT_BATCH`,
@@ -237,23 +245,12 @@ impl FileSystem {
     }
 
     /// One batch of `file::shift`, counting the B+tree blocks it adds or frees.
-    fn shift_batch(&self, tx: &mut Tx, ino: u64, nd: &mut DiskInode, range: (u64, u64), by: i64, max: usize) -> Result<Option<u64>> {
-        let mut s = TxStore::new(tx, ino, 0);
-        let rest = file::shift(&mut s, &self.m, ino, nd, range, by, max)?;
-        let tree_delta = s.blocks;
-        nd.add_blocks(ino, tree_delta)?;
+    fn shift_batch(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode, range: (u64, u64), by: i64, max: usize) -> Result<Option<u64>> {
+        let mut store = TxStore::new(tx, ino, 0);
+        let rest = file::shift(&mut store, &self.m, ino, updated, range, by, max)?;
+        let tree_delta = store.blocks;
+        updated.add_blocks(ino, tree_delta)?;
         Ok(rest)
-    }
-
-    /// Commit one collapse or insert transaction: the data moved, so mtime and ctime change.
-    fn commit_shift(&self, mut tx: Tx, i: &InodeRef, g: &mut DiskInode, mut nd: DiskInode) -> Result<()> {
-        let t = now();
-        nd.mtime = t;
-        nd.ctime = t;
-        tx.log_inode(i, &nd, true);
-        tx.commit()?;
-        *g = nd;
-        Ok(())
     }
 
     /// Reserve one fallocate batch of up to `rest` data blocks plus the tree blocks its
@@ -283,20 +280,11 @@ impl FileSystem {
     fn punch_hole(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64) -> Result<()> {
         let (from, to) = (off.div_ceil(BS), end / BS);
         self.zero_edges(i, g, off, end)?;
-        loop {
-            let mut nd = g.clone();
-            let mut tx = Tx::new(&self.m)?;
-            let done = from >= to || self.unmap_range(&mut tx, i.ino, &mut nd, from, to)?;
-            let t = now();
-            nd.mtime = t;
-            nd.ctime = t;
-            tx.log_inode(i, &nd, true);
-            tx.commit()?;
-            *g = nd;
-            if done {
-                return Ok(());
-            }
-        }
+        self.in_steps(i, g, |tx, updated| {
+            let done = from >= to || self.unmap_range(tx, i.ino, updated, from, to)?;
+            stamp_modified(updated);
+            Ok(Step::done_if(done))
+        })
     }
 
     /// Zero in place the written parts of the partial blocks at the edges of `[off, end)`,
@@ -307,8 +295,8 @@ impl FileSystem {
         let tail = (!end.is_multiple_of(BS) && to >= from).then(|| (to * BS, end));
         for (lo, hi) in head.into_iter().chain(tail).map(|(lo, hi)| (lo, hi.min(g.size))).filter(|(lo, hi)| lo < hi) {
             let blk = lo / BS;
-            if let Some(e) = file::read_extents(&self.m, i.ino, g, blk, blk + 1)?.first().filter(|e| !e.unwritten) {
-                self.m.dev.write_at(&vec![0u8; (hi - lo) as usize], (e.pblk + (blk - e.lblk)) * BS + lo % BS)?;
+            if let Some(extent) = file::read_extents(&self.m, i.ino, g, blk, blk + 1)?.first().filter(|extent| !extent.unwritten) {
+                self.m.dev.write_at(&vec![0u8; (hi - lo) as usize], (extent.pblk + (blk - extent.lblk)) * BS + lo % BS)?;
                 self.note_data(i);
             }
         }

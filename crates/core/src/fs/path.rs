@@ -9,7 +9,7 @@ use crate::format::ROOT_INO;
 const SYMLINK_HOPS_MAX: usize = 40;
 
 fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
-    path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".")
+    path.split(|&byte| byte == b'/').filter(|component| !component.is_empty() && *component != b".")
 }
 
 impl FileSystem {
@@ -21,11 +21,11 @@ impl FileSystem {
 
     fn resolve_from(&self, start: u64, path: &[u8], hops: &mut usize) -> Result<Attr> {
         let mut cur = self.getattr(if path.first() == Some(&b'/') { ROOT_INO } else { start })?;
-        for c in components(path) {
+        for component in components(path) {
             if cur.kind != FileType::Directory {
                 return Err(Error::NotDir);
             }
-            let next = self.lookup(cur.ino, c)?;
+            let next = self.lookup(cur.ino, component)?;
             cur = if next.kind == FileType::Symlink {
                 *hops += 1;
                 if *hops > SYMLINK_HOPS_MAX {
@@ -41,8 +41,8 @@ impl FileSystem {
     }
 
     fn parent_and_name<'p>(&self, path: &'p str) -> Result<(Attr, &'p [u8])> {
-        let p = path.trim_end_matches('/');
-        let (dir, name) = p.rsplit_once('/').unwrap_or(("", p));
+        let trimmed = path.trim_end_matches('/');
+        let (dir, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
         if name.is_empty() {
             return Err(Error::Invalid("path has no final component"));
         }
@@ -53,10 +53,10 @@ impl FileSystem {
     pub fn write_file(&self, path: &str, data: &[u8], cred: Cred) -> Result<Attr> {
         let (dir, name) = self.parent_and_name(path)?;
         let attr = match self.lookup(dir.ino, name) {
-            Ok(a) if a.kind == FileType::Directory => return Err(Error::IsDir),
-            Ok(a) => self.setattr(a.ino, &super::SetAttr { size: Some(0), ..Default::default() })?,
+            Ok(attr) if attr.kind == FileType::Directory => return Err(Error::IsDir),
+            Ok(attr) => self.setattr(attr.ino, &super::SetAttr { size: Some(0), ..Default::default() })?,
             Err(Error::NotFound) => self.create(dir.ino, name, 0o644, cred)?,
-            Err(e) => return Err(e),
+            Err(error) => return Err(error),
         };
         self.write(attr.ino, 0, data)?;
         self.getattr(attr.ino)
@@ -64,22 +64,22 @@ impl FileSystem {
 
     /// The whole contents of the file at `path`.
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        let a = self.resolve(path)?;
-        if a.kind == FileType::Directory {
+        let attr = self.resolve(path)?;
+        if attr.kind == FileType::Directory {
             return Err(Error::IsDir);
         }
-        self.read(a.ino, 0, usize::try_from(a.size).map_err(|_| Error::FileTooBig)?)
+        self.read(attr.ino, 0, usize::try_from(attr.size).map_err(|_| Error::FileTooBig)?)
     }
 
     /// mkdir -p.
     pub fn create_dir_all(&self, path: &str, mode: u16, cred: Cred) -> Result<Attr> {
         let mut cur = self.getattr(ROOT_INO)?;
-        for c in components(path.as_bytes()) {
-            cur = match self.lookup(cur.ino, c) {
-                Ok(a) if a.kind == FileType::Directory => a,
+        for component in components(path.as_bytes()) {
+            cur = match self.lookup(cur.ino, component) {
+                Ok(attr) if attr.kind == FileType::Directory => attr,
                 Ok(_) => return Err(Error::NotDir),
-                Err(Error::NotFound) => self.mkdir(cur.ino, c, mode, cred)?,
-                Err(e) => return Err(e),
+                Err(Error::NotFound) => self.mkdir(cur.ino, component, mode, cred)?,
+                Err(error) => return Err(error),
             };
         }
         Ok(cur)
@@ -91,18 +91,18 @@ impl FileSystem {
         let mut stack = vec![(path.trim_end_matches('/').to_string(), top.ino)];
         while let Some((dir_path, ino)) = stack.pop() {
             let mut entries = Vec::new();
-            self.readdir(ino, 0, &mut |e| {
-                if e.name != b"." && e.name != b".." {
-                    entries.push(e.owned());
+            self.readdir(ino, 0, &mut |entry| {
+                if entry.name != b"." && entry.name != b".." {
+                    entries.push(entry.owned());
                 }
                 true
             })?;
-            for e in entries {
-                let p = format!("{}/{}", dir_path, String::from_utf8_lossy(&e.name));
-                let a = self.getattr(e.ino)?;
-                f(&p, &a);
-                if a.kind == FileType::Directory {
-                    stack.push((p, e.ino));
+            for entry in entries {
+                let entry_path = format!("{}/{}", dir_path, String::from_utf8_lossy(&entry.name));
+                let attr = self.getattr(entry.ino)?;
+                f(&entry_path, &attr);
+                if attr.kind == FileType::Directory {
+                    stack.push((entry_path, entry.ino));
                 }
             }
         }

@@ -1,0 +1,67 @@
+//! Freeing inodes that lost their last name: at the last close, after an unlink or a
+//! rename replaced them, and at mount for those the orphan lists say were in flight.
+
+use super::data::Step;
+use super::*;
+
+impl FileSystem {
+    /// If the inode has no links and no open handles, free it (in batches, on the orphan
+    /// list until done). Only while `i` itself is the cached inode of its number: once it
+    /// was freed, a create may have reused the number for a new inode, which is not ours to
+    /// free.
+    pub(super) fn reap_if_unused(&self, i: &InodeRef) -> Result<()> {
+        let mut g = i.core.write();
+        if g.nlink > 0 || i.open_count.load(Acquire) > 0 || !self.m.ags[ino_ag(i.ino) as usize].inode_in_use(crate::format::ino_index(i.ino)) || !self.m.icache.get(i.ino).is_some_and(|cached| Arc::ptr_eq(&cached, i)) {
+            return Ok(());
+        }
+        self.reap(i, &mut g)
+    }
+
+    fn reap(&self, i: &InodeRef, g: &mut DiskInode) -> Result<()> {
+        debug_assert_eq!(g.nlink, 0, "reap of inode {} that has names", i.ino);
+        self.in_steps(i, g, |tx, updated| {
+            let done = self.unmap_from(tx, i.ino, updated, 0)? && self.free_xattr_values(tx, i.ino, updated)?;
+            if done {
+                xattr::destroy(&mut TxStore::new(tx, i.ino, 0), updated)?;
+                if updated.orphan_slot != 0 {
+                    tx.orphan_remove(i.ino, updated);
+                }
+                tx.free_inode(i);
+                return Ok(Step::Freed);
+            }
+            if updated.orphan_slot == 0 {
+                tx.orphan_add(i.ino, updated)?;
+            }
+            Ok(Step::More)
+        })?;
+        self.m.icache.remove(i.ino);
+        Ok(())
+    }
+
+    /// Free up to one batch of the value blocks of the inode's xattrs. Returns whether none is
+    /// left.
+    fn free_xattr_values(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode) -> Result<bool> {
+        let mut store = TxStore::new(tx, ino, 0);
+        let done = xattr::free_values(&mut store, updated, xattr::FREE_BATCH_BLOCKS)?;
+        updated.add_blocks(ino, store.blocks)?;
+        Ok(done)
+    }
+
+    /// Mount-time: every inode on an orphan list is either unlinked (free it) or was being
+    /// truncated (finish cutting it to its size).
+    pub(super) fn process_orphans(&self) -> Result<()> {
+        for ag in self.m.ags.iter() {
+            for (_, ino) in ag.orphans() {
+                let i = self.m.iget(ino).map_err(|_| Error::corrupt("orphan table", ag.layout.orphan_table, format!("entry {} is not an allocated inode", ino)))?;
+                let mut g = i.core.write();
+                if g.nlink == 0 {
+                    self.reap(&i, &mut g)?;
+                } else {
+                    let size = g.size;
+                    self.truncate(&i, &mut g, size, &|_| {})?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
