@@ -41,8 +41,8 @@ pub struct FsmarkArgs {
     /// fsmark: files per run on the --slow targets (default: --files / 10).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub slow_files: Option<u64>,
-    /// fsmark: the directory holding minifuse.c (default: $FERROFS_PEERS, else
-    /// ../shared/peers from the repository root).
+    /// fsmark and seeds: the directory holding minifuse.c, the FUSE ceiling the minifuse target
+    /// compiles and mounts (default: $FERROFS_PEERS; without either, minifuse is skipped).
     #[arg(long)]
     pub peers: Option<PathBuf>,
     /// fsmark: extra mount options of one target, as TARGET:OPTS (OPTS comma-separated, as

@@ -278,7 +278,6 @@ struct Ctx<'a> {
     skipped: Vec<Skipped>,
     notes: Vec<(&'static str, String)>,
     locks: Vec<LockSet>,
-    ferrofs_exe: PathBuf,
 }
 
 pub fn run(args: &BenchArgs) -> CliResult<()> {
@@ -331,7 +330,6 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         skipped,
         notes: Vec::new(),
         locks: Vec::new(),
-        ferrofs_exe: std::env::current_exe().context(|| "find this program's path".into())?,
     };
     for &w in &workloads {
         let here: Vec<Target> = targets
@@ -350,7 +348,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     check_interrupt()?;
     let results = Results {
         // The program by its name, not the path it was built at.
-        command: std::iter::once("ferrofs".to_string())
+        command: std::iter::once("ferrofs bench".to_string())
             .chain(std::env::args().skip(1))
             .collect::<Vec<_>>()
             .join(" "),
@@ -588,7 +586,7 @@ impl Ctx<'_> {
     /// `ferrofs lockstat MOUNT --json --reset` against the daemon's control socket.
     fn fuse_locks(&self, m: &Mounted) -> CliResult<Vec<LockRow>> {
         let out = shell::run(
-            Command::new(&self.ferrofs_exe)
+            Command::new(self.env.ferrofs()?)
                 .arg("lockstat")
                 .arg(m.root())
                 .args(["--json", "--reset"]),
