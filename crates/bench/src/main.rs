@@ -20,9 +20,11 @@ mod plot;
 mod process;
 mod report;
 mod scale;
+mod scale_report;
 mod scratch;
 mod seeds;
 mod seeds_report;
+mod seeds_results;
 mod session;
 mod shell;
 mod targets;
@@ -141,7 +143,7 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub lock_counting: Switch,
     #[command(flatten)]
-    pub fsmark: fsmark::FsmarkArgs,
+    pub fsmark: targets::FsmarkArgs,
     #[command(flatten)]
     pub seeds: seeds::SeedsArgs,
 }

@@ -20,11 +20,10 @@
 //! error half-way through a set-up, on a panic and (with [`super::shell::catch_interrupts`])
 //! on Ctrl-C.
 
-use super::fsmark::FsmarkArgs;
 use super::scratch;
 use super::shell::{self, check_interrupt, describe, run};
 use crate::failure::{CliResult, Context, Failure};
-use clap::ValueEnum;
+use clap::{Args, ValueEnum};
 use ferrofs_cli::programs::FERROFS;
 use ferrofs::format::BLOCK_SIZE;
 use serde::Serialize;
@@ -288,6 +287,43 @@ impl Size {
     fn ext4_inodes(&self) -> u64 {
         ((self.files + self.dirs) * EXT4_INODES_PER_FILE).max(EXT4_MIN_INODES)
     }
+}
+
+#[derive(Args, Debug)]
+pub struct FsmarkArgs {
+    /// fsmark: file systems to measure, comma-separated (default: all of them; one that
+    /// cannot be set up here is skipped with the reason). fsync and scale: mounted file
+    /// systems to run the same workload on after the engine (default: none).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub targets: Vec<Kind>,
+    /// fsmark: targets that get --slow-files files per run instead of --files.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "fuse2fs")]
+    pub slow: Vec<Kind>,
+    /// fsmark: files per run on the --slow targets (default: --files / 10).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub slow_files: Option<u64>,
+    /// fsmark and seeds: the directory holding minifuse.c, the FUSE ceiling the minifuse target
+    /// compiles and mounts (default: $FERROFS_PEERS; without either, minifuse is skipped).
+    #[arg(long)]
+    pub peers: Option<PathBuf>,
+    /// fsmark: extra mount options of one target, as TARGET:OPTS (OPTS comma-separated, as
+    /// for its `-o`); may be repeated. E.g. ferrofs:entry_timeout=60 or minifuse:default_permissions.
+    #[arg(long = "mount-options", value_parser = parse_target_options)]
+    pub mount_options: Vec<(Kind, String)>,
+    /// fsmark, fsync, scale, seeds: run every FUSE daemon in a session of its own, as mount(8)
+    /// and `ferrofs mount --daemon` start them, instead of in the benchmark's session beside
+    /// the workload. The kernel gives each session's threads a fair share as a group
+    /// (autogroup), which changes how the CPUs are split between a daemon and the workload.
+    #[arg(long)]
+    pub detached: bool,
+}
+
+fn parse_target_options(text: &str) -> Result<(Kind, String), String> {
+    let (name, opts) = text
+        .split_once(':')
+        .ok_or("expected TARGET:OPTIONS, e.g. ferrofs:entry_timeout=60")?;
+    let kind = Kind::from_str(name, true)?;
+    Ok((kind, opts.to_string()))
 }
 
 /// How the FUSE daemons of a run were started, for report headers.

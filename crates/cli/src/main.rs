@@ -8,6 +8,7 @@ mod info;
 mod lockstat;
 mod mkfs;
 mod mount;
+mod mount_config;
 mod shared;
 mod signature;
 
@@ -37,7 +38,7 @@ enum Command {
     /// Show the superblock, free space and per-allocation-group layout of an image.
     Info(info::InfoArgs),
     /// Mount an image through FUSE (foreground unless --daemon or --shared).
-    Mount(mount::MountArgs),
+    Mount(mount_config::MountArgs),
     /// List what the shared daemon (`ferrofs mount --shared`) serves.
     Mounts(shared::MountsArgs),
     /// Show the lock statistics of a running mount.

@@ -17,7 +17,7 @@
 //! its last mount has ended; SIGTERM or SIGINT unmounts them all (each checkpoints) first.
 
 use crate::daemon;
-use crate::mount::{self, MountArgs, LOCK_WAIT};
+use crate::mount_config::{self, MountArgs, LOCK_WAIT};
 use crate::units::human_bytes;
 use crate::failure::{CliResult, Context};
 use clap::Args;
@@ -372,7 +372,7 @@ impl Daemon {
             },
             Request::Mount { image, mountpoint, options } => {
                 let args = MountArgs { image, mountpoint, options, threads: None, mkfs: None, daemon: false, shared: true };
-                let res = mount::config(&args).and_then(|cfg| match mount::mounted_on(&cfg.image) {
+                let res = mount_config::config(&args).and_then(|cfg| match mount_config::mounted_on(&cfg.image) {
                     Some(dir) => Err(format!("the image is already mounted on {dir}")),
                     None => self.mount(cfg),
                 });
