@@ -3,7 +3,8 @@
 # off, alternating process by process (on first in odd pairs, off first in even ones), then
 # the median create ops/s and CPU us/op of each setting and the overhead of counting.
 # Usage: scripts/lock-cost.sh [PAIRS (default 6)] [extra ferrofs bench arguments...]
-# FERROFS names the binary (default target/release/ferrofs).
+# FERROFS names the binary (default target/release/ferrofs); its `bench` runs the ferrofs-bench
+# next to it (`cargo build --release -p ferrofs-cli -p ferrofs-bench`).
 set -euo pipefail
 pairs=${1:-6}
 shift || true

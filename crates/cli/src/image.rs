@@ -1,7 +1,7 @@
 //! Opening image files (or block devices) for the subcommands, and reading what they hold.
 
 use crate::failure::{CliResult, Context, Failure};
-use crate::mount;
+use crate::mount_config;
 use crate::signature::{self, Contents};
 use ferrofs::dev::{BlockDevice, FileDevice};
 use ferrofs::{FileSystem, MountOptions};
@@ -20,15 +20,15 @@ pub fn open(path: &Path, read_only: bool) -> CliResult<Arc<FileDevice>> {
         Err(e) if e.kind() != ErrorKind::WouldBlock => return Err(Failure::new(format!("open {}", path.display()), e)),
         Err(_) => {}
     }
-    if let Some(dir) = path.canonicalize().ok().and_then(|p| mount::mounted_on(&p)) {
+    if let Some(dir) = path.canonicalize().ok().and_then(|p| mount_config::mounted_on(&p)) {
         return Err(Failure::new(path.display().to_string(), format!("in use: mounted on {dir}")));
     }
     eprintln!(
         "ferrofs: {} is locked by another process; waiting up to {} s for it to let go",
         path.display(),
-        mount::LOCK_WAIT.as_secs()
+        mount_config::LOCK_WAIT.as_secs()
     );
-    match FileDevice::open_wait(path, read_only, mount::LOCK_WAIT) {
+    match FileDevice::open_wait(path, read_only, mount_config::LOCK_WAIT) {
         Ok(dev) => Ok(Arc::new(dev)),
         Err(e) if e.kind() == ErrorKind::WouldBlock => Err(Failure::new(path.display().to_string(), "in use by another process")),
         Err(e) => Err(Failure::new(format!("open {}", path.display()), e)),

@@ -1,19 +1,20 @@
 //! `ferrofs`: make, check, inspect, mount and benchmark ferrofs images.
 
 mod bench;
-mod failure;
 mod fsck;
 mod geometry;
 mod image;
 mod info;
 mod lockstat;
-mod logging;
 mod mkfs;
 mod mount;
-mod progress;
+mod mount_config;
 mod shared;
 mod signature;
-mod units;
+
+// The modules the benchmarks share live in the library; imported here, the commands name
+// them as before (`crate::failure`, `crate::units`, ...).
+use ferrofs_cli::{daemon, failure, logging, progress, units};
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -37,18 +38,20 @@ enum Command {
     /// Show the superblock, free space and per-allocation-group layout of an image.
     Info(info::InfoArgs),
     /// Mount an image through FUSE (foreground unless --daemon or --shared).
-    Mount(mount::MountArgs),
+    Mount(mount_config::MountArgs),
     /// List what the shared daemon (`ferrofs mount --shared`) serves.
     Mounts(shared::MountsArgs),
     /// Show the lock statistics of a running mount.
     Lockstat(lockstat::LockstatArgs),
-    /// Measure metadata performance: create, stat and remove many files.
+    /// Run the benchmarks: `ferrofs-bench`, a program of its own (`ferrofs bench --help`
+    /// lists its workloads and options).
+    #[command(disable_help_flag = true)]
     Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
-    install_panic_report();
-    die_quietly_on_closed_pipe();
+    failure::install_panic_report();
+    failure::die_quietly_on_closed_pipe();
     let cli = match mount_helper_argv() {
         Some(Ok(argv)) => Cli::parse_from(argv),
         Some(Err(why)) => {
@@ -87,30 +90,4 @@ fn mount_helper_argv() -> Option<Result<Vec<std::ffi::OsString>, String>> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     mount::HELPER_NAMES.contains(&name).then(|| mount::helper_argv(argv, root))
-}
-
-/// `ferrofs info img | head -1` should end quietly, as other Unix tools do, rather than
-/// report a failed write (Rust ignores SIGPIPE by default).
-fn die_quietly_on_closed_pipe() {
-    // SAFETY: restoring the default disposition of a signal; no handler code is involved.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
-/// A bug must still read as one line, not a backtrace.
-fn install_panic_report() {
-    std::panic::set_hook(Box::new(|info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<&str>()
-            .copied()
-            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
-            .unwrap_or("unknown cause");
-        let at = info
-            .location()
-            .map(|l| format!(" at {}:{}", l.file(), l.line()))
-            .unwrap_or_default();
-        eprintln!("ferrofs: internal error: {msg}{at} (please report this)");
-    }));
 }

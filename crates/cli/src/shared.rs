@@ -16,7 +16,8 @@
 //! mount that fails is reported to its requester and touches no other. The daemon exits once
 //! its last mount has ended; SIGTERM or SIGINT unmounts them all (each checkpoints) first.
 
-use crate::mount::{self, MountArgs, LOCK_WAIT};
+use crate::daemon;
+use crate::mount_config::{self, MountArgs, LOCK_WAIT};
 use crate::units::human_bytes;
 use crate::failure::{CliResult, Context};
 use clap::Args;
@@ -218,7 +219,7 @@ fn start_daemon(cfg: &MountConfig, socket: &Path, lock: File) -> io::Result<()> 
     // SAFETY: as above.
     unsafe { libc::umask(old) };
     let listener = bound.map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", socket.display())))?;
-    let (mut from_daemon, to_parent) = mount::pipe()?;
+    let (mut from_daemon, to_parent) = daemon::pipe()?;
     // SAFETY: the process is single-threaded here (nothing has spawned a thread yet), so the
     // child may go on running arbitrary code after fork.
     match unsafe { libc::fork() } {
@@ -254,7 +255,7 @@ struct Daemon {
 /// The forked daemon: mount `cfg`, tell the parent through `report`, then serve requests
 /// until the last mount has ended or a signal has unmounted them all.
 fn daemon_main(cfg: &MountConfig, mut daemon: Daemon, report: OwnedFd) -> i32 {
-    mount::become_daemon();
+    daemon::become_daemon();
     crate::logging::init(Some(crate::logging::SHARED_DAEMON), None);
     let mut report = File::from(report);
     let stop = Arc::new(AtomicBool::new(false));
@@ -274,7 +275,7 @@ fn daemon_main(cfg: &MountConfig, mut daemon: Daemon, report: OwnedFd) -> i32 {
     }
     let _ = report.write_all(b"ok");
     drop(report);
-    mount::detach_stdio();
+    daemon::detach_stdio();
     crate::logging::detached();
     // Mount points and images are absolute; do not keep the starter's directory busy.
     let _ = std::env::set_current_dir("/");
@@ -371,7 +372,7 @@ impl Daemon {
             },
             Request::Mount { image, mountpoint, options } => {
                 let args = MountArgs { image, mountpoint, options, threads: None, mkfs: None, daemon: false, shared: true };
-                let res = mount::config(&args).and_then(|cfg| match mount::mounted_on(&cfg.image) {
+                let res = mount_config::config(&args).and_then(|cfg| match mount_config::mounted_on(&cfg.image) {
                     Some(dir) => Err(format!("the image is already mounted on {dir}")),
                     None => self.mount(cfg),
                 });

@@ -3,6 +3,10 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+#[path = "common/clean_failure.rs"]
+mod clean_failure;
+use clean_failure::assert_clean_failure;
+
 fn ferrofs(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferrofs"))
         .args(args)
@@ -37,18 +41,6 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// A failure reads `ferrofs: <what>: <why>`, never a panic.
-fn assert_clean_failure(o: &Output, why: &str) {
-    assert!(!o.status.success());
-    let err = stderr(o);
-    assert!(err.starts_with("ferrofs: "), "{err}");
-    assert!(err.contains(why), "{err}");
-    assert!(
-        !err.contains("panicked") && !err.contains("internal error"),
-        "{err}"
-    );
 }
 
 #[test]
@@ -321,144 +313,53 @@ fn corrupt_byte(path: &str, offset: u64) {
     f.write_all_at(&[!b[0]], offset).unwrap();
 }
 
-#[test]
-fn bench_reports_every_phase_and_deletes_its_image() {
-    let s = Scratch::new("bench");
-    let (img, json) = (s.path("bench.img"), s.path("bench.json"));
-    let o = ferrofs(&[
-        "bench",
-        "--image",
-        &img,
-        "--files",
-        "300",
-        "--threads",
-        "1,2",
-        "--shared-dir",
-        "--big-dir",
-        "500",
-        "--runs",
-        "2",
-        "--json",
-        &json,
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        !std::path::Path::new(&img).exists(),
-        "the benchmark image is left behind"
-    );
-    assert!(stdout(&o).contains("locks, top 10"));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let cycles = v["cycles"].as_array().unwrap();
-    assert_eq!(cycles.len(), 4, "private and shared, 1 and 2 threads");
-    for c in cycles {
-        let phases: Vec<&str> = c["phases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p["phase"].as_str().unwrap())
-            .collect();
-        assert_eq!(phases, ["create", "stat", "remove"]);
-        assert_eq!(c["phases"][0]["ops_per_sec"].as_array().unwrap().len(), 2);
+/// `ferrofs` alone in a directory of its own (hard-linked, so that it finds its neighbours
+/// there), with PATH naming only `path_dir`.
+fn ferrofs_alone(dir: &std::path::Path, path_dir: &std::path::Path, args: &[&str]) -> Output {
+    let exe = dir.join("ferrofs");
+    if !exe.exists() {
+        std::fs::hard_link(env!("CARGO_BIN_EXE_ferrofs"), &exe).expect("link ferrofs");
     }
-    assert_eq!(v["big_dir"]["files"], 500);
-    assert_eq!(v["memory"]["inodes_cached"], 300);
-    assert!(v["journal"]["commits"].as_u64().unwrap() >= 3 * 300);
+    Command::new(&exe).args(args).env("PATH", path_dir).output().expect("run ferrofs")
+}
+
+/// A scratch directory beside the test binaries (hard links need the same file system).
+fn target_scratch(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
 }
 
 #[test]
-fn bench_refuses_an_existing_image_path() {
-    let s = Scratch::new("bench-exists");
-    let img = s.path("keep.img");
-    std::fs::write(&img, b"precious").unwrap();
-    assert_clean_failure(
-        &ferrofs(&["bench", "--image", &img, "--files", "10"]),
-        "already exists",
-    );
-    assert_eq!(std::fs::read(&img).unwrap(), b"precious");
+fn bench_without_ferrofs_bench_names_what_to_build() {
+    let dir = target_scratch("bench-missing");
+    let empty = dir.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = ferrofs_alone(&dir, &empty, &["bench", "--help"]);
+    assert_clean_failure(&o, "ferrofs-bench not found");
+    assert!(stderr(&o).contains("cargo build --release -p ferrofs-bench"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Results are kept per thread count: a count given twice would be compared with itself.
+/// `ferrofs bench ARGS` runs `ferrofs-bench ARGS` (next to it, else on PATH): every argument,
+/// `--help` included, reaches it as given, and its exit status is the command's.
 #[test]
-fn bench_refuses_a_thread_count_given_twice() {
-    for workload in ["scale", "commit", "orphan"] {
-        assert_clean_failure(&ferrofs(&["bench", workload, "--threads", "2,48,2", "--mem"]), "2 is listed twice");
+fn bench_runs_ferrofs_bench_with_its_arguments() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = target_scratch("bench-delegates");
+    let (beside, on_path) = (dir.join("beside"), dir.join("on-path"));
+    for (script_dir, path_dir) in [(&beside, &on_path), (&on_path, &on_path)] {
+        let _ = std::fs::remove_dir_all(&beside);
+        let _ = std::fs::remove_dir_all(&on_path);
+        std::fs::create_dir(&beside).unwrap();
+        std::fs::create_dir(&on_path).unwrap();
+        let script = script_dir.join("ferrofs-bench");
+        std::fs::write(&script, "#!/bin/sh\nprintf '%s\\n' \"$@\"\nexit 3\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let o = ferrofs_alone(&beside, path_dir, &["bench", "fsmark", "--help", "--threads", "1,2", "-x"]);
+        assert_eq!(o.status.code(), Some(3), "{} {}", script.display(), stderr(&o));
+        assert_eq!(stdout(&o), "fsmark\n--help\n--threads\n1,2\n-x\n", "{}", script.display());
     }
-}
-
-/// Each journal workload runs at a tiny size, prints its figures and the lock table, writes
-/// its JSON and deletes its image. (A smoke test: no figure is checked against a target.)
-#[test]
-fn bench_journal_workloads_report_their_figures() {
-    let s = Scratch::new("bench-journal");
-    let cases: [(&str, &[&str], &str, &str); 4] = [
-        ("commit", &["--threads", "1,2", "--files", "4", "--commits", "2000"], "commits/s", "rows"),
-        ("orphan", &["--threads", "1,2", "--rounds", "1"], "tracking off", "rows"),
-        ("unlinked", &["--files", "300"], "close (frees inodes)", "close_seconds"),
-        ("fsync", &["--files", "30"], "p99 loaded/idle", "p99_ratio"),
-    ];
-    for (workload, extra, printed, field) in cases {
-        let (img, json) = (s.path(&format!("{workload}.img")), s.path(&format!("{workload}.json")));
-        let mut args = vec!["bench", workload, "--image", &img, "--runs", "2", "--json", &json];
-        args.extend_from_slice(extra);
-        let o = ferrofs(&args);
-        assert!(o.status.success(), "{workload}: {}", stderr(&o));
-        let out = stdout(&o);
-        assert!(out.contains(printed) && out.contains("locks, top 10"), "{workload}: {out}");
-        assert!(!std::path::Path::new(&img).exists(), "{workload} left its image behind");
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        assert_eq!(v["mode"], workload);
-        assert!(!v["results"][field].is_null(), "{workload}: no {field} in {v}");
-    }
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(s.path("orphan.json")).unwrap()).unwrap();
-    for row in v["results"]["rows"].as_array().unwrap() {
-        assert_eq!(row["seconds_tracking_on"]["runs"].as_array().unwrap().len(), 2);
-        assert_eq!(row["orphan_adds_off"], 0, "tracking off must add no orphans");
-    }
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(s.path("unlinked.json")).unwrap()).unwrap();
-    assert_eq!(v["results"]["orphan_adds_per_run"], serde_json::json!([300, 300]));
-}
-
-/// The scalability and unmount workloads run at a tiny size, print their tables and targets,
-/// write their JSON and delete their images. (A smoke test: no figure is checked against a
-/// target.)
-#[test]
-fn bench_scale_and_unmount_report_their_figures() {
-    let s = Scratch::new("bench-scale");
-    let (img, json) = (s.path("scale.img"), s.path("scale.json"));
-    let o = ferrofs(&[
-        "bench", "scale", "--image", &img, "--files", "200", "--mdtest-files", "20", "--threads", "1,3", "--runs", "2",
-        "--min-phase-ms", "20", "--json", &json,
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
-    assert!(out.contains("mdtest pattern") && out.contains("targets:") && out.contains("locks, top 10"), "{out}");
-    assert!(!std::path::Path::new(&img).exists(), "scale left its image behind");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let rows = v["results"]["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2 * 2 * 7, "private and shared, 2 thread counts, 7 phases");
-    for r in rows {
-        assert_eq!(r["ops_per_sec"].as_array().unwrap().len(), 2);
-        assert!(r["locks"].as_array().unwrap().len() <= 5);
-    }
-    let readdir = rows.iter().find(|r| r["phase"] == "readdir" && r["layout"] == "shared" && r["threads"] == 3).unwrap();
-    // The read-only phases repeat for --min-phase-ms; each thread lists the whole directory
-    // at least once per run (200 entries, 3 threads).
-    for ops in readdir["ops"].as_array().unwrap() {
-        assert!(ops.as_u64().unwrap() >= 600, "every thread lists the whole shared directory: {ops}");
-    }
-    assert_eq!(v["results"]["mdtest"].as_array().unwrap().len(), 2 * 3);
-    assert!(v["results"]["targets"].as_array().unwrap().len() >= 3);
-
-    let (img, json) = (s.path("unmount.img"), s.path("unmount.json"));
-    let o = ferrofs(&[
-        "bench", "unmount", "--image", &img, "--files", "500", "--small-files", "30", "--runs", "2", "--json", &json,
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("ratio with/without"), "{}", stdout(&o));
-    assert!(!std::path::Path::new(&img).exists() && !std::path::Path::new(&s.path("unmount.small.img")).exists());
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert!(v["results"]["a_cached_inodes"].as_u64().unwrap() >= 500);
-    assert_eq!(v["results"]["b_cached_inodes"], 32, "root, the directory and 30 files");
-    assert_eq!(v["results"]["seconds_with_a"]["runs"].as_array().unwrap().len(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

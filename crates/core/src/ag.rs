@@ -65,6 +65,7 @@ pub struct Ag {
     inode_log_version_floor: AtomicU64,
     pub alloc_retries: AtomicU64,
     /// Inodes put on this AG's orphan table (committed adds), for the benchmarks.
+    #[cfg(feature = "bench-internals")]
     pub orphan_adds: AtomicU64,
 }
 
@@ -203,6 +204,7 @@ impl Ag {
             inode_bitmap,
             orphan_table,
             alloc_retries: AtomicU64::new(0),
+            #[cfg(feature = "bench-internals")]
             orphan_adds: AtomicU64::new(0),
         };
         ag.sync_counts(&ag.lock());
@@ -423,6 +425,7 @@ impl Ag {
         if ino == 0 {
             s.orphan_free.push(slot);
         } else {
+            #[cfg(feature = "bench-internals")]
             self.orphan_adds.fetch_add(1, Relaxed);
         }
         b.clone()

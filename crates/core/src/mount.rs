@@ -166,6 +166,7 @@ impl Mount {
     /// to an orphan table: a crash during a multi-transaction truncate or while an unlinked
     /// file is open leaks its space (fsck finds it). `ferrofs bench orphan` compares the two
     /// settings to show what orphan tracking costs. On by default.
+    #[cfg(feature = "bench-internals")]
     pub fn set_orphan_tracking_unsafe(&self, on: bool) {
         self.orphan_tracking.store(on, Relaxed);
     }

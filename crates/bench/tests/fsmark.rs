@@ -1,9 +1,9 @@
-//! `ferrofs bench fsmark`, and `bench fsync` and `bench scale` on mounted targets, end to end
+//! `ferrofs-bench fsmark`, and `fsync` and `scale` on mounted targets, end to end
 //! on the one target every Linux has (tmpfs), tiny.
 
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ferrofs");
+const BIN: &str = env!("CARGO_BIN_EXE_ferrofs-bench");
 
 fn on_path(program: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -30,7 +30,6 @@ fn fsmark_on_tmpfs_reports_files_per_second_and_cleans_up() {
         std::env::temp_dir().join(format!("ferrofs-fsmark-test-{}.json", std::process::id()));
     let o = Command::new(BIN)
         .args([
-            "bench",
             "fsmark",
             "--targets",
             "tmpfs",
@@ -46,9 +45,9 @@ fn fsmark_on_tmpfs_reports_files_per_second_and_cleans_up() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("run ferrofs");
+        .expect("run ferrofs-bench");
     let work = std::env::temp_dir().join(format!("ffb.{}", o.id()));
-    let o = o.wait_with_output().expect("wait for ferrofs");
+    let o = o.wait_with_output().expect("wait for ferrofs-bench");
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr),
@@ -69,7 +68,7 @@ fn fsmark_on_tmpfs_reports_files_per_second_and_cleans_up() {
     assert!(!work.exists(), "{} left behind", work.display());
 }
 
-/// `ferrofs bench WORKLOAD --targets tmpfs ARGS`: its output and its one mounted target's
+/// `ferrofs-bench WORKLOAD --targets tmpfs ARGS`: its output and its one mounted target's
 /// figures from the JSON report, after checking that it left no mount behind; `None` (the test
 /// skips) without root.
 fn on_tmpfs(workload: &str, args: &[&str]) -> Option<(String, serde_json::Value)> {
@@ -80,12 +79,12 @@ fn on_tmpfs(workload: &str, args: &[&str]) -> Option<(String, serde_json::Value)
     }
     let json = std::env::temp_dir().join(format!("ferrofs-{workload}-test-{}.json", std::process::id()));
     let o = Command::new(BIN)
-        .args(["bench", workload, "--targets", "tmpfs", "--runs", "1"])
+        .args([workload, "--targets", "tmpfs", "--runs", "1"])
         .args(args)
         .arg("--json")
         .arg(&json)
         .output()
-        .expect("run ferrofs");
+        .expect("run ferrofs-bench");
     let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{out}\n{err}");
     let text = std::fs::read_to_string(&json).expect("JSON report");

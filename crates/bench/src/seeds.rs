@@ -1,3 +1,5 @@
+// Over 800 lines on purpose: one round-robin runner (`Ctx`) drives all five workloads on every
+// target and its methods share its state; the result types and the report live apart.
 //! `ferrofs bench seeds`: the five seed experiments (../shared/seeds/README.md) on every
 //! target of [`super::targets`] and on ferrofs embedded (the engine in this process), in one
 //! run. Each workload repeats `--runs` times; within a repetition it visits the targets in
@@ -9,7 +11,7 @@
 
 use super::fsmark::{create_files, remove_trees};
 use super::names::NameTable;
-use super::report::{median, sorted};
+use super::seeds_results::{LockRow, LockSet, Machine, Results, Sample, Sizes, Skipped};
 use super::session::Session;
 use super::shell::{self, check_interrupt};
 use super::targets::{Env, Kind, Mounted, Size};
@@ -94,27 +96,6 @@ impl Workload {
     }
 }
 
-/// Sizes of one run.
-#[derive(Clone, Debug, Serialize)]
-pub struct Sizes {
-    pub preset: &'static str,
-    pub orphan_threads: Vec<usize>,
-    pub orphan_rounds: u64,
-    pub mdtest_workers: Vec<usize>,
-    /// Files per worker (slow targets: / SLOW_DIVISOR).
-    pub mdtest_files: u64,
-    pub fsmark_threads: usize,
-    /// Files per run, all threads (slow targets: / SLOW_DIVISOR).
-    pub fsmark_files: u64,
-    pub dbench_clients: Vec<usize>,
-    pub dbench_seconds: u32,
-    /// Cached inodes of file system A, and files of B.
-    pub unmount_a_files: u64,
-    pub unmount_b_files: u64,
-    pub slow_divisor: u64,
-    pub slow_targets: Vec<&'static str>,
-}
-
 impl Sizes {
     fn pick(a: &SeedsArgs) -> Sizes {
         let slow_targets = SLOW.iter().map(|k| k.name()).collect();
@@ -186,89 +167,6 @@ impl Target {
     }
 }
 
-/// One raw figure.
-#[derive(Clone, Debug, Serialize)]
-pub struct Sample {
-    pub workload: &'static str,
-    pub target: &'static str,
-    /// Repetition, from 0.
-    pub rep: usize,
-    /// Threads, workers, clients, or (unmount) A's inodes.
-    pub x: u64,
-    pub metric: &'static str,
-    pub value: f64,
-}
-
-/// One lock class's counters, summed over a workload's repetitions.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct LockRow {
-    pub name: String,
-    pub acquisitions: u64,
-    pub contentions: u64,
-    pub wait_total_ns: u64,
-    pub wait_max_ns: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct LockSet {
-    pub workload: &'static str,
-    pub target: &'static str,
-    /// Top classes by wait time.
-    pub rows: Vec<LockRow>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Skipped {
-    pub workload: &'static str,
-    pub target: String,
-    pub reason: String,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Machine {
-    pub cores: usize,
-    pub memory_bytes: u64,
-    pub kernel: String,
-    pub loadavg_start: String,
-    pub loadavg_end: String,
-}
-
-/// Everything a run measured.
-#[derive(Serialize)]
-pub struct Results {
-    pub command: String,
-    pub sizes: Sizes,
-    pub runs: usize,
-    /// FUSE daemons ran each in a session of its own (`--detached`), else in the benchmark's.
-    pub detached: bool,
-    pub machine: Machine,
-    pub wall_seconds: f64,
-    /// Targets in report order.
-    pub targets: Vec<(&'static str, &'static str)>,
-    pub workloads: Vec<&'static str>,
-    pub notes: Vec<(&'static str, String)>,
-    pub skipped: Vec<Skipped>,
-    pub locks: Vec<LockSet>,
-    pub samples: Vec<Sample>,
-}
-
-impl Results {
-    /// Median, min and max of one cell, if measured.
-    pub fn stats(&self, w: &str, t: &str, x: u64, metric: &str) -> Option<(f64, f64, f64)> {
-        let v: Vec<f64> = self
-            .samples
-            .iter()
-            .filter(|s| s.workload == w && s.target == t && s.x == x && s.metric == metric)
-            .map(|s| s.value)
-            .collect();
-        if v.is_empty() {
-            return None;
-        }
-        let s = sorted(&v);
-        Some((median(&s), s[0], s[s.len() - 1]))
-    }
-}
-
 struct Ctx<'a> {
     args: &'a BenchArgs,
     env: Env,
@@ -278,7 +176,6 @@ struct Ctx<'a> {
     skipped: Vec<Skipped>,
     notes: Vec<(&'static str, String)>,
     locks: Vec<LockSet>,
-    ferrofs_exe: PathBuf,
 }
 
 pub fn run(args: &BenchArgs) -> CliResult<()> {
@@ -331,7 +228,6 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         skipped,
         notes: Vec::new(),
         locks: Vec::new(),
-        ferrofs_exe: std::env::current_exe().context(|| "find this program's path".into())?,
     };
     for &w in &workloads {
         let here: Vec<Target> = targets
@@ -350,7 +246,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     check_interrupt()?;
     let results = Results {
         // The program by its name, not the path it was built at.
-        command: std::iter::once("ferrofs".to_string())
+        command: std::iter::once("ferrofs bench".to_string())
             .chain(std::env::args().skip(1))
             .collect::<Vec<_>>()
             .join(" "),
@@ -588,7 +484,7 @@ impl Ctx<'_> {
     /// `ferrofs lockstat MOUNT --json --reset` against the daemon's control socket.
     fn fuse_locks(&self, m: &Mounted) -> CliResult<Vec<LockRow>> {
         let out = shell::run(
-            Command::new(&self.ferrofs_exe)
+            Command::new(self.env.ferrofs()?)
                 .arg("lockstat")
                 .arg(m.root())
                 .args(["--json", "--reset"]),

@@ -1,7 +1,7 @@
-//! The Markdown report and plot series of `ferrofs bench seeds` ([`super::seeds`]).
+//! The Markdown report and plot series of `ferrofs bench seeds` (`seeds.rs` runs it).
 
 use super::plot::Plot;
-use super::seeds::{Results, Sizes};
+use super::seeds_results::{Results, Sizes};
 use super::targets::daemons_ran;
 use crate::units::{grouped, human_bytes};
 use std::fmt::Write;

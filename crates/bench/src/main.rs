@@ -1,4 +1,5 @@
-//! `ferrofs bench`: benchmarks of the engine, run in this process on a scratch image.
+//! `ferrofs-bench` (also run as `ferrofs bench`): benchmarks of the engine, run in this
+//! process on a scratch image, and of ferrofs beside its peers through FUSE and the kernel.
 //!
 //! The default workload (`embedded`) is the metadata benchmark: for each thread count,
 //! threads create, stat and remove their share of N empty files, each in its own directory
@@ -19,9 +20,11 @@ mod plot;
 mod process;
 mod report;
 mod scale;
+mod scale_report;
 mod scratch;
 mod seeds;
 mod seeds_report;
+mod seeds_results;
 mod session;
 mod shell;
 mod targets;
@@ -29,8 +32,7 @@ mod unlinked;
 mod unmount;
 
 use crate::failure::{CliResult, Context, Failure};
-use crate::progress;
-use clap::{Args, ValueEnum};
+use clap::{Args, Parser, ValueEnum};
 use ferrofs::format::ROOT_INO;
 use ferrofs::{Cred, FileSystem};
 use ferrofs_lockstat as lockstat;
@@ -41,10 +43,36 @@ use report::{Cycle, Growth, MemoryReport, PhaseStats, Report};
 use serde::Serialize;
 use session::Session;
 use std::path::PathBuf;
+use std::process::ExitCode;
+
+// The command line's shared modules, named as the benchmarks always named them
+// (`crate::failure`, `crate::units`, ...).
+use ferrofs_cli::{daemon, failure, logging, progress, units};
 
 const CRED: Cred = Cred { uid: 0, gid: 0 };
 const FILE_MODE: u16 = 0o644;
 const DIR_MODE: u16 = 0o755;
+
+#[derive(Parser, Debug)]
+#[command(name = "ferrofs-bench", version, about = "ferrofs benchmarks (also run as `ferrofs bench`)", long_about = None)]
+struct Cli {
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+fn main() -> ExitCode {
+    failure::install_panic_report();
+    failure::die_quietly_on_closed_pipe();
+    let cli = Cli::parse();
+    logging::init(None, None);
+    match run(&cli.args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("ferrofs: {f}");
+            ExitCode::from(1)
+        }
+    }
+}
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -116,7 +144,7 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub lock_counting: Switch,
     #[command(flatten)]
-    pub fsmark: fsmark::FsmarkArgs,
+    pub fsmark: targets::FsmarkArgs,
     #[command(flatten)]
     pub seeds: seeds::SeedsArgs,
 }

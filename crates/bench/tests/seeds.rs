@@ -1,8 +1,8 @@
-//! `ferrofs bench seeds` end to end at its tiny size, on tmpfs and ferrofs embedded only.
+//! `ferrofs-bench seeds` end to end at its tiny size, on tmpfs and ferrofs embedded only.
 
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ferrofs");
+const BIN: &str = env!("CARGO_BIN_EXE_ferrofs-bench");
 
 #[test]
 fn seeds_on_tmpfs_writes_report_plots_and_json() {
@@ -15,7 +15,6 @@ fn seeds_on_tmpfs_writes_report_plots_and_json() {
     let report = dir.join("RESULTS.md");
     let o = Command::new(BIN)
         .args([
-            "bench",
             "seeds",
             "--tiny",
             "--targets",
@@ -26,7 +25,7 @@ fn seeds_on_tmpfs_writes_report_plots_and_json() {
         ])
         .arg(&report)
         .output()
-        .expect("run ferrofs");
+        .expect("run ferrofs-bench");
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr),

@@ -62,7 +62,7 @@ pub(super) fn measure(
     // `bench seeds`, arenas that earlier workloads made stay). Uncapped, B's journal threads
     // (new at every mount) were handed the malloc arenas of A's exited build threads, and
     // their exit took 1.7-3.3 ms there in B's first cycles, against 0.1 ms.
-    crate::mount::cap_malloc_arenas();
+    crate::daemon::cap_malloc_arenas();
     let names = NameTable::new(a_files.max(b_files));
     let b = Small::make(args, &names, b_files)?;
     let mut b_cached = 0;

@@ -20,11 +20,11 @@
 //! error half-way through a set-up, on a panic and (with [`super::shell::catch_interrupts`])
 //! on Ctrl-C.
 
-use super::fsmark::FsmarkArgs;
 use super::scratch;
 use super::shell::{self, check_interrupt, describe, run};
 use crate::failure::{CliResult, Context, Failure};
-use clap::ValueEnum;
+use clap::{Args, ValueEnum};
+use ferrofs_cli::programs::FERROFS;
 use ferrofs::format::BLOCK_SIZE;
 use serde::Serialize;
 use std::cell::OnceCell;
@@ -54,7 +54,7 @@ const MINIFUSE_SOURCE: &str = "minifuse.c";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
-    /// This binary's `mount` on a fresh image in /dev/shm.
+    /// `ferrofs mount` on a fresh image in /dev/shm.
     Ferrofs,
     /// minifuse.c: in-memory libfuse3 low-level server, the FUSE ceiling.
     Minifuse,
@@ -142,6 +142,11 @@ impl Kind {
                 }
                 if !kernel_has(self.name()) {
                     return Some(format!("the kernel has no {} support", self.name()));
+                }
+            }
+            Kind::Ferrofs => {
+                if let Err(why) = &env.ferrofs {
+                    return Some(why.clone());
                 }
             }
             Kind::Minifuse => {
@@ -284,6 +289,43 @@ impl Size {
     }
 }
 
+#[derive(Args, Debug)]
+pub struct FsmarkArgs {
+    /// fsmark: file systems to measure, comma-separated (default: all of them; one that
+    /// cannot be set up here is skipped with the reason). fsync and scale: mounted file
+    /// systems to run the same workload on after the engine (default: none).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub targets: Vec<Kind>,
+    /// fsmark: targets that get --slow-files files per run instead of --files.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "fuse2fs")]
+    pub slow: Vec<Kind>,
+    /// fsmark: files per run on the --slow targets (default: --files / 10).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub slow_files: Option<u64>,
+    /// fsmark and seeds: the directory holding minifuse.c, the FUSE ceiling the minifuse target
+    /// compiles and mounts (default: $FERROFS_PEERS; without either, minifuse is skipped).
+    #[arg(long)]
+    pub peers: Option<PathBuf>,
+    /// fsmark: extra mount options of one target, as TARGET:OPTS (OPTS comma-separated, as
+    /// for its `-o`); may be repeated. E.g. ferrofs:entry_timeout=60 or minifuse:default_permissions.
+    #[arg(long = "mount-options", value_parser = parse_target_options)]
+    pub mount_options: Vec<(Kind, String)>,
+    /// fsmark, fsync, scale, seeds: run every FUSE daemon in a session of its own, as mount(8)
+    /// and `ferrofs mount --daemon` start them, instead of in the benchmark's session beside
+    /// the workload. The kernel gives each session's threads a fair share as a group
+    /// (autogroup), which changes how the CPUs are split between a daemon and the workload.
+    #[arg(long)]
+    pub detached: bool,
+}
+
+fn parse_target_options(text: &str) -> Result<(Kind, String), String> {
+    let (name, opts) = text
+        .split_once(':')
+        .ok_or("expected TARGET:OPTIONS, e.g. ferrofs:entry_timeout=60")?;
+    let kind = Kind::from_str(name, true)?;
+    Ok((kind, opts.to_string()))
+}
+
 /// How the FUSE daemons of a run were started, for report headers.
 pub fn daemons_ran(detached: bool) -> &'static str {
     match detached {
@@ -300,7 +342,8 @@ pub struct Env {
     detached: bool,
     work: PathBuf,
     images: PathBuf,
-    ferrofs: PathBuf,
+    /// The `ferrofs` program (next to this one, else on PATH), or why there is none.
+    ferrofs: Result<PathBuf, String>,
     /// Extra mount options per target, comma-separated as for `-o`.
     mount_options: Vec<(Kind, String)>,
     peers: Option<PathBuf>,
@@ -309,10 +352,9 @@ pub struct Env {
 }
 
 impl Env {
-    /// `args.peers`: the directory holding minifuse.c (else $FERROFS_PEERS, else
-    /// `shared/peers` next to the repository this binary was built from or run in).
+    /// `args.peers`: the directory holding minifuse.c (else $FERROFS_PEERS).
     pub fn new(args: &FsmarkArgs) -> CliResult<Env> {
-        let ferrofs = std::env::current_exe().context(|| "find this program's path".into())?;
+        let ferrofs = FERROFS.find();
         // Short: fs_mark takes directory names of under 40 bytes only.
         let work = std::env::temp_dir().join(format!("ffb.{}", std::process::id()));
         std::fs::create_dir_all(&work).context(|| format!("mkdir {}", work.display()))?;
@@ -380,26 +422,20 @@ impl Env {
         self.work.join(format!("{what}{n}"))
     }
 
+    /// The `ferrofs` program that makes, mounts and queries the ferrofs target's images.
+    pub fn ferrofs(&self) -> CliResult<&Path> {
+        self.ferrofs.as_deref().map_err(|why| Failure::new("ferrofs", why))
+    }
+
     fn minifuse_source(&self) -> Result<PathBuf, String> {
-        let candidates: Vec<PathBuf> = match &self.peers {
-            Some(p) => vec![p.clone()],
-            None => repo_roots()
-                .into_iter()
-                .map(|r| r.join("../shared/peers"))
-                .collect(),
+        let Some(peers) = &self.peers else {
+            return Err(format!("no {MINIFUSE_SOURCE} given (--peers DIR or ${PEERS_ENV} names its directory)"));
         };
-        candidates
-            .iter()
-            .map(|d| d.join(MINIFUSE_SOURCE))
-            .find(|f| f.is_file())
-            .ok_or_else(|| {
-                let tried: Vec<String> =
-                    candidates.iter().map(|c| c.display().to_string()).collect();
-                format!(
-                    "{MINIFUSE_SOURCE} not found (give --peers DIR or ${PEERS_ENV}; looked in {})",
-                    tried.join(", ")
-                )
-            })
+        let source = peers.join(MINIFUSE_SOURCE);
+        match source.is_file() {
+            true => Ok(source),
+            false => Err(format!("{} not found (--peers DIR or ${PEERS_ENV} names its directory)", source.display())),
+        }
     }
 
     /// minifuse, compiled into the work directory on first use.
@@ -443,25 +479,6 @@ impl Drop for Env {
             eprintln!("ferrofs: remove {}: {e}", self.work.display());
         }
     }
-}
-
-/// The repository roots this binary may belong to: the one it was built in and any the
-/// current directory is in.
-fn repo_roots() -> Vec<PathBuf> {
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf();
-    let cwd = std::env::current_dir().unwrap_or_default();
-    let mut roots = Vec::new();
-    for start in [cwd, built] {
-        if let Some(r) = start
-            .ancestors()
-            .find(|a| a.join(".git").exists() || a.join("Cargo.lock").is_file())
-        {
-            if !roots.contains(&r.to_path_buf()) {
-                roots.push(r.to_path_buf());
-            }
-        }
-    }
-    roots
 }
 
 fn kernel_has(fs: &str) -> bool {
@@ -568,7 +585,7 @@ impl Mounted {
         let opts = scratch::mkfs_options(size.threads);
         let image = env.unique(env.image_dir(), "ferrofs", ".img");
         self.undo.push(Undo::File(image.clone()));
-        let mut mkfs = Command::new(&env.ferrofs);
+        let mut mkfs = Command::new(env.ferrofs()?);
         mkfs.arg("mkfs")
             .arg(&image)
             .arg("--size")
@@ -583,7 +600,7 @@ impl Mounted {
                 .arg((log * BLOCK_SIZE as u64).to_string());
         }
         run(&mut mkfs)?;
-        let mut mount = Command::new(&env.ferrofs);
+        let mut mount = Command::new(env.ferrofs()?);
         mount.arg("mount").arg(&image).arg(&self.root);
         env.push_options(Kind::Ferrofs, &mut mount);
         self.start_daemon(env, mount)

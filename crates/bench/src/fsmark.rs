@@ -11,7 +11,6 @@ use super::targets::{daemons_ran, Env, Kind, Mounted, Size};
 use super::BenchArgs;
 use crate::failure::{CliResult, Context, Failure};
 use crate::units::{grouped, human_bytes};
-use clap::{Args, ValueEnum};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::process::Command;
@@ -27,35 +26,6 @@ const DEFAULT_FILES: u64 = 40_000;
 const DEFAULT_THREADS: &[usize] = &[1, 2, 8];
 /// Default file count of slow targets: --files divided by this.
 const SLOW_DIVISOR: u64 = 10;
-
-#[derive(Args, Debug)]
-pub struct FsmarkArgs {
-    /// fsmark: file systems to measure, comma-separated (default: all of them; one that
-    /// cannot be set up here is skipped with the reason). fsync and scale: mounted file
-    /// systems to run the same workload on after the engine (default: none).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    pub targets: Vec<Kind>,
-    /// fsmark: targets that get --slow-files files per run instead of --files.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "fuse2fs")]
-    pub slow: Vec<Kind>,
-    /// fsmark: files per run on the --slow targets (default: --files / 10).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    pub slow_files: Option<u64>,
-    /// fsmark: the directory holding minifuse.c (default: $FERROFS_PEERS, else
-    /// ../shared/peers from the repository root).
-    #[arg(long)]
-    pub peers: Option<PathBuf>,
-    /// fsmark: extra mount options of one target, as TARGET:OPTS (OPTS comma-separated, as
-    /// for its `-o`); may be repeated. E.g. ferrofs:entry_timeout=60 or minifuse:default_permissions.
-    #[arg(long = "mount-options", value_parser = parse_target_options)]
-    pub mount_options: Vec<(Kind, String)>,
-    /// fsmark, fsync, scale, seeds: run every FUSE daemon in a session of its own, as mount(8)
-    /// and `ferrofs mount --daemon` start them, instead of in the benchmark's session beside
-    /// the workload. The kernel gives each session's threads a fair share as a group
-    /// (autogroup), which changes how the CPUs are split between a daemon and the workload.
-    #[arg(long)]
-    pub detached: bool,
-}
 
 /// Every figure of one target, one run, one thread count.
 #[derive(Clone, Debug, Serialize)]
@@ -264,14 +234,6 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
 }
 
 /// `TARGET:OPTS` of --mount-options.
-fn parse_target_options(text: &str) -> Result<(Kind, String), String> {
-    let (name, opts) = text
-        .split_once(':')
-        .ok_or("expected TARGET:OPTIONS, e.g. ferrofs:entry_timeout=60")?;
-    let kind = Kind::from_str(name, true)?;
-    Ok((kind, opts.to_string()))
-}
-
 fn skip(skipped: &mut Vec<Skipped>, k: Kind, reason: String) {
     eprintln!("skipping {}: {reason}", k.name());
     skipped.push(Skipped { target: k, reason });
