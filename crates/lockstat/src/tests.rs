@@ -1,8 +1,13 @@
 //! The locks' counts, times, switches and order checks.
 
 use super::*;
+use crate::meter::OWN_SHARDS;
+use crate::stats::fmt_ns;
+use crate::sync as raw;
+use serde::Serialize;
 use std::sync::mpsc;
 use std::thread;
+use std::time::Duration;
 
 /// Tests that read counters, or flip `reset`/`set_timing`, run one at a
 /// time: those are process-wide.
