@@ -4,7 +4,9 @@
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::log::LogHeader;
-use crate::format::sb::{MAX_AGS, MIN_AG_BLOCKS, MIN_LOG_BLOCKS};
+use crate::format::sb::{MAX_AGS, MIN_LOG_BLOCKS};
+/// The smallest allocation group, in blocks: a device smaller than this holds no file system.
+pub use crate::format::sb::MIN_AG_BLOCKS;
 use crate::format::*;
 use crate::format::inode::{Timespec, S_IFDIR};
 
