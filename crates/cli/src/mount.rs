@@ -13,7 +13,7 @@ use crate::failure::{CliResult, Context, Failure};
 use crate::mkfs::{self, MkfsArgs};
 use crate::units::parse_size;
 use clap::Args;
-use ferrofs::cache::{CacheBudget, DEFAULT_CACHE_BYTES};
+use ferrofs::{CacheBudget, DEFAULT_CACHE_BYTES};
 use ferrofs_fuse::MountConfig;
 use std::cell::RefCell;
 use std::ffi::OsString;

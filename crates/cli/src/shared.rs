@@ -20,7 +20,7 @@ use crate::mount::{self, MountArgs, LOCK_WAIT};
 use crate::units::human_bytes;
 use crate::failure::{CliResult, Context};
 use clap::Args;
-use ferrofs::cache::{CacheBudget, DEFAULT_CACHE_BYTES};
+use ferrofs::{CacheBudget, DEFAULT_CACHE_BYTES};
 use ferrofs_fuse::{MountConfig, MountHandle};
 use serde::{Deserialize, Serialize};
 use std::fs::File;

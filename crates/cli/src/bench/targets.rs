@@ -25,7 +25,7 @@ use super::scratch;
 use super::shell::{self, check_interrupt, describe, run};
 use crate::failure::{CliResult, Context, Failure};
 use clap::ValueEnum;
-use ferrofs::format::BLOCK_SIZE;
+use ferrofs::BLOCK_SIZE;
 use serde::Serialize;
 use std::cell::OnceCell;
 use std::os::unix::process::CommandExt;
