@@ -169,12 +169,9 @@ impl<V: Reclaimable> AgCache<V> {
         self.ags.iter().map(|a| a.len.load(Relaxed)).sum()
     }
 
+    #[cfg(feature = "testing")]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    pub fn ag_count(&self) -> u32 {
-        self.ags.len() as u32
     }
 
     /// The budget this cache shares.
@@ -597,6 +594,7 @@ impl BufCache {
         self.map.len()
     }
 
+    #[cfg(feature = "testing")]
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

@@ -12,8 +12,11 @@ use crate::journal::{recover, Journal, JournalConfig, RecoveryReport};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Weak};
 
+/// How to mount a file system ([`FileSystem::mount_device`](crate::FileSystem::mount_device)).
 #[derive(Clone, Debug, Default)]
 pub struct MountOptions {
+    /// Change nothing on the device: a log left by a crash is replayed in memory, and every
+    /// change fails with [`Error::ReadOnly`].
     pub read_only: bool,
     /// Override journal tunables (tests use tiny CILs to exercise wrap-around).
     pub journal: Option<JournalConfig>,

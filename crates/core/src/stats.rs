@@ -300,3 +300,19 @@ impl FileSystem {
         self.mount().set_orphan_tracking_unsafe(on)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::CacheStats;
+    use crate::journal::JournalStats;
+    use std::mem::size_of;
+
+    /// Every journal and cache counter reaches the snapshot: one `u64` per atomic counter,
+    /// plus the journal's commit counts (kept in its CIL shards, not in `JournalStats`).
+    #[test]
+    fn snapshot_has_every_counter() {
+        assert_eq!(size_of::<JournalCounters>(), size_of::<JournalStats>() + 2 * size_of::<u64>(), "a JournalStats field is missing from JournalCounters");
+        assert_eq!(size_of::<CacheCounters>(), size_of::<CacheStats>(), "a CacheStats field is missing from CacheCounters");
+    }
+}

@@ -1,21 +1,10 @@
-//! `lseek(SEEK_DATA / SEEK_HOLE)` from the file's block map.
-//!
-//! The engine has no API for this yet, so this reads the map the way `FileSystem::read` does:
-//! the inode's read lock, then `file::read_extents`. It belongs in the engine as
-//! `FileSystem::seek_data(ino, offset, whence) -> Result<Option<u64>>` (see the crate's
-//! report); until then this is the only place the adapter touches engine internals.
-//! Unwritten (preallocated) extents read as zeros, so they count as holes.
+//! `lseek(SEEK_DATA / SEEK_HOLE)` through the engine's `FileSystem::seek`, in the terms
+//! of the kernel's request: only regular files, and `None` for ENXIO.
 
-use ferrofs::error::{Error, Result};
-use ferrofs::file::read_extents;
-use ferrofs::format::BLOCK_SIZE;
-use ferrofs::FileSystem;
+use ferrofs::{Error, FileSystem, FileType, Result};
 
-const BS: u64 = BLOCK_SIZE as u64;
-/// First window of blocks asked of the block map; it doubles up to `WINDOW_MAX`, so a
-/// search over a huge sparse file takes few lookups and no single answer is large.
-const WINDOW_MIN: u64 = 1 << 10;
-const WINDOW_MAX: u64 = 1 << 18;
+#[cfg(test)]
+const BS: u64 = ferrofs::BLOCK_SIZE as u64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Whence {
@@ -26,48 +15,14 @@ pub enum Whence {
 /// The offset `lseek(fd, off, whence)` returns, or `None` for ENXIO (no data at or after
 /// `off`, or `off` at or past the end of the file).
 pub fn seek(fs: &FileSystem, ino: u64, off: u64, whence: Whence) -> Result<Option<u64>> {
-    let m = fs.mount();
-    let i = m.iget(ino)?;
-    let g = i.core.read();
-    if !g.is_reg() {
+    if fs.getattr(ino)?.kind != FileType::RegularFile {
         return Err(Error::Invalid("SEEK_DATA/SEEK_HOLE on a non-regular file"));
     }
-    let size = g.size;
-    if off >= size {
-        return Ok(None);
+    match fs.seek(ino, off, whence == Whence::Hole) {
+        Ok(found) => Ok(Some(found)),
+        Err(Error::NoData) => Ok(None),
+        Err(e) => Err(e),
     }
-    let end = size.div_ceil(BS);
-    let mut blk = off / BS;
-    let mut window = WINDOW_MIN;
-    while blk < end {
-        let to = blk.saturating_add(window).min(end);
-        let mut found = None;
-        for e in read_extents(m, ino, &g, blk, to)? {
-            if e.unwritten || e.end() <= blk {
-                continue;
-            }
-            match whence {
-                Whence::Data => {
-                    found = Some(e.lblk.max(blk));
-                    break;
-                }
-                Whence::Hole if e.lblk > blk => break,
-                Whence::Hole => blk = e.end(),
-            }
-        }
-        match whence {
-            Whence::Data if found.is_some() => return Ok(found.map(|b| (b * BS).max(off))),
-            Whence::Data => blk = to,
-            // No written extent covers `blk`: the hole starts there.
-            Whence::Hole if blk < to => return Ok(Some((blk * BS).max(off).min(size))),
-            Whence::Hole => {}
-        }
-        window = (window * 2).min(WINDOW_MAX);
-    }
-    Ok(match whence {
-        Whence::Data => None,
-        Whence::Hole => Some(size),
-    })
 }
 
 #[cfg(test)]

@@ -128,7 +128,6 @@ pub const S_IFCHR: u16 = 0o020000;
 pub const S_IFBLK: u16 = 0o060000;
 pub const S_IFIFO: u16 = 0o010000;
 pub const S_IFSOCK: u16 = 0o140000;
-pub const S_ISUID: u16 = 0o4000;
 pub const S_ISGID: u16 = 0o2000;
 
 pub fn valid_file_type(mode: u16) -> bool {

@@ -4,7 +4,6 @@
 use crate::error::{Error, Result};
 
 pub const BLOCK_SIZE: usize = 4096;
-pub const BLOCK_SHIFT: u32 = 12;
 
 /// Every metadata block starts with this 32-byte header (little-endian):
 /// `magic u32 | crc32c u32 | blkno u64 | owner u64 | lsn u64`.
