@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace --locked 2>&1
+# The README's embedded example, as a program: it must build and run (it exits non-zero on
+# any failure).
+cargo run -p ferrofs --locked --example embedded 2>&1
 # The FUSE suites above mount with ferrofs checking permissions (-o daemon_permissions); run
 # them again with the kernel checking (default_permissions, the mount's default): both modes
 # must keep POSIX semantics.

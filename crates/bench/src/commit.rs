@@ -9,7 +9,7 @@ use super::session::Session;
 use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
 use crate::units::grouped;
-use ferrofs::format::ROOT_INO;
+use ferrofs::ROOT_INO;
 use ferrofs::{FileSystem, SetAttr};
 use serde::Serialize;
 
@@ -43,9 +43,9 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     for &t in &threads {
         let (mut rates, mut cpu) = (Vec::new(), Vec::new());
         for _ in 0..args.runs {
-            let before = session.fs.mount().journal.commits();
+            let before = session.fs.stats().journal.commits;
             let time = one_run(&session.fs, &inos[..t], args.commits)?;
-            let commits = session.fs.mount().journal.commits() - before;
+            let commits = session.fs.stats().journal.commits - before;
             rates.push(commits as f64 / time.wall.as_secs_f64());
             cpu.push(time.cpu.as_secs_f64() * 1e6 / commits.max(1) as f64);
         }

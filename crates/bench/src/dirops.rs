@@ -7,7 +7,7 @@
 
 use super::{CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
-use ferrofs::format::ROOT_INO;
+use ferrofs::ROOT_INO;
 use ferrofs::FileSystem;
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
@@ -16,7 +16,6 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Mutex;
 
 pub trait DirOps: Sync {
@@ -117,18 +116,15 @@ impl DirOps for FileSystem {
     }
 
     fn settle(&self) -> CliResult<()> {
-        self.mount()
-            .journal
-            .quiesce()
+        self.write_home()
             .context(|| "write the log home".to_string())
     }
 
     fn counters(&self) -> EngineCounters {
-        let m = self.mount();
+        let stats = self.stats();
         EngineCounters {
-            alloc_retries: m.ags.iter().map(|ag| ag.alloc_retries.load(Relaxed)).sum(),
-            throttle_wait_ns: m.journal.stats.throttle_wait_ns.load(Relaxed)
-                + m.icache.budget().stats.throttle_wait_ns.load(Relaxed),
+            alloc_retries: stats.ags.iter().map(|ag| ag.alloc_retries).sum(),
+            throttle_wait_ns: stats.journal.throttle_wait_ns + stats.cache.throttle_wait_ns,
         }
     }
 

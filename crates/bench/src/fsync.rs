@@ -19,7 +19,7 @@ use super::targets::{on_each, Env, Kind, Size};
 use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
 use crate::units::grouped;
-use ferrofs::format::{BLOCK_SIZE, ROOT_INO};
+use ferrofs::{BLOCK_SIZE, ROOT_INO};
 use ferrofs::FileSystem;
 use serde::Serialize;
 use std::ffi::OsStr;
@@ -245,20 +245,16 @@ impl Target for Engine<'_> {
     }
 
     fn checkpoint(&self) -> CliResult<()> {
-        self.0.mount().journal.checkpoint().map_err(|e| Failure::new("checkpoint", e))
+        self.0.checkpoint().map_err(|e| Failure::new("checkpoint", e))
     }
 
     fn settle(&self) -> CliResult<()> {
-        self.0.mount().journal.quiesce().map_err(|e| Failure::new("write the log home", e))
+        self.0.write_home().map_err(|e| Failure::new("write the log home", e))
     }
 
     fn counts(&self) -> [u64; 3] {
-        let s = &self.0.mount().journal.stats;
-        [
-            s.forced_checkpoints.load(Relaxed),
-            s.forces_joined.load(Relaxed),
-            s.fsyncs_durable.load(Relaxed),
-        ]
+        let s = self.0.stats().journal;
+        [s.forced_checkpoints, s.forces_joined, s.fsyncs_durable]
     }
 }
 

@@ -33,8 +33,7 @@ mod unmount;
 
 use crate::failure::{CliResult, Context, Failure};
 use clap::{Args, Parser, ValueEnum};
-use ferrofs::format::ROOT_INO;
-use ferrofs::{Cred, FileSystem};
+use ferrofs::{Cred, FileSystem, ROOT_INO};
 use ferrofs_lockstat as lockstat;
 use indicatif::ProgressBar;
 use names::NameTable;
@@ -437,9 +436,9 @@ impl Bench<'_> {
     /// the log size, not by the cache) and freed heap is handed back, so growth is the
     /// caches' own memory.
     fn memory_sample(&self) -> CliResult<(u64, u64, u64)> {
-        self.fs.mount().journal.quiesce().context(|| "write the log home".into())?;
+        self.fs.write_home().context(|| "write the log home".into())?;
         process::release_free_heap();
-        Ok((process::rss_bytes(), process::heap().in_use, self.fs.mount().icache.len()))
+        Ok((process::rss_bytes(), process::heap().in_use, self.fs.stats().cache_usage.inodes))
     }
 
     fn make_dirs(&self, layout: Layout, threads: usize, label: &str) -> CliResult<Vec<u64>> {

@@ -10,7 +10,7 @@ use super::session::Session;
 use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
 use crate::units::grouped;
-use ferrofs::format::{BLOCK_SIZE, ROOT_INO};
+use ferrofs::{BLOCK_SIZE, ROOT_INO};
 use ferrofs::{FileSystem, SetAttr};
 use serde::Serialize;
 
@@ -53,7 +53,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         for run in 0..args.runs {
             // Alternate which setting goes first.
             for tracking in [run % 2 == 0, run % 2 != 0] {
-                fs.mount().set_orphan_tracking_unsafe(tracking);
+                fs.set_orphan_tracking_unsafe(tracking);
                 let adds = session.orphan_adds();
                 let secs = one_run(fs, &inos[..p], args.rounds)?;
                 let adds = session.orphan_adds() - adds;
@@ -66,7 +66,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
                 }
             }
         }
-        fs.mount().set_orphan_tracking_unsafe(true);
+        fs.set_orphan_tracking_unsafe(true);
         let (on, off) = (Spread::of(&on), Spread::of(&off));
         rows.push(OrphanRow {
             threads: p,

@@ -3,10 +3,8 @@
 use super::phase::Timing;
 use super::Layout;
 use crate::units::{grouped, human_bytes};
-use ferrofs::journal::Journal;
 use ferrofs_lockstat::{self as lockstat, ClassStats};
 use serde::Serialize;
-use std::sync::atomic::Ordering::Relaxed;
 
 /// Lock classes shown in the table (the JSON has them all).
 const LOCK_TABLE_ROWS: usize = 10;
@@ -82,7 +80,7 @@ pub struct MemoryReport {
     /// Heap bytes in use per cached inode: what the caches hold, without the allocator's
     /// fragmentation that RSS also counts.
     pub heap_per_cached_inode: f64,
-    /// `size_of::<ferrofs::inode::Inode>()`, which embeds the decoded `DiskInode`.
+    /// `size_of` the engine's in-memory inode (`ferrofs::INODE_STRUCT_BYTES`), which embeds the decoded `DiskInode`.
     pub inode_struct_bytes: usize,
     pub disk_inode_struct_bytes: usize,
 }
@@ -239,30 +237,29 @@ impl MemoryReport {
             rss_per_cached_inode: g.rss_bytes as f64 / g.inodes.max(1) as f64,
             heap_growth_bytes: g.heap_bytes,
             heap_per_cached_inode: g.heap_bytes as f64 / g.inodes.max(1) as f64,
-            inode_struct_bytes: std::mem::size_of::<ferrofs::inode::Inode>(),
-            disk_inode_struct_bytes: std::mem::size_of::<ferrofs::format::DiskInode>(),
+            inode_struct_bytes: ferrofs::INODE_STRUCT_BYTES,
+            disk_inode_struct_bytes: ferrofs::DISK_INODE_STRUCT_BYTES,
         }
     }
 }
 
-impl From<&Journal> for JournalReport {
-    fn from(j: &Journal) -> JournalReport {
-        let s = &j.stats;
+impl From<&ferrofs::JournalCounters> for JournalReport {
+    fn from(s: &ferrofs::JournalCounters) -> JournalReport {
         JournalReport {
-            commits: j.commits(),
-            routed_commits: j.routed_commits(),
-            checkpoints: s.checkpoints.load(Relaxed),
-            background_checkpoints: s.background_checkpoints.load(Relaxed),
-            forced_checkpoints: s.forced_checkpoints.load(Relaxed),
-            items_logged: s.items_logged.load(Relaxed),
-            log_bytes: s.log_bytes.load(Relaxed),
-            log_space_waits: s.log_space_waits.load(Relaxed),
-            commit_throttles: s.commit_throttles.load(Relaxed),
-            throttle_wait_seconds: s.throttle_wait_ns.load(Relaxed) as f64 / 1e9,
-            ail_pushes: s.ail_pushes.load(Relaxed),
-            items_written_home: s.items_written_home.load(Relaxed),
-            fsyncs_durable: s.fsyncs_durable.load(Relaxed),
-            forces_joined: s.forces_joined.load(Relaxed),
+            commits: s.commits,
+            routed_commits: s.routed_commits,
+            checkpoints: s.checkpoints,
+            background_checkpoints: s.background_checkpoints,
+            forced_checkpoints: s.forced_checkpoints,
+            items_logged: s.items_logged,
+            log_bytes: s.log_bytes,
+            log_space_waits: s.log_space_waits,
+            commit_throttles: s.commit_throttles,
+            throttle_wait_seconds: s.throttle_wait_ns as f64 / 1e9,
+            ail_pushes: s.ail_pushes,
+            items_written_home: s.items_written_home,
+            fsyncs_durable: s.fsyncs_durable,
+            forces_joined: s.forces_joined,
         }
     }
 }

@@ -89,7 +89,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         min: Duration::from_millis(args.min_phase_ms),
         names: &names,
     };
-    let budget = session.fs.mount().icache.budget();
+    let budget = session.fs.cache_budget();
     let (measured, peak_budget_bytes) = sample_peak(|| budget.used(), || plan.measure(&session.fs));
     let (rows, mdtest) = measured?;
     let peak_rss_bytes = process::peak_rss_bytes();

@@ -2,8 +2,7 @@
 
 use crate::failure::{CliResult, Context, Failure};
 use ferrofs::dev::{BlockDevice, FileDevice, MemDevice};
-use ferrofs::format::BLOCK_SIZE;
-use ferrofs::MkfsOptions;
+use ferrofs::{MkfsOptions, BLOCK_SIZE};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -3,11 +3,9 @@
 use super::report::{Figures, ImageReport, JournalReport, WorkloadReport};
 use super::{scratch, BenchArgs};
 use crate::failure::{CliResult, Context};
-use ferrofs::format::BLOCK_SIZE;
+use ferrofs::{FileSystem, MkfsOptions, MountOptions, BLOCK_SIZE};
 use ferrofs_lockstat::{self as lockstat, ClassStats};
-use ferrofs::{FileSystem, MkfsOptions, MountOptions};
 use serde::Serialize;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 pub struct Session {
@@ -54,22 +52,21 @@ impl Session {
 
     /// Orphan-table adds committed so far, over all AGs.
     pub fn orphan_adds(&self) -> u64 {
-        let m = self.fs.mount();
-        m.ags.iter().map(|ag| ag.orphan_adds.load(Relaxed)).sum()
+        self.fs.orphan_adds()
     }
 
     /// Collect the counters, then unmount (timed: the final checkpoint and write-back).
     pub fn close(self) -> CliResult<Closed> {
-        let m = self.fs.mount().clone();
+        let (geo, stats) = (self.fs.info().superblock.geo, self.fs.stats());
         let image = ImageReport {
             path: self.image.path.as_ref().map(|p| p.display().to_string()),
-            size_bytes: m.geo.block_count * BLOCK_SIZE as u64,
-            ag_count: m.geo.ag_count,
-            inodes: m.geo.total_inodes(),
-            log_bytes: m.geo.log_blocks * BLOCK_SIZE as u64,
+            size_bytes: geo.block_count * BLOCK_SIZE as u64,
+            ag_count: geo.ag_count,
+            inodes: geo.total_inodes(),
+            log_bytes: geo.log_blocks * BLOCK_SIZE as u64,
         };
-        let journal = JournalReport::from(&*m.journal);
-        let ag_alloc_retries = m.ags.iter().map(|ag| ag.alloc_retries.load(Relaxed)).sum();
+        let journal = JournalReport::from(&stats.journal);
+        let ag_alloc_retries = stats.ags.iter().map(|ag| ag.alloc_retries).sum();
         let orphan_adds = self.orphan_adds();
         let locks = lockstat::snapshot();
         let started = Instant::now();

@@ -9,8 +9,7 @@ use super::session::Session;
 use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
 use crate::units::grouped;
-use ferrofs::format::ROOT_INO;
-use ferrofs::FileSystem;
+use ferrofs::{FileSystem, ROOT_INO};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -53,7 +52,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
 /// Seconds to create and open, unlink, and close every file. The files are spread over one
 /// directory per AG (new directories rotate over the AGs), so every AG's orphan table works.
 fn one_run(fs: &FileSystem, names: &NameTable, run: u64) -> CliResult<[f64; 3]> {
-    let ags = fs.mount().geo.ag_count as usize;
+    let ags = fs.info().superblock.geo.ag_count as usize;
     let dir_name = |d: usize| format!("unlinked.{run}.{d}");
     let dirs: Vec<u64> = (0..ags)
         .map(|d| {
@@ -112,11 +111,7 @@ fn one_run(fs: &FileSystem, names: &NameTable, run: u64) -> CliResult<[f64; 3]> 
 fn check_all_freed(fs: &FileSystem, free_before: u64) -> CliResult<()> {
     let (free, orphans) = (
         fs.statfs().ffree,
-        fs.mount()
-            .ags
-            .iter()
-            .map(|ag| ag.orphans().len())
-            .sum::<usize>(),
+        fs.stats().ags.iter().map(|ag| ag.orphans).sum::<u64>(),
     );
     if free != free_before || orphans != 0 {
         return Err(Failure::new("unlinked", format!("after the closes {free} inodes are free (before: {free_before}) and {orphans} remain on orphan tables")));

@@ -12,9 +12,7 @@ use super::{names, scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
 use crate::progress;
 use crate::units::grouped;
-use ferrofs::cache::{CacheBudget, BUF_COST, DEFAULT_CACHE_BYTES};
-use ferrofs::format::ROOT_INO;
-use ferrofs::inode::INODE_COST;
+use ferrofs::{CacheBudget, BLOCK_CACHE_BYTES, DEFAULT_CACHE_BYTES, INODE_CACHE_BYTES, ROOT_INO};
 use ferrofs::{FileSystem, MountOptions, SetAttr, TimeOrNow};
 use names::NameTable;
 use serde::Serialize;
@@ -86,11 +84,9 @@ pub(super) fn measure(
     // run during B's measurements.
     session
         .fs
-        .mount()
-        .journal
-        .quiesce()
+        .write_home()
         .context(|| "write A's log home".to_string())?;
-    let a_cached_inodes = session.fs.mount().icache.len();
+    let a_cached_inodes = session.fs.stats().cache_usage.inodes;
     let with: Vec<f64> = (0..runs)
         .map(|_| b.cycle(&names, &mut b_cached))
         .collect::<CliResult<_>>()?;
@@ -118,7 +114,7 @@ pub(super) fn measure(
 /// (far more than its share of directory, inode-table and bitmap blocks), so that A keeps
 /// every inode cached. A budget is a limit, not an allocation: A uses what it caches.
 fn a_budget(files: usize) -> u64 {
-    DEFAULT_CACHE_BYTES.max(files as u64 * (INODE_COST + BUF_COST))
+    DEFAULT_CACHE_BYTES.max(files as u64 * (INODE_CACHE_BYTES + BLOCK_CACHE_BYTES))
 }
 
 /// File system A: `files` empty files over `BUILD_THREADS` directories, all left cached
@@ -205,7 +201,7 @@ impl Small {
                 Failure::new(format!("touch {} in B", String::from_utf8_lossy(name)), e)
             })?;
         }
-        *cached = fs.mount().icache.len() as u64;
+        *cached = fs.stats().cache_usage.inodes;
         let started = Instant::now();
         fs.unmount().context(|| "unmount B".to_string())?;
         Ok(started.elapsed().as_secs_f64())

@@ -1,7 +1,7 @@
 //! The geometry summary printed by `mkfs` and `info`.
 
 use crate::units::{grouped, human_bytes};
-use ferrofs::format::{Geometry, Superblock, BLOCK_SIZE, INODE_SIZE};
+use ferrofs::{Geometry, Superblock, BLOCK_SIZE, INODE_SIZE};
 
 const BS: u64 = BLOCK_SIZE as u64;
 

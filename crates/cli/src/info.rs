@@ -5,8 +5,7 @@ use crate::geometry;
 use crate::image;
 use crate::units::{grouped, human_bytes, utc_time};
 use clap::Args;
-use ferrofs::format::{AgLayout, BLOCK_SIZE};
-use ferrofs::FileSystem;
+use ferrofs::{AgInfo, FileSystem, Superblock, BLOCK_SIZE};
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -39,22 +38,8 @@ struct Info {
     total_inodes: u64,
     free_inodes: u64,
     ags: Vec<AgInfo>,
-}
-
-#[derive(Serialize)]
-struct AgInfo {
-    agno: u32,
-    start: u64,
-    blocks: u64,
-    free_blocks: u64,
-    free_inodes: u64,
-    orphans: usize,
-    block_bitmap: u64,
-    inode_bitmap: u64,
-    orphan_table: u64,
-    inode_table: u64,
-    log: Option<u64>,
-    data_start: u64,
+    #[serde(skip)]
+    superblock: Superblock,
 }
 
 pub fn run(args: &InfoArgs) -> CliResult<()> {
@@ -64,18 +49,18 @@ pub fn run(args: &InfoArgs) -> CliResult<()> {
         let text = serde_json::to_string_pretty(&info).context(|| "info: JSON".to_string())?;
         println!("{text}");
     } else {
-        print_table(&fs, &info);
+        print_table(&info);
     }
     Ok(())
 }
 
 fn collect(image: &str, fs: &FileSystem) -> Info {
-    let m = fs.mount();
-    let (g, st) = (&m.geo, fs.statfs());
+    let (engine, st) = (fs.info(), fs.statfs());
+    let (sb, g) = (&engine.superblock, &engine.superblock.geo);
     Info {
         image: image.to_string(),
-        uuid: geometry::uuid_string(&m.sb.uuid),
-        mkfs_time: m.sb.mkfs_time,
+        uuid: geometry::uuid_string(&sb.uuid),
+        mkfs_time: sb.mkfs_time,
         block_size: BLOCK_SIZE as u64,
         blocks: g.block_count,
         ag_count: g.ag_count,
@@ -84,46 +69,19 @@ fn collect(image: &str, fs: &FileSystem) -> Info {
         bytes_per_inode: geometry::bytes_per_inode(g),
         orphan_slots_per_ag: g.orphan_slots_per_ag,
         log_blocks: g.log_blocks,
-        log_records_pending: m.recovery.records,
+        log_records_pending: engine.log_records_replayed,
         free_blocks: st.bfree,
         total_inodes: st.files,
         free_inodes: st.ffree,
-        ags: m
-            .ags
-            .iter()
-            .map(|ag| {
-                ag_info(
-                    &ag.layout,
-                    ag.free_blocks(),
-                    ag.free_inodes(),
-                    m.orphans_found[ag.layout.agno as usize],
-                )
-            })
-            .collect(),
+        superblock: engine.superblock,
+        ags: engine.ags,
     }
 }
 
-fn ag_info(l: &AgLayout, free_blocks: u64, free_inodes: u64, orphans: usize) -> AgInfo {
-    AgInfo {
-        agno: l.agno,
-        start: l.start,
-        blocks: l.blocks,
-        free_blocks,
-        free_inodes,
-        orphans,
-        block_bitmap: l.block_bitmap,
-        inode_bitmap: l.inode_bitmap,
-        orphan_table: l.orphan_table,
-        inode_table: l.inode_table,
-        log: (l.log_blocks > 0).then_some(l.log),
-        data_start: l.data_start,
-    }
-}
-
-fn print_table(fs: &FileSystem, info: &Info) {
+fn print_table(info: &Info) {
     let bs = info.block_size;
     println!("{}: ferrofs file system", info.image);
-    print!("{}", geometry::summary(&fs.mount().sb));
+    print!("{}", geometry::summary(&info.superblock));
     println!("  {:<18} {}", "created", utc_time(info.mkfs_time));
     println!(
         "  {:<18} {} of {} ({} blocks)",

@@ -8,9 +8,8 @@ use crate::signature::{self, Contents};
 use crate::units::{human_bytes, parse_size};
 use clap::Args;
 use ferrofs::dev::{BlockDevice, FileDevice};
-use ferrofs::format::sb::MIN_AG_BLOCKS;
-use ferrofs::format::BLOCK_SIZE;
-use ferrofs::MkfsOptions;
+use ferrofs::mkfs::MIN_AG_BLOCKS;
+use ferrofs::{MkfsOptions, BLOCK_SIZE};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -156,7 +155,7 @@ fn mkfs_options(args: &MkfsArgs) -> MkfsOptions {
 
 /// The geometry may differ from what was asked (AG count and log size are bounded by the
 /// image size): say so rather than silently.
-fn warn_if_adjusted(args: &MkfsArgs, geo: &ferrofs::format::Geometry) {
+fn warn_if_adjusted(args: &MkfsArgs, geo: &ferrofs::Geometry) {
     if let Some(ags) = args.ags.filter(|&a| a != geo.ag_count) {
         eprintln!(
             "ferrofs: note: {} allocation groups instead of {} (each needs room for its metadata)",

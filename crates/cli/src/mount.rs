@@ -13,7 +13,7 @@ use crate::daemon::{become_daemon, cap_malloc_arenas, detach_stdio, pipe};
 use crate::failure::{CliResult, Context, Failure};
 use crate::mkfs::{self, MkfsArgs};
 use crate::mount_config::{config, mounted_on, MountArgs};
-use ferrofs::cache::{CacheBudget, DEFAULT_CACHE_BYTES};
+use ferrofs::{CacheBudget, DEFAULT_CACHE_BYTES};
 use ferrofs_fuse::MountConfig;
 use std::cell::RefCell;
 use std::ffi::OsString;

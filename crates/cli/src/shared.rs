@@ -21,7 +21,7 @@ use crate::mount_config::{self, MountArgs, LOCK_WAIT};
 use crate::units::human_bytes;
 use crate::failure::{CliResult, Context};
 use clap::Args;
-use ferrofs::cache::{CacheBudget, DEFAULT_CACHE_BYTES};
+use ferrofs::{CacheBudget, DEFAULT_CACHE_BYTES};
 use ferrofs_fuse::{MountConfig, MountHandle};
 use serde::{Deserialize, Serialize};
 use std::fs::File;

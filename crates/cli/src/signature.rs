@@ -9,8 +9,7 @@
 //! input.
 
 use ferrofs::dev::BlockDevice;
-use ferrofs::format::sb::MAGIC_SB;
-use ferrofs::format::{get_u32, Superblock};
+use ferrofs::Superblock;
 use libblkid_rs::{BlkidProbe, BlkidProbeRet, BlkidSublks, BlkidSublksFlags};
 use std::fmt;
 use std::fs::File;
@@ -86,7 +85,7 @@ pub fn contents(path: &Path) -> io::Result<Contents> {
         return Err(io::Error::other("not a regular file or block device"));
     }
     let image = Image::new(File::open(path)?)?;
-    if let Ok(sb) = ferrofs::mount::read_superblock(&image) {
+    if let Ok(sb) = ferrofs::read_superblock(&image) {
         return Ok(Contents::Ferrofs(Box::new(sb)));
     }
     if image.has_ferrofs_magic() {
@@ -136,7 +135,7 @@ impl Image {
 
     fn has_ferrofs_magic(&self) -> bool {
         let mut magic = [0u8; 4];
-        self.file.read_exact_at(&mut magic, 0).is_ok() && get_u32(&magic, 0) == MAGIC_SB
+        self.file.read_exact_at(&mut magic, 0).is_ok() && ferrofs::has_superblock_magic(&magic)
     }
 
     fn starts_with_zeros(&self) -> io::Result<bool> {

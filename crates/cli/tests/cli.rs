@@ -284,7 +284,7 @@ fn fsck_y_repairs_a_damaged_root_inode() {
     fs.unmount().unwrap();
     drop(fs);
     let dev = open();
-    let root_at = ferrofs::mount::read_superblock(&*dev).unwrap().geo.inode_offset(1).unwrap();
+    let root_at = ferrofs::read_superblock(&*dev).unwrap().geo.inode_offset(1).unwrap();
     let noise: Vec<u8> = (0..256u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     dev.write_at(&noise, root_at).unwrap();
     dev.flush().unwrap();

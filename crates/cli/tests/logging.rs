@@ -76,7 +76,7 @@ fn image_with_damaged_directory(image: &Path) -> u64 {
     }
     fs.unmount().unwrap();
     drop(fs);
-    let geo = ferrofs::mount::read_superblock(&*dev).unwrap().geo;
+    let geo = ferrofs::read_superblock(&*dev).unwrap().geo;
     let mut inode = [0u8; INODE_SIZE];
     dev.read_at(&mut inode, geo.inode_offset(d).unwrap()).unwrap();
     let Fork::Btree(root) = DiskInode::decode(&inode, d, &geo).unwrap().fork else { panic!("/d has no B+tree") };

@@ -211,10 +211,6 @@ impl Ag {
         Ok(ag)
     }
 
-    pub fn agno(&self) -> u32 {
-        self.layout.agno
-    }
-
     pub fn lock(&self) -> MutexGuard<'_, AgState> {
         self.state.lock()
     }
@@ -469,6 +465,7 @@ impl Ag {
         self.inode_in_use(idx).then(|| self.inode_log_version_floor.load(Relaxed))
     }
 
+    #[cfg(feature = "testing")]
     pub fn block_in_use(&self, blkno: u64) -> bool {
         self.lock().blocks.get(blkno - self.layout.start)
     }

@@ -160,12 +160,9 @@ impl<V: Reclaimable> AgCache<V> {
         self.ags.iter().map(|a| a.len.load(Relaxed)).sum()
     }
 
+    #[cfg(feature = "testing")]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    pub fn ag_count(&self) -> u32 {
-        self.ags.len() as u32
     }
 
     /// The budget this cache shares.
@@ -282,6 +279,7 @@ pub struct CacheBudget {
     /// Held for writing by the throttled transaction that reclaims; the others wait as
     /// readers. Not a lockstat lock: its waits are throttle waits (`CacheStats`).
     throttling: crate::sync::RwLock<()>,
+    /// How often transactions were throttled, and for how long, over the budget's life.
     pub stats: CacheStats,
 }
 
@@ -395,10 +393,12 @@ impl CacheBudget {
         })
     }
 
+    /// Bytes the budget holds its members' caches to.
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
+    /// Count a cache (one mounted file system's) against this budget from now on.
     pub fn join(&self, owner: Weak<dyn CacheOwner>) {
         let mut m = self.members.write();
         m.retain(|w| w.strong_count() > 0);
@@ -591,6 +591,7 @@ impl BufCache {
         self.map.len()
     }
 
+    #[cfg(feature = "testing")]
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

@@ -214,8 +214,3 @@ pub fn shift(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, (from, to
     }
     Ok(next)
 }
-
-/// Free the B+tree of a file whose extents have all been unmapped.
-pub fn is_unmapped(di: &DiskInode) -> bool {
-    matches!(di.fork, Fork::Empty)
-}

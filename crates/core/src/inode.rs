@@ -218,10 +218,6 @@ impl InodeCache {
         self.map.budget()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
     pub fn reclaim_ag(&self, ag: u32, home_seq: u64) -> Option<u64> {
         self.map.reclaim_ag(ag, home_seq)
     }

@@ -1,13 +1,27 @@
 //! Make a file system: choose the geometry, write every AG's static metadata, the log
 //! headers and the root directory. Everything mkfs writes is sealed like any other block.
+//!
+//! ```
+//! use ferrofs::{dev::MemDevice, mkfs, MkfsOptions};
+//!
+//! let dev = MemDevice::new(64 << 20);
+//! let opts = MkfsOptions { ag_count: Some(4), ..MkfsOptions::default() };
+//! let planned = mkfs::plan(64 << 20, &opts)?; // what mkfs would make, nothing written
+//! let sb = mkfs::mkfs(&dev, &opts, &|done, total| eprintln!("AG {done} of {total}"))?;
+//! assert_eq!(sb.geo, planned);
+//! # Ok::<(), ferrofs::Error>(())
+//! ```
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::log::LogHeader;
-use crate::format::sb::{MAX_AGS, MIN_AG_BLOCKS, MIN_LOG_BLOCKS};
+use crate::format::sb::{MAX_AGS, MIN_LOG_BLOCKS};
+/// The smallest allocation group, in blocks: a device smaller than this holds no file system.
+pub use crate::format::sb::MIN_AG_BLOCKS;
 use crate::format::*;
 use crate::format::inode::{Timespec, S_IFDIR};
 
+/// What to make: the geometry's free choices and the root directory's owner.
 #[derive(Clone, Debug)]
 pub struct MkfsOptions {
     /// Number of allocation groups; default: one per GiB, at least 4 (parallel creators).
@@ -20,7 +34,9 @@ pub struct MkfsOptions {
     pub inodes_per_orphan_slot: u64,
     /// Owner and permission bits of the root directory (mke2fs `-E root_owner`).
     pub root_uid: u32,
+    /// Group of the root directory.
     pub root_gid: u32,
+    /// Permission bits of the root directory (0o755 by default).
     pub root_mode: u16,
 }
 
@@ -34,7 +50,8 @@ fn round_up(v: u64, m: u64) -> u64 {
     v.div_ceil(m) * m
 }
 
-/// Choose and validate a geometry for a device of `size` bytes.
+/// Choose and validate a geometry for a device of `size` bytes: what [`mkfs`] would make,
+/// or [`Error::Geometry`] naming the limit the options or the size break.
 pub fn plan(size: u64, o: &MkfsOptions) -> Result<Geometry> {
     let block_count = size / BLOCK_SIZE as u64;
     if block_count < MIN_AG_BLOCKS {
@@ -57,12 +74,13 @@ pub fn plan(size: u64, o: &MkfsOptions) -> Result<Geometry> {
     Ok(geo)
 }
 
-pub fn now() -> Timespec {
+pub(crate) fn now() -> Timespec {
     let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
 }
 
-/// Write a new file system. `progress(done, total)` is called once per AG.
+/// Write a new file system over whatever `dev` holds, and return its superblock.
+/// `progress(done, total)` is called once per AG.
 pub fn mkfs(dev: &dyn BlockDevice, o: &MkfsOptions, progress: &dyn Fn(u64, u64)) -> Result<Superblock> {
     let geo = plan(dev.size(), o)?;
     let t = now();

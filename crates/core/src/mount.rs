@@ -12,8 +12,11 @@ use crate::journal::{recover, Journal, JournalConfig, RecoveryReport};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Weak};
 
+/// How to mount a file system ([`FileSystem::mount_device`](crate::FileSystem::mount_device)).
 #[derive(Clone, Debug, Default)]
 pub struct MountOptions {
+    /// Change nothing on the device: a log left by a crash is replayed in memory, and every
+    /// change fails with [`Error::ReadOnly`].
     pub read_only: bool,
     /// Override journal tunables (tests use tiny CILs to exercise wrap-around).
     pub journal: Option<JournalConfig>,
@@ -67,6 +70,12 @@ pub struct Mount {
     pub nodiratime: bool,
 }
 
+/// Whether `block` (the start of a device) begins with a ferrofs superblock's magic number,
+/// whether or not the rest verifies: what tells a damaged ferrofs image from another format.
+pub fn has_superblock_magic(block: &[u8]) -> bool {
+    block.len() >= 4 && crate::format::get_u32(block, 0) == MAGIC_SB
+}
+
 /// Read the primary superblock, falling back to the copy in AG 1 when the primary is bad.
 pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
     let mut b = vec![0u8; BLOCK_SIZE];
@@ -97,7 +106,7 @@ pub(crate) fn backup_superblock(dev: &dyn BlockDevice, primary: &[u8]) -> Option
         if ag_blocks == 0 || ag_blocks.checked_mul(BLOCK_SIZE as u64 * 2).is_none_or(|e| e > dev.size()) {
             continue;
         }
-        if dev.read_at(&mut b, ag_blocks * BLOCK_SIZE as u64).is_ok() && crate::format::get_u32(&b, 0) == MAGIC_SB {
+        if dev.read_at(&mut b, ag_blocks * BLOCK_SIZE as u64).is_ok() && has_superblock_magic(&b) {
             if let Ok(sb) = Superblock::decode(&b, ag_blocks) {
                 if sb.geo.ag_blocks == ag_blocks {
                     return Some(sb);

@@ -22,7 +22,9 @@ pub const XATTR_NAME_MAX: usize = 255;
 pub const LOCAL_VALUE_MAX: usize = 1024;
 /// Value bytes one value block holds (after its common header).
 pub const VALUE_BLOCK_BYTES: usize = BLOCK_SIZE - HDR_SIZE;
+/// setxattr(2)'s flag: fail with EEXIST if the attribute exists.
 pub const XATTR_CREATE: u32 = 1;
+/// setxattr(2)'s flag: fail with ENODATA if the attribute does not exist.
 pub const XATTR_REPLACE: u32 = 2;
 
 /// Value blocks a value of `len` bytes takes (0 for a local value).

@@ -243,7 +243,7 @@ fn ino_at(dev: &MemDevice, path: &str) -> u64 {
 fn targets() -> Vec<Target> {
     let img = images();
     let dev = &img.clean;
-    let geo = ferrofs::mount::read_superblock(dev).unwrap().geo;
+    let geo = ferrofs::read_superblock(dev).unwrap().geo;
     let (l0, l2) = (geo.ag_layout(0), geo.ag_layout(2));
     let t = |name: &str, block: u64, seal: Seal| Target { name: name.into(), block, blocks: 1, seal, logged: false, redundant: false };
     let mut v = vec![
@@ -521,7 +521,7 @@ fn files_by_inode(dev: Arc<MemDevice>) -> Result<BTreeMap<u64, Contents>> {
 /// last change of any file, so for the logged image this is every file.
 fn damaged_files(t: &Target) -> BTreeSet<u64> {
     let clean = &images().clean;
-    let geo = ferrofs::mount::read_superblock(clean).unwrap().geo;
+    let geo = ferrofs::read_superblock(clean).unwrap().geo;
     let blocks = t.block..t.block + t.blocks;
     let owners: Vec<u64> = blocks.clone().map(|b| read_block(clean, b)).filter(|b| format::header_magic(b) == MAGIC_BTREE).map(|b| format::header_owner(&b)).collect();
     let hit = |ino: &u64| t.logged || blocks.contains(&(geo.inode_offset(*ino).unwrap() / BS)) || owners.contains(ino);
@@ -838,7 +838,7 @@ fn failed_writes_during_recovery_leave_a_recoverable_image() {
 /// checksum made valid again), then mounted, walked, and `path` truncated to 0.
 fn with_inode_field(path: &'static str, off: usize, value: u64) -> std::result::Result<Use, String> {
     let dev = images().clean.snapshot();
-    let geo = ferrofs::mount::read_superblock(&dev).unwrap().geo;
+    let geo = ferrofs::read_superblock(&dev).unwrap().geo;
     let at = geo.inode_offset(ino_at(&dev, path)).unwrap();
     let mut img = [0u8; INODE_SIZE];
     dev.read_at(&mut img, at).unwrap();
@@ -877,7 +877,7 @@ fn regression_corrupt_inode_blocks_count() {
 /// cleared, the block re-sealed.
 fn with_bit_cleared(inode: bool, agno: u32, bit: u64) -> MemDevice {
     let dev = images().clean.snapshot();
-    let geo = ferrofs::mount::read_superblock(&dev).unwrap().geo;
+    let geo = ferrofs::read_superblock(&dev).unwrap().geo;
     let l = geo.ag_layout(agno);
     let blkno = if inode { l.inode_bitmap } else { l.block_bitmap };
     let mut b = read_block(&dev, blkno);
@@ -892,7 +892,7 @@ fn with_bit_cleared(inode: bool, agno: u32, bit: u64) -> MemDevice {
 /// new file written. Must not panic; the engine may report corruption.
 fn block_bitmap_repro() -> std::result::Result<Vec<String>, String> {
     let clean = &images().clean;
-    let geo = ferrofs::mount::read_superblock(clean).unwrap().geo;
+    let geo = ferrofs::read_superblock(clean).unwrap().geo;
     let one = ino_at(clean, "/a/one");
     let Fork::Extents { ext, .. } = inode_of(clean, &geo, one).fork else { panic!("/a/one should have inline extents") };
     let agno = geo.block_ag(ext[0].pblk);
@@ -953,7 +953,7 @@ fn regression_inode_bitmap_reserved_inodes() {
 #[test]
 fn read_only_mount_of_an_orphan_it_cannot_process() {
     let img = images();
-    let geo = ferrofs::mount::read_superblock(&img.clean).unwrap().geo;
+    let geo = ferrofs::read_superblock(&img.clean).unwrap().geo;
     let Fork::Btree(oroot) = inode_of(&img.clean, &geo, img.orphan).fork else { panic!("the orphan has no B+tree") };
     let dev = img.clean.snapshot();
     dev.write_at(&vec![0u8; BLOCK_SIZE], oroot * BS).unwrap();

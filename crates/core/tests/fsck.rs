@@ -177,7 +177,7 @@ fn find_then_repair(dev: &Arc<MemDevice>) -> FsckReport {
 // ---- damaging an image ----------------------------------------------------------------------
 
 fn geo(dev: &MemDevice) -> Geometry {
-    ferrofs::mount::read_superblock(dev).unwrap().geo
+    ferrofs::read_superblock(dev).unwrap().geo
 }
 
 fn read_block(dev: &MemDevice, blkno: u64) -> Vec<u8> {

@@ -232,7 +232,7 @@ pub fn searchable_by_all(perm: u16) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrofs::format::inode::Timespec;
+    use ferrofs::Timespec;
 
     fn attr(kind: FileType, perm: u16, uid: u32, gid: u32) -> Attr {
         let t = Timespec { sec: 0, nsec: 0 };

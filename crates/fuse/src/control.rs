@@ -18,7 +18,7 @@
 
 use crate::workers::Workers;
 use ferrofs::FileSystem;
-use ferrofs_lockstat::{self as lockstat, memory};
+use ferrofs_lockstat as lockstat;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -108,26 +108,27 @@ fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String
         (Some("json"), None, None) => serde_json::to_string_pretty(&lockstat::snapshot()).unwrap_or_else(|e| format!("error: {e}\n")) + "\n",
         (Some("journal"), None, None) => match engine.upgrade() {
             Some(fs) => {
-                let m = fs.mount();
-                let counters: std::collections::BTreeMap<_, _> =
-                    m.journal.counters().into_iter().chain(m.icache.budget().stats.counters()).chain(workers.stats().counters()).collect();
+                let stats = fs.stats();
+                let counters: std::collections::BTreeMap<_, _> = named_fields(serde_json::to_value(&stats.journal), "")
+                    .chain(named_fields(serde_json::to_value(&stats.cache), "cache_"))
+                    .chain(workers.stats().counters().map(|(name, value)| (name.to_string(), value)))
+                    .collect();
                 serde_json::to_string_pretty(&counters).unwrap_or_else(|e| format!("error: {e}\n")) + "\n"
             }
             None => "error: the file system is being unmounted\n".into(),
         },
         (Some("memory"), None, None) => match engine.upgrade() {
             Some(fs) => {
-                let budget = fs.mount().icache.budget();
-                let heap = memory::heap();
+                let ferrofs::Stats { cache_usage: cache, memory, .. } = fs.stats();
                 let figures = std::collections::BTreeMap::from([
-                    ("cache_limit_bytes", budget.limit()),
-                    ("cache_used_bytes", budget.used()),
-                    ("cache_process_other_bytes", budget.process_other_bytes()),
-                    ("heap_bytes", heap.in_use),
-                    ("heap_free_bytes", heap.free),
-                    ("heap_mapped_bytes", heap.mapped),
-                    ("rss_bytes", memory::rss_bytes()),
-                    ("peak_rss_bytes", memory::peak_rss_bytes()),
+                    ("cache_limit_bytes", cache.limit_bytes),
+                    ("cache_used_bytes", cache.used_bytes),
+                    ("cache_process_other_bytes", cache.process_other_bytes),
+                    ("heap_bytes", memory.heap_bytes),
+                    ("heap_free_bytes", memory.heap_free_bytes),
+                    ("heap_mapped_bytes", memory.heap_mapped_bytes),
+                    ("rss_bytes", memory.rss_bytes),
+                    ("peak_rss_bytes", memory.peak_rss_bytes),
                 ]);
                 serde_json::to_string_pretty(&figures).unwrap_or_else(|e| format!("error: {e}\n")) + "\n"
             }
@@ -137,7 +138,7 @@ fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String
             lockstat::reset();
             "ok\n".into()
         }
-        (Some("remount"), Some(mode @ ("ro" | "rw")), None) => match engine.upgrade().map(|fs| fs.mount().remount(mode == "ro")) {
+        (Some("remount"), Some(mode @ ("ro" | "rw")), None) => match engine.upgrade().map(|fs| fs.remount(mode == "ro")) {
             Some(Ok(())) => "ok\n".into(),
             Some(Err(e)) => format!("error: remount {mode}: {e}\n"),
             None => "error: the file system is being unmounted\n".into(),
@@ -148,6 +149,17 @@ fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String
         }
         _ => format!("error: unknown command '{command}' (table N, json, journal, memory, reset, timing on|off, remount ro|rw)\n"),
     }
+}
+
+/// The counters of one of the engine's counter structures (as JSON), by field name after
+/// `prefix`.
+fn named_fields(counters: serde_json::Result<serde_json::Value>, prefix: &str) -> impl Iterator<Item = (String, u64)> {
+    let fields = match counters {
+        Ok(serde_json::Value::Object(fields)) => fields,
+        _ => serde_json::Map::new(),
+    };
+    let prefix = prefix.to_string();
+    fields.into_iter().filter_map(move |(name, value)| Some((format!("{prefix}{name}"), value.as_u64()?)))
 }
 
 /// Send one command to the mount on `mountpoint` and return its answer.
@@ -189,13 +201,13 @@ mod tests {
         let fs = Arc::new(FileSystem::mount_device(dev, &ferrofs::MountOptions::default()).unwrap());
         fs.create(1, b"f", 0o644, ferrofs::Cred { uid: 0, gid: 0 }).unwrap();
         let j: serde_json::Value = serde_json::from_str(&answer("journal", &Arc::downgrade(&fs), &Workers::new(5))).unwrap();
-        let commits = fs.mount().journal.commits();
+        let commits = fs.stats().journal.commits;
         assert!(commits >= 1);
         assert_eq!(j["commits"].as_u64(), Some(commits));
         assert_eq!(j["cache_throttles"].as_u64(), Some(0), "the cache budget's counters are there too");
         assert_eq!(j["workers_total"].as_u64(), Some(5), "and the FUSE workers'");
         let m: serde_json::Value = serde_json::from_str(&answer("memory", &Arc::downgrade(&fs), &Workers::new(5))).unwrap();
-        assert_eq!(m["cache_limit_bytes"].as_u64(), Some(fs.mount().icache.budget().limit()));
+        assert_eq!(m["cache_limit_bytes"].as_u64(), Some(fs.cache_budget().limit()));
         assert!(m["cache_used_bytes"].as_u64().unwrap() > 0 && m["peak_rss_bytes"].as_u64().unwrap() > 0);
     }
 

@@ -128,7 +128,7 @@ mod options;
 mod sync_pool;
 mod workers;
 
-use ferrofs::cache::{CacheBudget, CacheOwner};
+use ferrofs::CacheBudget;
 use ferrofs::dev::FileDevice;
 use ferrofs::{FileSystem, MountOptions};
 use fuser::{Config, MountOption, Session, SessionACL};
@@ -198,7 +198,7 @@ pub struct MountConfig {
     /// may hold several, comma separated.
     pub options: Vec<String>,
     /// Memory budget of the engine's inode and buffer caches, in bytes; `None`: the
-    /// engine's default (`ferrofs::cache::DEFAULT_CACHE_BYTES`). Ignored when
+    /// engine's default (`ferrofs::DEFAULT_CACHE_BYTES`). Ignored when
     /// [`MountConfig::cache`] is set.
     pub cache_bytes: Option<u64>,
     /// A cache budget shared with other file systems of this process (a daemon serving
@@ -512,7 +512,7 @@ impl MountHandle {
 
     /// Bytes this file system's inode and buffer caches hold (0 once the session has ended).
     pub fn cache_bytes(&self) -> u64 {
-        self.engine.upgrade().map_or(0, |fs| fs.mount().cache_bytes())
+        self.engine.upgrade().map_or(0, |fs| fs.stats().cache_usage.own_bytes)
     }
 
     /// Whether the session has ended (unmounted from outside, or failed).

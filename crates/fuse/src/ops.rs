@@ -16,7 +16,7 @@ use crate::epoch::NameEpoch;
 use crate::sync_pool::{SyncPool, SYNC_QUEUE_MAX, SYNC_THREADS};
 use crate::workers::Workers;
 use crate::{MountConfig, MAX_WRITE};
-use ferrofs::format::inode::Timespec;
+use ferrofs::Timespec;
 use ferrofs::{Attr, Cred, DirEntry, FileSystem, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, Notifier, OpenFlags, RenameFlags, ReplyAttr,
@@ -305,7 +305,7 @@ fn call_engine<T>(fs: &FileSystem, image: &str, op: &'static str, f: impl FnOnce
         }
         Err(panic) => {
             let msg = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
-            fs.mount().shutdown(&format!("engine panicked in {}: {}", op, msg));
+            fs.shut_down(&format!("engine panicked in {}: {}", op, msg));
             Err(Errno::EIO)
         }
     }

@@ -1091,7 +1091,7 @@ fn freed_space_is_allocatable_at_once() {
     let report = assert_fsck_clean(&fx.image);
     let dev = ferrofs::dev::FileDevice::open(&fx.image, true).unwrap();
     let engine = ferrofs::FileSystem::mount_device(std::sync::Arc::new(dev), &ferrofs::MountOptions { read_only: true, ..Default::default() }).unwrap();
-    let pool: u64 = engine.mount().ags.iter().map(|ag| ag.pool()).sum();
+    let pool: u64 = engine.info().ags.iter().map(|ag| ag.pool_blocks).sum();
     assert_eq!(end.f_blocks - end.f_bfree, report.blocks_used + pool, "blocks in use: statfs (the pools counted used) against fsck");
     assert_eq!(end.f_files - end.f_ffree - 1, report.inodes, "inodes in use: statfs against fsck");
 }

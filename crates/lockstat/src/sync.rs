@@ -26,7 +26,7 @@
 //! the orderings stay a matter for review.
 
 pub use unpoisoned::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
-pub use striped::{StripedReadGuard, StripedRwLock, StripedWriteGuard};
+pub use striped::StripedRwLock;
 #[cfg(not(feature = "shuttle"))]
 pub use std::sync::atomic;
 #[cfg(not(feature = "shuttle"))]

@@ -135,6 +135,7 @@ pub struct CheckStats {
 }
 
 /// Value of the key stored at `key`, if any.
+#[cfg(test)]
 pub fn lookup(store: &mut dyn NodeStore, root: u64, key: u64) -> Result<Option<Vec<u8>>> {
     if root == 0 {
         return Ok(None);

@@ -4,6 +4,7 @@
 use super::*;
 use crate::error::{Error, Result};
 
+/// Bytes of one on-disk inode (docs/SPEC.md §9).
 pub const INODE_SIZE: usize = 256;
 pub const MAGIC_INODE: u16 = 0x4e49; // "IN"
 pub const INODE_VERSION: u8 = 1;
@@ -33,7 +34,9 @@ const FORK_DEVICE: u8 = 4;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C, packed(4))]
 pub struct Timespec {
+    /// Seconds since the epoch (negative before it).
     pub sec: i64,
+    /// Nanoseconds within the second, below 10^9.
     pub nsec: u32,
 }
 
@@ -143,7 +146,6 @@ pub const S_IFCHR: u16 = 0o020000;
 pub const S_IFBLK: u16 = 0o060000;
 pub const S_IFIFO: u16 = 0o010000;
 pub const S_IFSOCK: u16 = 0o140000;
-pub const S_ISUID: u16 = 0o4000;
 pub const S_ISGID: u16 = 0o2000;
 
 pub fn valid_file_type(mode: u16) -> bool {

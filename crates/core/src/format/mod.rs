@@ -3,8 +3,8 @@
 
 use crate::error::{Error, Result};
 
+/// Bytes of a block: the unit of allocation, I/O and logging (docs/SPEC.md §3.1).
 pub const BLOCK_SIZE: usize = 4096;
-pub const BLOCK_SHIFT: u32 = 12;
 
 /// Every metadata block starts with this 32-byte header (little-endian):
 /// `magic u32 | crc32c u32 | blkno u64 | owner u64 | lsn u64`.
@@ -108,6 +108,7 @@ pub const BITMAP_BITS: u64 = ((BLOCK_SIZE - HDR_SIZE) * 8) as u64;
 /// Orphan slots (u64 inode numbers) in an orphan table block after its header.
 pub const ORPHAN_SLOTS_PER_BLOCK: u64 = ((BLOCK_SIZE - HDR_SIZE) / 8) as u64;
 pub const INODES_PER_BLOCK: u64 = (BLOCK_SIZE / INODE_SIZE) as u64;
+/// The longest name of a directory entry, in bytes (docs/SPEC.md §3.1).
 pub const NAME_MAX: usize = 255;
 /// The largest extended attribute value, Linux's `XATTR_SIZE_MAX` (docs/SPEC.md §3.1, §14).
 pub const XATTR_VALUE_MAX: usize = 65536;

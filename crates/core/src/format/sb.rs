@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 
 pub const MAGIC_SB: u32 = 0x4646_5342; // "FFSB"
 pub const VERSION: u32 = 1;
+/// The smallest allocation group, in blocks (docs/SPEC.md §3.1).
 pub const MIN_AG_BLOCKS: u64 = 256;
 pub const MAX_AG_BLOCKS: u64 = 1 << 24; // 64 GiB
 pub const MAX_AGS: u32 = 1 << 16;
@@ -15,18 +16,28 @@ pub const MIN_LOG_BLOCKS: u64 = 64;
 /// The authoritative, validated description of an image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
+    /// Blocks of the whole image.
     pub block_count: u64,
+    /// Allocation groups; all but the last have `ag_blocks` blocks.
     pub ag_count: u32,
+    /// Blocks of each allocation group (the last may be shorter).
     pub ag_blocks: u64,
+    /// Inode slots of each allocation group's inode table.
     pub inodes_per_ag: u32,
+    /// Slots of each allocation group's orphan table.
     pub orphan_slots_per_ag: u32,
+    /// Blocks of the log (in AG 0), its two header blocks included.
     pub log_blocks: u64,
 }
 
+/// The superblock as decoded and checked (docs/SPEC.md §4).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
+    /// The image's geometry.
     pub geo: Geometry,
+    /// The image's identity, random at mkfs.
     pub uuid: [u8; 16],
+    /// When mkfs wrote it, seconds since the epoch.
     pub mkfs_time: i64,
 }
 
@@ -58,6 +69,7 @@ impl Geometry {
         self.log_blocks - super::log::LOG_HEADER_BLOCKS
     }
 
+    /// Where each structure of allocation group `agno` lives.
     pub fn ag_layout(&self, agno: u32) -> AgLayout {
         debug_assert!(agno < self.ag_count);
         let start = agno as u64 * self.ag_blocks;
@@ -102,6 +114,7 @@ impl Geometry {
         Ok(l.inode_table * BLOCK_SIZE as u64 + idx as u64 * INODE_SIZE as u64)
     }
 
+    /// The allocation group block `blkno` lies in.
     pub fn block_ag(&self, blkno: u64) -> u32 {
         (blkno / self.ag_blocks) as u32
     }
@@ -115,6 +128,7 @@ impl Geometry {
         blkno >= l.data_start && blkno + len <= l.start + l.blocks
     }
 
+    /// Inode slots of the whole image.
     pub fn total_inodes(&self) -> u64 {
         self.ag_count as u64 * self.inodes_per_ag as u64
     }
@@ -152,6 +166,7 @@ impl Geometry {
 }
 
 impl Superblock {
+    /// The superblock as written at block `blkno` (the primary at 0, a copy in each AG).
     pub fn encode(&self, blkno: u64) -> Box<[u8; BLOCK_SIZE]> {
         let mut b = Box::new([0u8; BLOCK_SIZE]);
         let g = &self.geo;
@@ -172,6 +187,8 @@ impl Superblock {
         b
     }
 
+    /// Decode and check the superblock read from block `blkno`: checksum, version, sizes
+    /// and a geometry mkfs could have written (docs/SPEC.md §3.3).
     pub fn decode(b: &[u8], blkno: u64) -> Result<Superblock> {
         verify_block(b, "superblock", MAGIC_SB, blkno, Some(0))?;
         let bad = |d: String| Error::corrupt("superblock", blkno, d);

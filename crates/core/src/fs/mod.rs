@@ -176,8 +176,15 @@ impl FileSystem {
         Ok(fs)
     }
 
-    /// The mounted engine underneath: journal, caches and allocation groups.
+    /// The mounted image's internals: the engine's integration tests watch its journal and
+    /// allocation groups (the `testing` feature); everyone else reads [`FileSystem::stats`].
+    #[cfg(feature = "testing")]
     pub fn mount(&self) -> &Arc<Mount> {
+        &self.m
+    }
+
+    #[cfg(not(feature = "testing"))]
+    pub(crate) fn mount(&self) -> &Arc<Mount> {
         &self.m
     }
 

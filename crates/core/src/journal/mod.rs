@@ -80,26 +80,6 @@ pub struct JournalStats {
     pub forces_joined: AtomicU64,
 }
 
-impl JournalStats {
-    /// Every counter by name, read now (what a mount's control socket reports).
-    pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        crate::lockstat::read_counters(&[
-            ("checkpoints", &self.checkpoints),
-            ("background_checkpoints", &self.background_checkpoints),
-            ("forced_checkpoints", &self.forced_checkpoints),
-            ("items_logged", &self.items_logged),
-            ("log_bytes", &self.log_bytes),
-            ("log_space_waits", &self.log_space_waits),
-            ("commit_throttles", &self.commit_throttles),
-            ("throttle_wait_ns", &self.throttle_wait_ns),
-            ("ail_pushes", &self.ail_pushes),
-            ("items_written_home", &self.items_written_home),
-            ("fsyncs_durable", &self.fsyncs_durable),
-            ("forces_joined", &self.forces_joined),
-        ])
-    }
-}
-
 /// Tunables; defaults suit the benchmarks, tests shrink them to exercise wrap-around.
 #[derive(Clone, Debug)]
 pub struct JournalConfig {
@@ -332,13 +312,9 @@ impl Journal {
     }
 
     /// The geometry of the file system the journal logs.
+    #[cfg(feature = "testing")]
     pub fn geometry(&self) -> &Geometry {
         &self.geo
-    }
-
-    /// The device the log and the home locations are on.
-    pub fn device(&self) -> &Arc<dyn BlockDevice> {
-        &self.dev
     }
 
     /// The journal hit an I/O error writing the log: the file system must stop changing.
@@ -407,32 +383,9 @@ impl Journal {
         self.shards.iter().map(|s| s.routed.load(Relaxed)).sum()
     }
 
-    /// Every counter by name, read now: the commits and `JournalStats`.
-    pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        let mut all = vec![("commits", self.commits()), ("routed_commits", self.routed_commits())];
-        all.extend(self.stats.counters());
-        all
-    }
-
     /// Bytes of the items the CIL holds (what its bounds are measured against), less what
     /// the shards have not published yet: at most `publish_bytes` each.
     pub fn cil_bytes(&self) -> u64 {
         self.cil_bytes.load(Relaxed)
-    }
-
-    /// How full the log ring is, in percent (between the tail and the head).
-    pub fn log_used_percent(&self) -> u64 {
-        self.ail.used_percent()
-    }
-}
-
-#[cfg(all(test, not(feature = "shuttle")))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counters_lists_every_counter() {
-        let n = JournalStats::default().counters().len();
-        assert_eq!(n * std::mem::size_of::<AtomicU64>(), std::mem::size_of::<JournalStats>(), "a JournalStats field is missing from counters()");
     }
 }

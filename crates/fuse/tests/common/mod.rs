@@ -70,7 +70,7 @@ fn give_root_directory_to_caller(image: &Path) {
 pub fn replayed_records(image: &Path) -> u64 {
     let dev = FileDevice::open_wait(image, true, Duration::from_secs(10)).expect("open image");
     let fs = FileSystem::mount_device(Arc::new(dev), &MountOptions { read_only: true, ..MountOptions::default() }).expect("engine mount");
-    fs.mount().recovery.records
+    fs.info().log_records_replayed
 }
 
 /// Run the engine's fsck (read-only) on an unmounted image; panics with its findings,
