@@ -41,8 +41,23 @@
 //! # }
 //! ```
 //!
-//! Layering (dependencies point down only):
-//!   fs (API) -> dir, file, xattr, orphan -> inode, ag -> journal -> buf/cache -> format -> dev
+//! Layering: a module imports only from the rows below its own (tests/layering.rs checks
+//! that no import cycle forms and that the format imports nothing above it):
+//!
+//! ```text
+//! stats                 the counters' snapshot
+//! fs, fsck              the API (namespace, data, rename, orphans); the checker and repair
+//! xattr                 extended attributes
+//! dir, file             directories and block maps, on B+trees
+//! store                 B+tree nodes as a transaction sees them
+//! trans                 a transaction: reservation, changes, commit
+//! mount                 one mounted image: superblock, AGs, caches, journal
+//! ag, inode, journal    allocation groups; the inode cache; the log (CIL, checkpoints, AIL)
+//! cache, btree, mkfs    the memory budget; the B+tree; geometry planning
+//! buf                   block buffers
+//! format, reclaim       every on-disk structure; what a cache reclaims through
+//! dev, error            block devices and the image lock; errors
+//! ```
 //!
 //! Only what an embedding application needs is public (docs/DESIGN.md, "Public API"). The
 //! `testing` cargo feature opens the internals the engine's integration tests reach into;
