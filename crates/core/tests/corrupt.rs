@@ -863,7 +863,7 @@ fn with_inode_field(path: &'static str, off: usize, value: u64) -> std::result::
 /// `DiskInode::decode` used to accept any `blocks` count (offset 56). Too large, and
 /// getattr's `Attr::from_inode` multiplied it by 8: "attempt to multiply with overflow"
 /// (fs/types.rs); too small for the file's extents, and freeing them (truncate, unlink) did
-/// `nd.blocks -= len`: "attempt to subtract with overflow" (fs/mod.rs, `unmap_from`). In
+/// `nd.blocks -= len`: "attempt to subtract with overflow" (fs/data.rs, `unmap_from`). In
 /// release builds both wrapped silently. An extent B+tree's blocks are not counted when the
 /// inode is loaded, so /a/frag's count of 1 is found only when truncating.
 #[test]
