@@ -66,6 +66,11 @@
 //! written, so a mutation that returns an error has changed nothing. The one exception is
 //! `free_node` failing after the tree was updated: the error is returned with the tree already
 //! consistent, and the block it could not free leaks until fsck.
+//!
+//! # Where the code lives
+//! This file holds the entry points; `node` the node layout, its validation and the accessors
+//! of a node's bytes; `walk` the descents and whole-tree walks; `modify` splits, unlinking
+//! emptied nodes and the surviving root.
 
 mod modify;
 mod node;
@@ -75,10 +80,10 @@ use std::collections::HashSet;
 
 use crate::buf::BufRef;
 use crate::error::{Error, Result};
-use modify::*;
+use modify::{alloc_nodes, finish, insert_splitting, unlink_empty_leaf, Placement};
 use node::*;
 pub use node::{INTERIOR_MAX_CHILDREN, LEAF_MAX_ENTRIES, NODE_HDR_END};
-use walk::*;
+use walk::{descend, find_leaf, leaf_entry, load, next_separator, walk_tree, Path};
 
 /// Where a tree's nodes live. The engine's transaction implements it: it reads and verifies
 /// blocks through the buffer cache, allocates from the owner's allocation group, and records
