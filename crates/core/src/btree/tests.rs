@@ -2,8 +2,11 @@
 //! node layout and the crate-internal buffers that no public API exposes.
 
 use super::*;
-use crate::buf::Buf;
-use crate::format::{header_magic, header_owner};
+use crate::buf::{Block, Buf};
+use crate::format::log::ALL_CHUNKS;
+use crate::format::{
+    get_u16, get_u64, header_magic, header_owner, put_u16, put_u64, BLOCK_SIZE, HDR_SIZE, MAGIC_BTREE,
+};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
