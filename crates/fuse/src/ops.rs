@@ -15,12 +15,12 @@ mod dir;
 mod tmpfile;
 mod xattr;
 
-use crate::access::{searchable_by_all, Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
+use crate::access::{Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
 use crate::epoch::NameEpoch;
 use crate::sync_pool::{SyncPool, SYNC_QUEUE_MAX, SYNC_THREADS};
 use crate::workers::Workers;
 use crate::{MountConfig, MAX_WRITE};
-use attr::{file_attr, file_type, negative_attr, request_time, time_or_now};
+use attr::{file_attr, negative_attr, request_time, time_or_now};
 use ferrofs::{Attr, Cred, FileSystem, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
@@ -32,7 +32,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
-use xattr::{check_xattr_name, reply_xattr};
+use xattr::reply_xattr;
 
 pub struct FerroFuse {
     fs: Arc<FileSystem>,
@@ -214,7 +214,7 @@ impl fuser::Filesystem for FerroFuse {
         reply: ReplyAttr,
     ) {
         let _serving = self.workers.serving(req.pid());
-        let mut sa = SetAttr {
+        let sa = SetAttr {
             mode: mode.map(|m| (m & 0o7777) as u16),
             uid,
             gid,
@@ -223,27 +223,7 @@ impl fuser::Filesystem for FerroFuse {
             mtime: mtime.map(time_or_now),
             ctime: ctime.map(request_time),
         };
-        let before = match self.checks.then(|| self.getattr("setattr", ino.0)).transpose() {
-            Ok(b) => b,
-            Err(e) => return reply.error(e),
-        };
-        if let Some(b) = &before {
-            if let Err(e) = caller(req).may_setattr(b, &mut sa, fh.is_some()) {
-                return reply.error(e);
-            }
-        }
-        match self.call("setattr", |fs| fs.setattr(ino.0, &sa)) {
-            Ok(a) => {
-                // Names cached with the long timeout while everyone could search here: expired
-                // before the reply where the kernel can, so none is walked through once the
-                // chmod has returned; else invalidated one by one after it.
-                let cached = before.is_some_and(|b| b.kind == ferrofs::FileType::Directory && searchable_by_all(b.perm) && !searchable_by_all(a.perm));
-                let names = if cached && !self.name_epoch.expire_all_names() { self.names_in(ino.0) } else { Vec::new() };
-                reply.attr(&self.attr_ttl, &file_attr(&a));
-                self.forget_names(ino.0, names);
-            }
-            Err(e) => reply.error(e),
-        }
+        self.set_attr(req, ino.0, sa, fh.is_some(), reply);
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -381,34 +361,14 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {
         let _serving = self.workers.serving(req.pid());
-        let res = self.fill_dir(ino.0, offset, |e| reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), OsStr::from_bytes(e.name)));
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.list_dir(ino.0, offset, reply);
     }
 
-    fn readdirplus(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
         let _serving = self.workers.serving(req.pid());
-        // Opening the directory was the check; the mode decides how long names may be cached.
-        let ttl = match self.checks.then(|| self.getattr("readdirplus", ino.0)).transpose() {
-            Ok(dir) => dir.map_or(self.entry_ttl, |d| self.entry_ttl_in(&d)),
-            Err(e) => return reply.error(e),
-        };
-        let res = self.fill_dir(ino.0, offset, |e| {
-            // Attributes are read after the batch, without the directory's lock. An entry
-            // removed meanwhile is left out, as if the listing had been taken a moment later.
-            match self.call("readdirplus", |fs| fs.getattr(e.ino)) {
-                Ok(a) => reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(e.name), &ttl, &file_attr(&a), Generation(a.generation as u64)),
-                Err(_) => false,
-            }
-        });
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.list_dir_plus(ino.0, offset, reply);
     }
 
     fn releasedir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
@@ -435,40 +395,26 @@ impl fuser::Filesystem for FerroFuse {
     fn setxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
         let _serving = self.workers.serving(req.pid());
         let name = name.as_bytes();
-        let res = check_xattr_name(name)
-            .and_then(|()| self.may_xattr(req, "setxattr", ino.0, name, MAY_WRITE))
-            .and_then(|()| self.call("setxattr", |fs| fs.setxattr(ino.0, name, value, flags as u32)));
+        let res = self.call_xattr(req, "setxattr", ino.0, name, MAY_WRITE, |fs| fs.setxattr(ino.0, name, value, flags as u32));
         reply_empty(reply, res);
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _serving = self.workers.serving(req.pid());
         let name = name.as_bytes();
-        let res = check_xattr_name(name).and_then(|()| self.may_xattr(req, "getxattr", ino.0, name, MAY_READ)).and_then(|()| self.call("getxattr", |fs| fs.getxattr(ino.0, name)));
+        let res = self.call_xattr(req, "getxattr", ino.0, name, MAY_READ, |fs| fs.getxattr(ino.0, name));
         reply_xattr(reply, size, res);
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _serving = self.workers.serving(req.pid());
-        // trusted.* names are listed to the privileged only, as local file systems list them
-        // to CAP_SYS_ADMIN (uid 0 stands for it; the kernel's FUSE client filters nothing).
-        let privileged = req.uid() == 0;
-        let names = self.call("listxattr", |fs| fs.listxattr(ino.0)).map(|names| {
-            names.into_iter().filter(|n| privileged || !n.starts_with(b"trusted.")).flat_map(|mut n| {
-                n.push(0);
-                n
-            })
-            .collect::<Vec<u8>>()
-        });
-        reply_xattr(reply, size, names);
+        reply_xattr(reply, size, self.list_xattr(req, ino.0));
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _serving = self.workers.serving(req.pid());
         let name = name.as_bytes();
-        let res = check_xattr_name(name)
-            .and_then(|()| self.may_xattr(req, "removexattr", ino.0, name, MAY_WRITE))
-            .and_then(|()| self.call("removexattr", |fs| fs.removexattr(ino.0, name)));
+        let res = self.call_xattr(req, "removexattr", ino.0, name, MAY_WRITE, |fs| fs.removexattr(ino.0, name));
         reply_empty(reply, res);
     }
 

@@ -1,8 +1,38 @@
 //! Attributes from the engine's types to fuser's and back: times, file types, `FileAttr`.
 
-use ferrofs::{Attr, Timespec};
-use fuser::{FileAttr, FileType, INodeNo, TimeOrNow};
+use super::{caller, FerroFuse};
+use crate::access::searchable_by_all;
+use ferrofs::{Attr, SetAttr, Timespec};
+use fuser::{FileAttr, FileType, INodeNo, ReplyAttr, Request, TimeOrNow};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+impl FerroFuse {
+    /// setattr (chmod, chown, truncate, utimens): checked against the attributes before the
+    /// change (when the adapter checks), which may also drop set-id bits from `sa`.
+    pub(super) fn set_attr(&self, req: &Request, ino: u64, mut sa: SetAttr, has_handle: bool, reply: ReplyAttr) {
+        let before = match self.checks.then(|| self.getattr("setattr", ino)).transpose() {
+            Ok(b) => b,
+            Err(e) => return reply.error(e),
+        };
+        if let Some(b) = &before {
+            if let Err(e) = caller(req).may_setattr(b, &mut sa, has_handle) {
+                return reply.error(e);
+            }
+        }
+        match self.call("setattr", |fs| fs.setattr(ino, &sa)) {
+            Ok(a) => {
+                // Names cached with the long timeout while everyone could search here: expired
+                // before the reply where the kernel can, so none is walked through once the
+                // chmod has returned; else invalidated one by one after it.
+                let cached = before.is_some_and(|b| b.kind == ferrofs::FileType::Directory && searchable_by_all(b.perm) && !searchable_by_all(a.perm));
+                let names = if cached && !self.name_epoch.expire_all_names() { self.names_in(ino) } else { Vec::new() };
+                reply.attr(&self.attr_ttl, &file_attr(&a));
+                self.forget_names(ino, names);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+}
 
 pub(super) fn system_time(t: Timespec) -> SystemTime {
     let nsec = Duration::from_nanos(t.nsec.min(999_999_999) as u64);

@@ -1,9 +1,10 @@
 //! Directory listings: entries read from the engine a batch at a time, and the cached names
 //! the kernel is told to forget.
 
+use super::attr::{file_attr, file_type};
 use super::{FerroFuse, Res};
 use ferrofs::DirEntry;
-use fuser::INodeNo;
+use fuser::{Generation, INodeNo, ReplyDirectory, ReplyDirectoryPlus};
 use std::ffi::OsStr;
 use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
@@ -15,6 +16,36 @@ const READDIR_BATCH: usize = 256;
 type DirBatch = (Vec<DirEntry<Range<usize>>>, Vec<u8>);
 
 impl FerroFuse {
+    /// readdir: as many entries after `cookie` as the reply holds.
+    pub(super) fn list_dir(&self, ino: u64, cookie: u64, mut reply: ReplyDirectory) {
+        let res = self.fill_dir(ino, cookie, |e| reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), OsStr::from_bytes(e.name)));
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// readdirplus: as `list_dir`, each entry with its attributes.
+    pub(super) fn list_dir_plus(&self, ino: u64, cookie: u64, mut reply: ReplyDirectoryPlus) {
+        // Opening the directory was the check; the mode decides how long names may be cached.
+        let ttl = match self.checks.then(|| self.getattr("readdirplus", ino)).transpose() {
+            Ok(dir) => dir.map_or(self.entry_ttl, |d| self.entry_ttl_in(&d)),
+            Err(e) => return reply.error(e),
+        };
+        let res = self.fill_dir(ino, cookie, |e| {
+            // Attributes are read after the batch, without the directory's lock. An entry
+            // removed meanwhile is left out, as if the listing had been taken a moment later.
+            match self.call("readdirplus", |fs| fs.getattr(e.ino)) {
+                Ok(a) => reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(e.name), &ttl, &file_attr(&a), Generation(a.generation as u64)),
+                Err(_) => false,
+            }
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
     /// The names the kernel may have cached in `dir` (with the long timeout of a directory
     /// everyone could search), listed before the reply so that the invalidations after it
     /// (`forget_names`) follow it as closely as they can.
@@ -46,7 +77,7 @@ impl FerroFuse {
     /// Up to `READDIR_BATCH` entries after `cookie`, their names in one buffer (each entry's
     /// `name` is its range there): one allocation per batch, where a name each was 2% of the
     /// daemon's CPU in a 400,000-file parallel `rm -rf`.
-    pub(super) fn readdir_batch(&self, ino: u64, cookie: u64) -> Res<DirBatch> {
+    fn readdir_batch(&self, ino: u64, cookie: u64) -> Res<DirBatch> {
         self.call("readdir", |fs| {
             let (mut v, mut names) = (Vec::with_capacity(READDIR_BATCH), Vec::new());
             fs.readdir(ino, cookie, &mut |e| {
@@ -62,7 +93,7 @@ impl FerroFuse {
     /// full) a batch at a time. The engine's lock on the directory is held only while a batch
     /// is read, never while `add` runs. Returns whether anything was added, or the error if
     /// the first batch failed.
-    pub(super) fn fill_dir(&self, ino: u64, mut cookie: u64, mut add: impl FnMut(DirEntry<&[u8]>) -> bool) -> Res<()> {
+    fn fill_dir(&self, ino: u64, mut cookie: u64, mut add: impl FnMut(DirEntry<&[u8]>) -> bool) -> Res<()> {
         let mut added = false;
         loop {
             let (batch, names) = match self.readdir_batch(ino, cookie) {

@@ -1,11 +1,34 @@
 //! Extended attributes: the namespaces stored, the checks, and the replies' size protocol.
 
 use super::{caller, FerroFuse, Res};
+use ferrofs::FileSystem;
 use fuser::{Errno, ReplyXattr, Request};
 
 impl FerroFuse {
+    /// getxattr, setxattr or removexattr of `name` on `ino`: the name's namespace and the
+    /// caller's `mask` on the inode are checked before the engine is called.
+    pub(super) fn call_xattr<T>(&self, req: &Request, op: &'static str, ino: u64, name: &[u8], mask: u32, f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>) -> Res<T> {
+        check_xattr_name(name)?;
+        self.may_xattr(req, op, ino, name, mask)?;
+        self.call(op, f)
+    }
+
+    /// listxattr: the names, each NUL-terminated.
+    pub(super) fn list_xattr(&self, req: &Request, ino: u64) -> Res<Vec<u8>> {
+        // trusted.* names are listed to the privileged only, as local file systems list them
+        // to CAP_SYS_ADMIN (uid 0 stands for it; the kernel's FUSE client filters nothing).
+        let privileged = req.uid() == 0;
+        self.call("listxattr", |fs| fs.listxattr(ino)).map(|names| {
+            names.into_iter().filter(|n| privileged || !n.starts_with(b"trusted.")).flat_map(|mut n| {
+                n.push(0);
+                n
+            })
+            .collect::<Vec<u8>>()
+        })
+    }
+
     /// Check an xattr request on `ino` (when the adapter checks).
-    pub(super) fn may_xattr(&self, req: &Request, op: &'static str, ino: u64, name: &[u8], mask: u32) -> Res<()> {
+    fn may_xattr(&self, req: &Request, op: &'static str, ino: u64, name: &[u8], mask: u32) -> Res<()> {
         if !self.checks {
             return Ok(());
         }
@@ -17,7 +40,7 @@ impl FerroFuse {
 /// its prefix (it checks trusted.* privileges and user.* file types itself); a name outside
 /// these is EOPNOTSUPP and a bare prefix EINVAL, as on Linux's local file systems. Without
 /// this check any string became a stored name ("system.foo", "bogus.x").
-pub(super) fn check_xattr_name(name: &[u8]) -> Res<()> {
+fn check_xattr_name(name: &[u8]) -> Res<()> {
     for prefix in [&b"user."[..], b"trusted.", b"security."] {
         if name.starts_with(prefix) {
             return if name.len() > prefix.len() { Ok(()) } else { Err(Errno::EINVAL) };
