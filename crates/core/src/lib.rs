@@ -91,6 +91,9 @@ pub mod journal;
 pub(crate) mod journal;
 pub mod mkfs;
 pub(crate) mod mount;
+#[cfg(feature = "testing")]
+pub mod reclaim;
+#[cfg(not(feature = "testing"))]
 pub(crate) mod reclaim;
 pub(crate) mod stats;
 pub(crate) mod store;

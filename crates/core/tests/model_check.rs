@@ -16,7 +16,7 @@ use ferrofs::dev::MemDevice;
 use ferrofs::format::log::{ItemKey, LogHeader, ALL_CHUNKS};
 use ferrofs::format::INODE_SIZE;
 use ferrofs::dev::BlockDevice;
-use ferrofs::format::{BLOCK_SIZE, HDR_SIZE};
+use ferrofs::format::{init_header, seal_block, BLOCK_SIZE, HDR_SIZE, MAGIC_BITMAP};
 use ferrofs::journal::{recover, BusyExtent, Journal, JournalConfig, Route};
 use ferrofs_lockstat::{self as lockstat, LockClass, Mutex, RwLock, POOL_SHARDS};
 use ferrofs::mkfs::{self, MkfsOptions};
@@ -47,6 +47,16 @@ fn check(f: impl Fn() + Send + Sync + 'static) {
     let g = Arc::clone(&f);
     Runner::new(RandomScheduler::new(iterations()), config.clone()).run(move || g());
     Runner::new(PctScheduler::new(3, iterations()), config).run(move || f());
+}
+
+
+/// A metadata block as the engine logs one: a sealed header (the journal verifies what it
+/// seals into the log and writes home, in debug builds), then `fill` to the end.
+fn sealed_block(blkno: u64, fill: u8) -> Vec<u8> {
+    let mut b = vec![fill; BLOCK_SIZE];
+    init_header(&mut b, MAGIC_BITMAP, blkno, 0);
+    seal_block(&mut b, 1);
+    b
 }
 
 // ---- (1) CIL: commit and switch -------------------------------------------------------------
@@ -407,7 +417,7 @@ fn a_freed_block_is_reused_only_after_the_writeback_that_may_hold_it() {
                 }
             }),
         );
-        j.commit(Route::Thread, |w| w.log(ItemKey::Block(NODE), 1, &[0x54; BLOCK_SIZE], ALL_CHUNKS));
+        j.commit(Route::Thread, |w| w.log(ItemKey::Block(NODE), 1, &sealed_block(NODE, 0x54), ALL_CHUNKS));
         j.checkpoint().expect("checkpoint of the node");
         let writer = {
             let j = Arc::clone(&j);
@@ -415,7 +425,7 @@ fn a_freed_block_is_reused_only_after_the_writeback_that_may_hold_it() {
         };
         let seq = j.commit(Route::Thread, |w| {
             for b in NODE + 1..=NODE + OTHERS {
-                w.log(ItemKey::Block(b), 1, &[0x0b; BLOCK_SIZE], ALL_CHUNKS);
+                w.log(ItemKey::Block(b), 1, &sealed_block(b, 0x0b), ALL_CHUNKS);
             }
             w.revoke(NODE, 2);
             w.busy(BusyExtent { blkno: NODE, len: 1 });
@@ -456,7 +466,7 @@ fn a_forced_change_survives_a_crash_while_other_checkpoints_are_in_flight() {
                 thread::spawn(move || {
                     let blkno = FIRST + t;
                     let fill = t as u8 + 1;
-                    let seq = j.commit(Route::Thread, |w| w.log(ItemKey::Block(blkno), 1, &[fill; BLOCK_SIZE], ALL_CHUNKS));
+                    let seq = j.commit(Route::Thread, |w| w.log(ItemKey::Block(blkno), 1, &sealed_block(blkno, fill), ALL_CHUNKS));
                     j.force(seq).expect("force");
                     let crashed = dev.snapshot();
                     recover(&crashed, &geo, true).expect("recovery");
