@@ -82,7 +82,6 @@ use crate::buf::BufRef;
 use crate::error::{Error, Result};
 use modify::{alloc_nodes, finish, insert_splitting, unlink_empty_leaf, Placement};
 use node::*;
-pub use node::{INTERIOR_MAX_CHILDREN, LEAF_MAX_ENTRIES, NODE_HDR_END};
 use walk::{descend, find_leaf, leaf_entry, load, next_separator, walk_tree, Path};
 
 /// Where a tree's nodes live. The engine's transaction implements it: it reads and verifies
