@@ -33,11 +33,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     let threads = args.threads_or(&[1, 2])?;
     let files = args.files_or(16);
     let max_threads = threads.iter().copied().max().unwrap_or(1);
-    let session = Session::open(
-        args,
-        (files * max_threads) as u64,
-        scratch::mkfs_options(max_threads),
-    )?;
+    let session = Session::open(args, (files * max_threads) as u64, scratch::mkfs_options(max_threads))?;
     let inos = make_files(&session.fs, max_threads, files)?;
     let mut rows = Vec::new();
     for &t in &threads {
@@ -49,21 +45,9 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
             rates.push(commits as f64 / time.wall.as_secs_f64());
             cpu.push(time.cpu.as_secs_f64() * 1e6 / commits.max(1) as f64);
         }
-        rows.push(CommitRow {
-            threads: t,
-            commits_per_sec: Spread::of(&rates),
-            cpu_us_per_commit: Spread::of(&cpu),
-        });
+        rows.push(CommitRow { threads: t, commits_per_sec: Spread::of(&rates), cpu_us_per_commit: Spread::of(&cpu) });
     }
-    session.finish(
-        "commit",
-        args,
-        CommitFigures {
-            files_per_thread: files,
-            commits_per_thread: args.commits,
-            rows,
-        },
-    )
+    session.finish("commit", args, CommitFigures { files_per_thread: files, commits_per_thread: args.commits, rows })
 }
 
 /// A directory per thread with `files` files in it; their inode numbers, per thread.
@@ -87,16 +71,8 @@ fn make_files(fs: &FileSystem, threads: usize, files: usize) -> CliResult<Vec<Ve
 
 /// Each thread commits `commits` mode changes to its files, round robin.
 fn one_run(fs: &FileSystem, inos: &[Vec<u64>], commits: u64) -> CliResult<Timing> {
-    let modes = [
-        SetAttr {
-            mode: Some(0o600),
-            ..SetAttr::default()
-        },
-        SetAttr {
-            mode: Some(FILE_MODE),
-            ..SetAttr::default()
-        },
-    ];
+    let modes =
+        [SetAttr { mode: Some(0o600), ..SetAttr::default() }, SetAttr { mode: Some(FILE_MODE), ..SetAttr::default() }];
     timed(
         "commit",
         inos.len(),
@@ -120,10 +96,7 @@ impl Figures for CommitFigures {
             self.files_per_thread,
             grouped(self.commits_per_thread)
         );
-        println!(
-            "{:>7} {:>36} {:>24}",
-            "threads", "commits/s", "CPU us/commit"
-        );
+        println!("{:>7} {:>36} {:>24}", "threads", "commits/s", "CPU us/commit");
         for r in &self.rows {
             println!(
                 "{:>7} {:>36} {:>24}",

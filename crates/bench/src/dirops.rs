@@ -7,8 +7,8 @@
 
 use super::{CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
-use ferrofs::ROOT_INO;
 use ferrofs::FileSystem;
+use ferrofs::ROOT_INO;
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::fs::File;
@@ -116,8 +116,7 @@ impl DirOps for FileSystem {
     }
 
     fn settle(&self) -> CliResult<()> {
-        self.write_home()
-            .context(|| "write the log home".to_string())
+        self.write_home().context(|| "write the log home".to_string())
     }
 
     fn counters(&self) -> EngineCounters {
@@ -154,11 +153,7 @@ impl Syscalls {
 
     fn path_of(&self, dir: u64) -> ferrofs::Result<PathBuf> {
         let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
-        dirs.get(&dir)
-            .map(|(p, _)| p.clone())
-            .ok_or(ferrofs::Error::Invalid(
-                "not a directory made by the benchmark",
-            ))
+        dirs.get(&dir).map(|(p, _)| p.clone()).ok_or(ferrofs::Error::Invalid("not a directory made by the benchmark"))
     }
 }
 
@@ -209,8 +204,7 @@ fn open_and_close(dir: u64, name: &[u8], flags: libc::c_int) -> ferrofs::Result<
     let c = c_name(name)?;
     // SAFETY: `c` is a NUL-terminated string that outlives the call; the directory
     // descriptor stays open until `rmdir`, after the phases that use it.
-    let file =
-        checked(unsafe { libc::openat(fd(dir), c.as_ptr(), flags | libc::O_CLOEXEC, 0o644) })?;
+    let file = checked(unsafe { libc::openat(fd(dir), c.as_ptr(), flags | libc::O_CLOEXEC, 0o644) })?;
     // SAFETY: `file` was just opened here and is closed once.
     checked(unsafe { libc::close(file) }).map(drop)
 }
@@ -221,24 +215,14 @@ impl DirOps for Syscalls {
         std::fs::create_dir(&path).context(|| format!("mkdir {}", path.display()))?;
         let dir = File::open(&path).context(|| format!("open {}", path.display()))?;
         let key = dir.as_raw_fd() as u64;
-        self.dirs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, (path, dir));
+        self.dirs.lock().unwrap_or_else(|p| p.into_inner()).insert(key, (path, dir));
         Ok(key)
     }
 
     fn rmdir(&self, name: &str, dir: u64) -> CliResult<()> {
-        let entry = self
-            .dirs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&dir);
+        let entry = self.dirs.lock().unwrap_or_else(|p| p.into_inner()).remove(&dir);
         let Some((path, _closed)) = entry else {
-            return Err(Failure::new(
-                format!("rmdir {name}"),
-                "not a directory made here",
-            ));
+            return Err(Failure::new(format!("rmdir {name}"), "not a directory made here"));
         };
         std::fs::remove_dir(&path).context(|| format!("rmdir {}", path.display()))
     }
@@ -252,8 +236,7 @@ impl DirOps for Syscalls {
         // SAFETY: an all-zero `stat` is a valid value of the plain C struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `c` and `st` outlive the call; the descriptor is open (see `open_and_close`).
-        checked(unsafe { libc::fstatat(fd(dir), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) })
-            .map(drop)
+        checked(unsafe { libc::fstatat(fd(dir), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) }).map(drop)
     }
 
     fn open_close(&self, dir: u64, name: &[u8]) -> ferrofs::Result<()> {

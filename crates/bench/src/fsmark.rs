@@ -128,11 +128,7 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
     let files = args.files.unwrap_or(DEFAULT_FILES);
     let slow_files = f.slow_files.unwrap_or((files / SLOW_DIVISOR).max(1));
     let env = Env::new(f)?;
-    let mut wanted: Vec<Kind> = if f.targets.is_empty() {
-        Kind::ALL.to_vec()
-    } else {
-        f.targets.clone()
-    };
+    let mut wanted: Vec<Kind> = if f.targets.is_empty() { Kind::ALL.to_vec() } else { f.targets.clone() };
     wanted.dedup();
     let mut skipped = Vec::new();
     let mut active = Vec::new();
@@ -157,20 +153,11 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
             let files = files_of(k);
             let size = Size {
                 files,
-                dirs: threads
-                    .iter()
-                    .map(|&t| t as u64 * (FSMARK_SUBDIRS + 1) + 1)
-                    .max()
-                    .unwrap_or(1),
+                dirs: threads.iter().map(|&t| t as u64 * (FSMARK_SUBDIRS + 1) + 1).max().unwrap_or(1),
                 threads: threads.iter().copied().max().unwrap_or(1),
                 data_bytes: 0,
             };
-            eprintln!(
-                "run {}/{runs}: {}, {} files per thread count",
-                run + 1,
-                k.name(),
-                grouped(files)
-            );
+            eprintln!("run {}/{runs}: {}, {} files per thread count", run + 1, k.name(), grouped(files));
             let m = match k.mount(&env, &size) {
                 Ok(m) => m,
                 Err(e) if run == 0 && !shell::interrupted() => {
@@ -202,10 +189,7 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
         .collect();
     let top = threads.iter().copied().max().unwrap_or(1);
     let mut ratios = Vec::new();
-    for (peer, goal) in [
-        (Kind::Minifuse, GOAL_VS_MINIFUSE),
-        (Kind::Fuse2fs, GOAL_VS_FUSE2FS),
-    ] {
+    for (peer, goal) in [(Kind::Minifuse, GOAL_VS_MINIFUSE), (Kind::Fuse2fs, GOAL_VS_FUSE2FS)] {
         if !(active.contains(&Kind::Ferrofs) && active.contains(&peer)) {
             continue;
         }
@@ -220,9 +204,7 @@ fn measure(args: &BenchArgs) -> CliResult<Report> {
         slow_targets: f.slow.clone(),
         runs,
         threads,
-        create_command: format!(
-            "fs_mark -S0 -s0 -k -L1 -D {FSMARK_SUBDIRS} -n FILES/T -t 1 -d DIR/0 ... -d DIR/T-1"
-        ),
+        create_command: format!("fs_mark -S0 -s0 -k -L1 -D {FSMARK_SUBDIRS} -n FILES/T -t 1 -d DIR/0 ... -d DIR/T-1"),
         remove_command: "rm -rf DIR/0 & ... & rm -rf DIR/T-1 (T processes at once)".into(),
         mount_options: f.mount_options.clone(),
         detached: f.detached,
@@ -281,24 +263,12 @@ fn timed(m: &Mounted, cmds: Vec<Command>) -> CliResult<(Took, Vec<String>)> {
         (Some(a), Some(b)) => b.saturating_sub(a),
         _ => Duration::ZERO,
     };
-    Ok((
-        Took {
-            wall: t.wall,
-            client: t.cpu,
-            daemon,
-        },
-        t.stdout,
-    ))
+    Ok((Took { wall: t.wall, client: t.cpu, daemon }, t.stdout))
 }
 
 /// fs_mark, one thread per directory, `per_thread` files each; checks the count it reports
 /// and returns its own Files/sec too.
-pub fn create_files(
-    env: &Env,
-    m: &Mounted,
-    dirs: &[PathBuf],
-    per_thread: u64,
-) -> CliResult<(Took, f64)> {
+pub fn create_files(env: &Env, m: &Mounted, dirs: &[PathBuf], per_thread: u64) -> CliResult<(Took, f64)> {
     let mut cmd = Command::new("fs_mark");
     cmd.current_dir(env.work_dir())
         .args(["-S0", "-s0", "-k", "-L1", "-D"])
@@ -312,20 +282,11 @@ pub fn create_files(
     let line = shell::describe(&cmd);
     let (took, out) = timed(m, vec![cmd])?;
     let (count, rate) = parse_fsmark(&out[0]).ok_or_else(|| {
-        Failure::new(
-            format!("`{line}`"),
-            format!(
-                "no result line in its output: {}",
-                shell::last_lines(&out[0])
-            ),
-        )
+        Failure::new(format!("`{line}`"), format!("no result line in its output: {}", shell::last_lines(&out[0])))
     })?;
     let want = per_thread * dirs.len() as u64;
     if count != want {
-        return Err(Failure::new(
-            format!("`{line}`"),
-            format!("created {count} files, not {want}"),
-        ));
+        return Err(Failure::new(format!("`{line}`"), format!("created {count} files, not {want}")));
     }
     Ok((took, rate))
 }
@@ -342,10 +303,7 @@ pub fn remove_trees(m: &Mounted, dirs: &[PathBuf]) -> CliResult<Took> {
         .collect();
     let (took, _) = timed(m, cmds)?;
     if let Some(d) = dirs.iter().find(|d| d.exists()) {
-        return Err(Failure::new(
-            format!("rm -rf {}", d.display()),
-            "the directory is still there",
-        ));
+        return Err(Failure::new(format!("rm -rf {}", d.display()), "the directory is still there"));
     }
     Ok(took)
 }
@@ -362,32 +320,17 @@ fn parse_fsmark(out: &str) -> Option<(u64, f64)> {
 }
 
 fn cell(samples: &[Sample], k: Kind, threads: usize) -> Cell {
-    let mine: Vec<&Sample> = samples
-        .iter()
-        .filter(|s| s.target == k && s.threads == threads)
-        .collect();
+    let mine: Vec<&Sample> = samples.iter().filter(|s| s.target == k && s.threads == threads).collect();
     let files = mine.first().map_or(0, |s| s.files) as usize;
-    let timing = |wall: f64, cpu: f64| Timing {
-        wall: Duration::from_secs_f64(wall),
-        cpu: Duration::from_secs_f64(cpu),
-    };
+    let timing =
+        |wall: f64, cpu: f64| Timing { wall: Duration::from_secs_f64(wall), cpu: Duration::from_secs_f64(cpu) };
     let create: Vec<Timing> = mine
         .iter()
-        .map(|s| {
-            timing(
-                s.create_seconds,
-                s.create_client_cpu_seconds + s.create_daemon_cpu_seconds,
-            )
-        })
+        .map(|s| timing(s.create_seconds, s.create_client_cpu_seconds + s.create_daemon_cpu_seconds))
         .collect();
     let remove: Vec<Timing> = mine
         .iter()
-        .map(|s| {
-            timing(
-                s.remove_seconds,
-                s.remove_client_cpu_seconds + s.remove_daemon_cpu_seconds,
-            )
-        })
+        .map(|s| timing(s.remove_seconds, s.remove_client_cpu_seconds + s.remove_daemon_cpu_seconds))
         .collect();
     let fsm: Vec<f64> = mine.iter().map(|s| s.fsmark_files_per_sec).collect();
     Cell {
@@ -399,11 +342,7 @@ fn cell(samples: &[Sample], k: Kind, threads: usize) -> Cell {
 }
 
 fn rate(s: &Sample, phase: &str) -> f64 {
-    let secs = if phase == "create" {
-        s.create_seconds
-    } else {
-        s.remove_seconds
-    };
+    let secs = if phase == "create" { s.create_seconds } else { s.remove_seconds };
     s.files as f64 / secs.max(1e-9)
 }
 
@@ -416,24 +355,10 @@ fn ratio(
     runs: usize,
     (files, peer_files): (u64, u64),
 ) -> Ratio {
-    let pick = |k: Kind, run: usize| {
-        samples
-            .iter()
-            .find(|s| s.target == k && s.threads == threads && s.run == run)
-    };
-    let per_run: Vec<f64> = (0..runs)
-        .filter_map(|r| Some(rate(pick(Kind::Ferrofs, r)?, phase) / rate(pick(peer, r)?, phase)))
-        .collect();
-    Ratio {
-        peer,
-        phase,
-        threads,
-        median: median(&sorted(&per_run)),
-        per_run,
-        goal,
-        files,
-        peer_files,
-    }
+    let pick = |k: Kind, run: usize| samples.iter().find(|s| s.target == k && s.threads == threads && s.run == run);
+    let per_run: Vec<f64> =
+        (0..runs).filter_map(|r| Some(rate(pick(Kind::Ferrofs, r)?, phase) / rate(pick(peer, r)?, phase))).collect();
+    Ratio { peer, phase, threads, median: median(&sorted(&per_run)), per_run, goal, files, peer_files }
 }
 
 impl Ratio {
@@ -444,25 +369,23 @@ impl Ratio {
             (true, true) => "met".into(),
             (false, true) => "MISSED".into(),
             (true, false) => format!("met, with the peer at {} files", grouped(self.peer_files)),
-            (false, false) => format!("not judged: the peer ran {} files, ferrofs {} (--slow-files {} compares them)", grouped(self.peer_files), grouped(self.files), grouped(self.files)),
+            (false, false) => format!(
+                "not judged: the peer ran {} files, ferrofs {} (--slow-files {} compares them)",
+                grouped(self.peer_files),
+                grouped(self.files),
+                grouped(self.files)
+            ),
         }
     }
 }
 
 impl Report {
     pub fn print(&self) {
-        println!(
-            "ferrofs bench fsmark: {} runs; each run mounts every target afresh, targets in turn",
-            self.runs
-        );
+        println!("ferrofs bench fsmark: {} runs; each run mounts every target afresh, targets in turn", self.runs);
         println!("  create: {}", self.create_command);
         println!("  remove: {}", self.remove_command);
-        let slow: Vec<&str> = self
-            .targets
-            .iter()
-            .filter(|t| self.slow_targets.contains(&t.target))
-            .map(|t| t.target.name())
-            .collect();
+        let slow: Vec<&str> =
+            self.targets.iter().filter(|t| self.slow_targets.contains(&t.target)).map(|t| t.target.name()).collect();
         match slow.is_empty() {
             true => println!("  files per run and thread count: {}", grouped(self.files)),
             false => {
@@ -481,15 +404,12 @@ impl Report {
             println!("  {} mounted with -o {o}", k.name());
         }
         println!("  FUSE daemons: {}", daemons_ran(self.detached));
-        println!("  files/s = files / wall clock from the first process's start to the last one's exit: median [min-max]\n");
+        println!(
+            "  files/s = files / wall clock from the first process's start to the last one's exit: median [min-max]\n"
+        );
         println!(
             "{:<9} {:>7} {:>27} {:>27} {:>12} {:>17}",
-            "target",
-            "threads",
-            "create files/s",
-            "remove files/s",
-            "fs_mark f/s",
-            "CPU us/file c/r"
+            "target", "threads", "create files/s", "remove files/s", "fs_mark f/s", "CPU us/file c/r"
         );
         for t in &self.targets {
             for c in &t.cells {
@@ -500,24 +420,16 @@ impl Report {
                     rate_cell(&c.create),
                     rate_cell(&c.remove),
                     grouped(c.fsmark_files_per_sec_median as u64),
-                    format!(
-                        "{:.1} / {:.1}",
-                        c.create.cpu_us_per_op_median, c.remove.cpu_us_per_op_median
-                    )
+                    format!("{:.1} / {:.1}", c.create.cpu_us_per_op_median, c.remove.cpu_us_per_op_median)
                 );
             }
         }
         println!("\nCPU us/file: the workload processes' CPU (their system time includes a kernel file system's work) plus the FUSE daemon's, median");
         if !self.ratios.is_empty() {
-            println!(
-                "\nferrofs through FUSE / peer, same run (median of per-run ratios [min-max]):"
-            );
+            println!("\nferrofs through FUSE / peer, same run (median of per-run ratios [min-max]):");
             for r in &self.ratios {
                 let s = sorted(&r.per_run);
-                let (lo, hi) = (
-                    s.first().copied().unwrap_or(0.0),
-                    s.last().copied().unwrap_or(0.0),
-                );
+                let (lo, hi) = (s.first().copied().unwrap_or(0.0), s.last().copied().unwrap_or(0.0));
                 println!(
                     "  / {:<9} {:<6} {} threads: {:>6.2}x [{:.2}-{:.2}]  goal >= {}x: {}",
                     r.peer.name(),
@@ -531,11 +443,7 @@ impl Report {
                 );
             }
         }
-        for t in self
-            .targets
-            .iter()
-            .filter(|t| !t.daemon_peak_rss_bytes.is_empty())
-        {
+        for t in self.targets.iter().filter(|t| !t.daemon_peak_rss_bytes.is_empty()) {
             let mut v = t.daemon_peak_rss_bytes.clone();
             v.sort_unstable();
             println!(
@@ -565,7 +473,16 @@ mod tests {
 
     #[test]
     fn goals_are_judged_at_equal_sizes_only() {
-        let r = |median, peer_files| Ratio { peer: Kind::Fuse2fs, phase: "create", threads: 8, per_run: vec![median], median, goal: 10.0, files: 40_000, peer_files };
+        let r = |median, peer_files| Ratio {
+            peer: Kind::Fuse2fs,
+            phase: "create",
+            threads: 8,
+            per_run: vec![median],
+            median,
+            goal: 10.0,
+            files: 40_000,
+            peer_files,
+        };
         assert_eq!(r(12.0, 40_000).verdict(), "met");
         assert_eq!(r(8.0, 40_000).verdict(), "MISSED");
         assert!(r(12.0, 4_000).verdict().starts_with("met, with the peer at 4,000 files"));

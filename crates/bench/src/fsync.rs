@@ -19,8 +19,8 @@ use super::targets::{on_each, Env, Kind, Size};
 use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
 use crate::units::grouped;
-use ferrofs::{BLOCK_SIZE, ROOT_INO};
 use ferrofs::FileSystem;
+use ferrofs::{BLOCK_SIZE, ROOT_INO};
 use serde::Serialize;
 use std::ffi::OsStr;
 use std::fs::File;
@@ -111,31 +111,16 @@ struct RunResult {
 pub fn run(args: &BenchArgs) -> CliResult<()> {
     let files = args.files_or(2000);
     let creators = args.threads_or(&[1])?[0];
-    let session = Session::open(
-        args,
-        (files + creators * LOAD_BATCH) as u64 * 2,
-        scratch::mkfs_options(creators + 1),
-    )?;
+    let session = Session::open(args, (files + creators * LOAD_BATCH) as u64 * 2, scratch::mkfs_options(creators + 1))?;
     let names = NameTable::new(files.max(LOAD_BATCH));
     let engine = compare(&Engine(&session.fs), &names, files, creators, args.runs)?;
     let mounted = mounted(args, &names, files, creators)?;
-    let figures = FsyncFigures {
-        fsyncs_per_run: files,
-        load_creators: creators,
-        engine,
-        mounted,
-    };
+    let figures = FsyncFigures { fsyncs_per_run: files, load_creators: creators, engine, mounted };
     session.finish("fsync", args, figures)
 }
 
 /// `runs` runs of each setting on `fs`.
-fn compare<T: Target>(
-    fs: &T,
-    names: &NameTable,
-    files: usize,
-    creators: usize,
-    runs: u64,
-) -> CliResult<Comparison> {
+fn compare<T: Target>(fs: &T, names: &NameTable, files: usize, creators: usize, runs: u64) -> CliResult<Comparison> {
     let (mut unloaded, mut loaded) = (Vec::new(), Vec::new());
     for run in 0..runs {
         unloaded.push(one_run(fs, names, files, 0, run)?);
@@ -144,20 +129,14 @@ fn compare<T: Target>(
     let (unloaded, loaded) = (Latency::of(&unloaded), Latency::of(&loaded));
     Ok(Comparison {
         p99_ratio: loaded.p99_us.median / unloaded.p99_us.median,
-        p99_ratio_without_run_queue: loaded.p99_without_run_queue_us.median
-            / unloaded.p99_without_run_queue_us.median,
+        p99_ratio_without_run_queue: loaded.p99_without_run_queue_us.median / unloaded.p99_without_run_queue_us.median,
         unloaded,
         loaded,
     })
 }
 
 /// The workload on each `--targets` file system, mounted afresh (none by default).
-fn mounted(
-    args: &BenchArgs,
-    names: &NameTable,
-    files: usize,
-    creators: usize,
-) -> CliResult<Vec<MountedFigures>> {
+fn mounted(args: &BenchArgs, names: &NameTable, files: usize, creators: usize) -> CliResult<Vec<MountedFigures>> {
     let f = &args.fsmark;
     if f.targets.is_empty() {
         return Ok(Vec::new());
@@ -172,10 +151,7 @@ fn mounted(
     let measured = on_each(&f.targets, &env, &size, "fsync", |root| {
         Mounted::open(root).and_then(|fs| compare(&fs, names, files, creators, args.runs))
     })?;
-    Ok(measured
-        .into_iter()
-        .map(|(target, figures)| MountedFigures { target, figures })
-        .collect())
+    Ok(measured.into_iter().map(|(target, figures)| MountedFigures { target, figures }).collect())
 }
 
 /// What the workload needs of a file system.
@@ -340,27 +316,17 @@ impl Target for Mounted<'_> {
 }
 
 /// `files` fsyncs, with `creators` creating threads and a checkpoint thread if not 0.
-fn one_run<T: Target>(
-    fs: &T,
-    names: &NameTable,
-    files: usize,
-    creators: usize,
-    run: u64,
-) -> CliResult<RunResult> {
+fn one_run<T: Target>(fs: &T, names: &NameTable, files: usize, creators: usize, run: u64) -> CliResult<RunResult> {
     let tag = if creators == 0 { "idle" } else { "loaded" };
     let dir_name = |d: usize| format!("fsync.{run}.{tag}.{d}");
-    let dirs: Vec<T::Dir> = (0..=creators)
-        .map(|d| fs.mkdir(&dir_name(d)))
-        .collect::<CliResult<_>>()?;
+    let dirs: Vec<T::Dir> = (0..=creators).map(|d| fs.mkdir(&dir_name(d))).collect::<CliResult<_>>()?;
     fs.settle()?;
     let stop = AtomicBool::new(false);
     let (creates, checkpoints) = (AtomicU64::new(0), AtomicU64::new(0));
     let mut result = std::thread::scope(|s| -> CliResult<RunResult> {
         let (stop, creates) = (&stop, &creates);
-        let loaders: Vec<_> = dirs[1..]
-            .iter()
-            .map(|dir| s.spawn(move || create_load(fs, dir, names, stop, creates)))
-            .collect();
+        let loaders: Vec<_> =
+            dirs[1..].iter().map(|dir| s.spawn(move || create_load(fs, dir, names, stop, creates))).collect();
         let checkpointer = (creators > 0).then(|| {
             s.spawn(|| {
                 while !stop.load(Relaxed) {
@@ -375,10 +341,7 @@ fn one_run<T: Target>(
         // not have created a file yet when a short run of fast fsyncs is over. A load thread
         // that stopped early (an error) ends the wait; its join reports it.
         let load_started = || creates.load(Relaxed) > 0 && checkpoints.load(Relaxed) > 0;
-        while creators > 0
-            && !load_started()
-            && !loaders.iter().chain(&checkpointer).any(|h| h.is_finished())
-        {
+        while creators > 0 && !load_started() && !loaders.iter().chain(&checkpointer).any(|h| h.is_finished()) {
             std::thread::sleep(CHECKPOINT_PAUSE);
         }
         let before = fs.counts();
@@ -386,15 +349,13 @@ fn one_run<T: Target>(
         let after = fs.counts();
         stop.store(true, Relaxed);
         for h in loaders.into_iter().chain(checkpointer) {
-            h.join()
-                .map_err(|_| Failure::new("fsync load", "a benchmark thread panicked"))??;
+            h.join().map_err(|_| Failure::new("fsync load", "a benchmark thread panicked"))??;
         }
         let mut samples = samples?;
         samples.sort_by(|a, b| a.0.total_cmp(&b.0));
         let tail = &samples[samples.len() - samples.len().div_ceil(100)..];
         let mean = |f: fn(&(f64, f64)) -> f64| tail.iter().map(f).sum::<f64>() / tail.len() as f64;
-        let mut without_run_queue: Vec<f64> =
-            samples.iter().map(|s| (s.0 - s.1).max(0.0)).collect();
+        let mut without_run_queue: Vec<f64> = samples.iter().map(|s| (s.0 - s.1).max(0.0)).collect();
         without_run_queue.sort_by(f64::total_cmp);
         Ok(RunResult {
             without_run_queue,
@@ -414,12 +375,7 @@ fn one_run<T: Target>(
 
 /// Create, write 4 KiB, fsync (timed), `files` times; each fsync's latency and the time the
 /// thread waited for a CPU meanwhile, in us.
-fn fsync_loop<T: Target>(
-    fs: &T,
-    dir: &T::Dir,
-    names: &NameTable,
-    files: usize,
-) -> CliResult<Vec<(f64, f64)>> {
+fn fsync_loop<T: Target>(fs: &T, dir: &T::Dir, names: &NameTable, files: usize) -> CliResult<Vec<(f64, f64)>> {
     let data = vec![0xa5u8; BLOCK_SIZE];
     let mut lat = Vec::with_capacity(files);
     for i in 0..files {
@@ -466,9 +422,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 impl Latency {
     fn of(runs: &[RunResult]) -> Latency {
-        let per_run = |f: &dyn Fn(&[f64]) -> f64| {
-            Spread::of(&runs.iter().map(|r| f(&r.latencies)).collect::<Vec<_>>())
-        };
+        let per_run = |f: &dyn Fn(&[f64]) -> f64| Spread::of(&runs.iter().map(|r| f(&r.latencies)).collect::<Vec<_>>());
         let sum = |f: &dyn Fn(&RunResult) -> u64| runs.iter().map(f).sum();
         Latency {
             p50_us: per_run(&|l| quantile(l, 0.50)),
@@ -476,15 +430,10 @@ impl Latency {
             max_us: per_run(&|l| l[l.len() - 1]),
             mean_us: per_run(&|l| l.iter().sum::<f64>() / l.len() as f64),
             p99_without_run_queue_us: Spread::of(
-                &runs
-                    .iter()
-                    .map(|r| quantile(&r.without_run_queue, 0.99))
-                    .collect::<Vec<_>>(),
+                &runs.iter().map(|r| quantile(&r.without_run_queue, 0.99)).collect::<Vec<_>>(),
             ),
             slowest_1pct_mean_us: Spread::of(&runs.iter().map(|r| r.slowest.0).collect::<Vec<_>>()),
-            slowest_1pct_run_queue_us: Spread::of(
-                &runs.iter().map(|r| r.slowest.1).collect::<Vec<_>>(),
-            ),
+            slowest_1pct_run_queue_us: Spread::of(&runs.iter().map(|r| r.slowest.1).collect::<Vec<_>>()),
             wrote_checkpoint: sum(&|r| r.counts[0]),
             joined_checkpoint: sum(&|r| r.counts[1]),
             already_durable: sum(&|r| r.counts[2]),
@@ -503,10 +452,7 @@ impl Figures for FsyncFigures {
             CHECKPOINT_PAUSE.as_micros()
         );
         let e = &self.engine;
-        println!(
-            "{:<9} {:>26} {:>26} {:>30} {:>26}",
-            "load", "p50 us", "p99 us", "max us", "mean us"
-        );
+        println!("{:<9} {:>26} {:>26} {:>30} {:>26}", "load", "p50 us", "p99 us", "max us", "mean us");
         for (name, l) in [("idle", &e.unloaded), ("loaded", &e.loaded)] {
             println!(
                 "{:<9} {:>26} {:>26} {:>30} {:>26}",
@@ -519,15 +465,9 @@ impl Figures for FsyncFigures {
         }
         println!("p99 loaded/idle: {:.2}", e.p99_ratio);
         for (name, l) in [("idle", &e.unloaded), ("loaded", &e.loaded)] {
-            println!(
-                "{name}: p99 of latency minus run-queue wait: {} us",
-                l.p99_without_run_queue_us.cell(us)
-            );
+            println!("{name}: p99 of latency minus run-queue wait: {} us", l.p99_without_run_queue_us.cell(us));
         }
-        println!(
-            "p99 loaded/idle without run-queue waits: {:.2}",
-            e.p99_ratio_without_run_queue
-        );
+        println!("p99 loaded/idle without run-queue waits: {:.2}", e.p99_ratio_without_run_queue);
         for (name, l) in [("idle", &e.unloaded), ("loaded", &e.loaded)] {
             println!(
                 "{name}: slowest 1% of fsyncs: mean {} us, of which {} us waiting for a CPU (run queue)",
@@ -553,7 +493,14 @@ impl Figures for FsyncFigures {
         );
         println!(
             "{:<9} {:>22} {:>22} {:>22} {:>22} {:>7} {:>12} {:>14}",
-            "target", "idle p50 us", "idle p99 us", "loaded p50 us", "loaded p99 us", "ratio", "w/o run q.", "load creates"
+            "target",
+            "idle p50 us",
+            "idle p99 us",
+            "loaded p50 us",
+            "loaded p99 us",
+            "ratio",
+            "w/o run q.",
+            "load creates"
         );
         let engine = [("embedded", e)];
         let mounted = self.mounted.iter().map(|m| (m.target.name(), &m.figures));

@@ -186,7 +186,10 @@ impl BenchArgs {
     /// the thread counts against drift).
     fn threads_or(&self, default: &[usize]) -> CliResult<Vec<usize>> {
         if let Some((i, t)) = self.threads.iter().enumerate().find(|&(i, t)| self.threads[..i].contains(t)) {
-            return Err(Failure::new("--threads", format!("{t} is listed twice (entry {}); repeat a measurement with --runs", i + 1)));
+            return Err(Failure::new(
+                "--threads",
+                format!("{t} is listed twice (entry {}); repeat a measurement with --runs", i + 1),
+            ));
         }
         Ok(if self.threads.is_empty() { default.to_vec() } else { self.threads.iter().map(|&t| t as usize).collect() })
     }
@@ -255,36 +258,20 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
 
 /// Make the image, run every phase, unmount; the image is gone when this returns.
 fn measure(args: &BenchArgs) -> CliResult<Report> {
-    let (files, big_dir, runs) = (
-        args.files_or(100_000),
-        args.big_dir as usize,
-        args.runs as usize,
-    );
+    let (files, big_dir, runs) = (args.files_or(100_000), args.big_dir as usize, args.runs as usize);
     let threads = args.threads_or(&[1, 2, 8, 48])?;
     let max_threads = threads.iter().copied().max().unwrap_or(1);
     let names = names::table(files.max(big_dir), args.shuffle);
-    let session = Session::open(
-        args,
-        (names.len() + 2 * max_threads) as u64,
-        scratch::mkfs_options(max_threads),
-    )?;
+    let session = Session::open(args, (names.len() + 2 * max_threads) as u64, scratch::mkfs_options(max_threads))?;
     let bar = progress::counter(true, 0, "");
-    let bench = Bench {
-        fs: &session.fs,
-        names: &names,
-        bar: &bar,
-    };
+    let bench = Bench { fs: &session.fs, names: &names, bar: &bar };
     let mut cycles = Vec::new();
     for layout in layouts(args.shared_dir) {
         for &t in &threads {
             cycles.push(bench.cycle(&format!("{} {t}t", layout.name()), layout, t, files, runs)?);
         }
     }
-    let big = if big_dir > 0 {
-        Some(bench.cycle("one directory", Layout::Shared, 1, big_dir, 1)?)
-    } else {
-        None
-    };
+    let big = if big_dir > 0 { Some(bench.cycle("one directory", Layout::Shared, 1, big_dir, 1)?) } else { None };
     bar.finish_and_clear();
     gather(session, args, files, cycles, big)
 }
@@ -308,10 +295,7 @@ fn gather(
     // The first create run is the only one on a heap that never held inodes: later runs
     // reuse memory their predecessors freed, which would hide part of the growth.
     let memory = match cycles.first() {
-        Some(c) => MemoryReport::new(
-            format!("first create run, {} files", c.files),
-            c.first_growth,
-        ),
+        Some(c) => MemoryReport::new(format!("first create run, {} files", c.files), c.first_growth),
         None => MemoryReport::new("nothing created".to_string(), Growth::default()),
     };
     let end = session.close()?;
@@ -345,14 +329,7 @@ fn write_json(args: &BenchArgs, report: &impl Serialize) -> CliResult<()> {
 impl Bench<'_> {
     /// `runs` create/stat/remove runs of `files` files over `threads` threads; `title`
     /// names them on the progress bar and in directory names.
-    fn cycle(
-        &self,
-        title: &str,
-        layout: Layout,
-        threads: usize,
-        files: usize,
-        runs: usize,
-    ) -> CliResult<Cycle> {
+    fn cycle(&self, title: &str, layout: Layout, threads: usize, files: usize, runs: usize) -> CliResult<Cycle> {
         let mut times = Vec::with_capacity(runs);
         for run in 0..runs {
             let label = format!("{title} run {}/{runs}", run + 1);
@@ -365,55 +342,30 @@ impl Bench<'_> {
             layout,
             threads,
             files,
-            phases: vec![
-                phase("create", |r| r.create),
-                phase("stat", |r| r.stat),
-                phase("remove", |r| r.remove),
-            ],
+            phases: vec![phase("create", |r| r.create), phase("stat", |r| r.stat), phase("remove", |r| r.remove)],
             first_growth: times[0].growth,
         })
     }
 
-    fn one_run(
-        &self,
-        layout: Layout,
-        threads: usize,
-        files: usize,
-        label: &str,
-    ) -> CliResult<RunTimes> {
+    fn one_run(&self, layout: Layout, threads: usize, files: usize, label: &str) -> CliResult<RunTimes> {
         let fs = self.fs;
         let dirs = self.make_dirs(layout, threads, label)?;
-        let shares: Vec<Share> = (0..threads)
-            .map(|t| Share {
-                dir: dirs[t % dirs.len()],
-                names: names::share(files, threads, t),
-            })
-            .collect();
+        let shares: Vec<Share> =
+            (0..threads).map(|t| Share { dir: dirs[t % dirs.len()], names: names::share(files, threads, t) }).collect();
         let before = self.memory_sample()?;
         let create = self
-            .phase(label, "create", files, |d, n| {
-                fs.create(d, n, FILE_MODE, CRED).map(drop)
-            })
+            .phase(label, "create", files, |d, n| fs.create(d, n, FILE_MODE, CRED).map(drop))
             .run(&shares, || fs.sync())?;
         let after = self.memory_sample()?;
-        let stat = self
-            .phase(label, "stat", files, |d, n| fs.lookup(d, n).map(drop))
-            .run(&shares, || Ok(()))?;
-        let remove = self
-            .phase(label, "remove", files, |d, n| fs.unlink(d, n))
-            .run(&shares, || fs.sync())?;
+        let stat = self.phase(label, "stat", files, |d, n| fs.lookup(d, n).map(drop)).run(&shares, || Ok(()))?;
+        let remove = self.phase(label, "remove", files, |d, n| fs.unlink(d, n)).run(&shares, || fs.sync())?;
         self.remove_dirs(&dirs, label)?;
         let growth = Growth {
             rss_bytes: after.0.saturating_sub(before.0),
             heap_bytes: after.1.saturating_sub(before.1),
             inodes: after.2.saturating_sub(before.2),
         };
-        Ok(RunTimes {
-            create,
-            stat,
-            remove,
-            growth,
-        })
+        Ok(RunTimes { create, stat, remove, growth })
     }
 
     /// Point the progress bar at a phase and bind its operation.
@@ -424,12 +376,7 @@ impl Bench<'_> {
         self.bar.reset();
         self.bar.set_length(files as u64);
         self.bar.set_message(format!("{label}: {what}"));
-        Phase {
-            what,
-            names: self.names,
-            bar: self.bar,
-            op,
-        }
+        Phase { what, names: self.names, bar: self.bar, op }
     }
 
     /// (RSS bytes, heap bytes, cached inodes), once the log is written home (its buffers are bounded by
@@ -442,11 +389,7 @@ impl Bench<'_> {
     }
 
     fn make_dirs(&self, layout: Layout, threads: usize, label: &str) -> CliResult<Vec<u64>> {
-        let count = if layout == Layout::Private {
-            threads
-        } else {
-            1
-        };
+        let count = if layout == Layout::Private { threads } else { 1 };
         (0..count)
             .map(|t| {
                 let name = dir_name(label, t);
@@ -461,9 +404,7 @@ impl Bench<'_> {
     fn remove_dirs(&self, dirs: &[u64], label: &str) -> CliResult<()> {
         for t in 0..dirs.len() {
             let name = dir_name(label, t);
-            self.fs
-                .rmdir(ROOT_INO, name.as_bytes())
-                .context(|| format!("rmdir {name}"))?;
+            self.fs.rmdir(ROOT_INO, name.as_bytes()).context(|| format!("rmdir {name}"))?;
         }
         Ok(())
     }

@@ -10,8 +10,8 @@ use super::session::Session;
 use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
 use crate::failure::{CliResult, Context, Failure};
 use crate::units::grouped;
-use ferrofs::{BLOCK_SIZE, ROOT_INO};
 use ferrofs::{FileSystem, SetAttr};
+use ferrofs::{BLOCK_SIZE, ROOT_INO};
 use serde::Serialize;
 
 const FILE_BYTES: u64 = BLOCK_SIZE as u64;
@@ -39,11 +39,7 @@ pub struct OrphanRow {
 pub fn run(args: &BenchArgs) -> CliResult<()> {
     let threads = args.threads_or(&[1, 2, 4, 10, 20, 40])?;
     let max_threads = threads.iter().copied().max().unwrap_or(1);
-    let session = Session::open(
-        args,
-        2 * max_threads as u64,
-        scratch::mkfs_options(max_threads),
-    )?;
+    let session = Session::open(args, 2 * max_threads as u64, scratch::mkfs_options(max_threads))?;
     let fs = &session.fs;
     let inos = make_files(fs, max_threads)?;
     let mut rows = Vec::new();
@@ -78,14 +74,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
             orphan_adds_off: adds_off,
         });
     }
-    session.finish(
-        "orphan",
-        args,
-        OrphanFigures {
-            rounds: args.rounds,
-            rows,
-        },
-    )
+    session.finish("orphan", args, OrphanFigures { rounds: args.rounds, rows })
 }
 
 /// One file of 4096 written bytes per thread, each in a directory of its own.
@@ -94,10 +83,7 @@ pub(super) fn make_files(fs: &FileSystem, threads: usize) -> CliResult<Vec<u64>>
     (0..threads)
         .map(|t| {
             let what = || format!("make orphan.{t}/file");
-            let dir = fs
-                .mkdir(ROOT_INO, format!("orphan.{t}").as_bytes(), DIR_MODE, CRED)
-                .context(what)?
-                .ino;
+            let dir = fs.mkdir(ROOT_INO, format!("orphan.{t}").as_bytes(), DIR_MODE, CRED).context(what)?.ino;
             let ino = fs.create(dir, b"file", FILE_MODE, CRED).context(what)?.ino;
             fs.write(ino, 0, &data).context(what)?;
             Ok(ino)
@@ -113,14 +99,8 @@ pub(super) fn one_run(fs: &FileSystem, inos: &[u64], rounds: u64) -> CliResult<f
         |t| {
             let ino = inos[t];
             let truncate = |size| {
-                fs.setattr(
-                    ino,
-                    &SetAttr {
-                        size: Some(size),
-                        ..SetAttr::default()
-                    },
-                )
-                .map_err(|e| Failure::new(format!("truncate inode {ino} to {size}"), e))
+                fs.setattr(ino, &SetAttr { size: Some(size), ..SetAttr::default() })
+                    .map_err(|e| Failure::new(format!("truncate inode {ino} to {size}"), e))
             };
             for _ in 0..rounds {
                 for size in (1..FILE_BYTES).rev() {
@@ -140,13 +120,7 @@ impl Figures for OrphanFigures {
         println!("orphan: each thread truncates its own 4 KiB file by one byte down to 1, then back to 4096; {} rounds; wall seconds", self.rounds);
         println!(
             "{:>7} {:>12} {:>26} {:>26} {:>8} {:>12} {:>12}",
-            "threads",
-            "truncates",
-            "tracking on",
-            "tracking off",
-            "on/off",
-            "adds (on)",
-            "adds (off)"
+            "threads", "truncates", "tracking on", "tracking off", "on/off", "adds (on)", "adds (off)"
         );
         for r in &self.rows {
             let secs = |v: f64| format!("{v:.3}");

@@ -52,11 +52,7 @@ where
     F: Fn(u64, &[u8]) -> ferrofs::Result<()> + Sync,
 {
     /// Run the phase over `shares` (one thread each); returns the time it took.
-    pub fn run(
-        &self,
-        shares: &[Share],
-        finish: impl FnOnce() -> ferrofs::Result<()>,
-    ) -> CliResult<Timing> {
+    pub fn run(&self, shares: &[Share], finish: impl FnOnce() -> ferrofs::Result<()>) -> CliResult<Timing> {
         let failed = AtomicBool::new(false);
         timed(
             self.what,
@@ -90,19 +86,14 @@ where
         let mut done = 0;
         for i in share.names.clone() {
             if done % STOP_CHECK == 0
-                && (failed.load(Relaxed)
-                    || shell::interrupted()
-                    || until.is_some_and(|u| Instant::now() >= u))
+                && (failed.load(Relaxed) || shell::interrupted() || until.is_some_and(|u| Instant::now() >= u))
             {
                 break;
             }
             let name = self.names.get(i);
             if let Err(e) = (self.op)(share.dir, name) {
                 failed.store(true, Relaxed);
-                return Err(Failure::new(
-                    format!("{} {}", self.what, String::from_utf8_lossy(name)),
-                    e,
-                ));
+                return Err(Failure::new(format!("{} {}", self.what, String::from_utf8_lossy(name)), e));
             }
             done += 1;
             if done % PROGRESS_CHUNK == 0 {
@@ -124,10 +115,7 @@ pub struct Deadline {
 
 impl Deadline {
     pub fn new(min: Duration) -> Deadline {
-        Deadline {
-            start: OnceLock::new(),
-            min,
-        }
+        Deadline { start: OnceLock::new(), min }
     }
 
     fn arm(&self) -> Instant {
@@ -138,10 +126,7 @@ impl Deadline {
 /// A worker's passes until `deadline`: the first runs in full, so every name is visited at
 /// least once whatever the deadline; later ones are given the deadline to stop at, and none
 /// starts after it. `pass` returns the operations it did; the sum is returned.
-pub fn repeat(
-    deadline: &Deadline,
-    mut pass: impl FnMut(Option<Instant>) -> CliResult<u64>,
-) -> CliResult<u64> {
+pub fn repeat(deadline: &Deadline, mut pass: impl FnMut(Option<Instant>) -> CliResult<u64>) -> CliResult<u64> {
     let until = deadline.arm();
     let mut ops = pass(None)?;
     while Instant::now() < until {
@@ -165,10 +150,7 @@ struct StartGate {
 
 impl StartGate {
     fn new() -> StartGate {
-        StartGate {
-            closed: RwLock::new(()),
-            waiting: AtomicUsize::new(0),
-        }
+        StartGate { closed: RwLock::new(()), waiting: AtomicUsize::new(0) }
     }
 
     /// A worker's wait; returns when the gate opens.
@@ -212,9 +194,7 @@ where
         // run unclocked meanwhile.
         let mut started: Option<Instant> = None;
         for w in workers {
-            let (t0, done) = w
-                .join()
-                .map_err(|_| Failure::new(what, "a benchmark thread panicked"))?;
+            let (t0, done) = w.join().map_err(|_| Failure::new(what, "a benchmark thread panicked"))?;
             done?;
             started = Some(started.map_or(t0, |s| s.min(t0)));
         }

@@ -30,15 +30,9 @@ pub struct Plot {
 fn font() -> CliResult<()> {
     static FONT: OnceLock<Result<(), String>> = OnceLock::new();
     FONT.get_or_init(|| {
-        let (path, bytes) = FONTS
-            .iter()
-            .find_map(|p| std::fs::read(p).ok().map(|b| (p, b)))
-            .ok_or_else(|| {
-                format!(
-                    "no TrueType font found (install fonts-dejavu-core; looked for {})",
-                    FONTS.join(", ")
-                )
-            })?;
+        let (path, bytes) = FONTS.iter().find_map(|p| std::fs::read(p).ok().map(|b| (p, b))).ok_or_else(|| {
+            format!("no TrueType font found (install fonts-dejavu-core; looked for {})", FONTS.join(", "))
+        })?;
         // Registered fonts live as long as the program.
         let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
         plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
@@ -50,8 +44,7 @@ fn font() -> CliResult<()> {
 
 pub fn line_chart(path: &Path, p: &Plot) -> CliResult<()> {
     font()?;
-    let fail =
-        |e: &dyn std::fmt::Display| Failure::new(format!("plot {}", path.display()), e.to_string());
+    let fail = |e: &dyn std::fmt::Display| Failure::new(format!("plot {}", path.display()), e.to_string());
     let pts = p.series.iter().flat_map(|s| s.1.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in pts {
@@ -70,10 +63,7 @@ pub fn line_chart(path: &Path, p: &Plot) -> CliResult<()> {
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(80)
-        .build_cartesian_2d(
-            (x0 * 0.9..x1 * 1.1).log_scale(),
-            (y0 * 0.7..y1 * 1.5).log_scale(),
-        )
+        .build_cartesian_2d((x0 * 0.9..x1 * 1.1).log_scale(), (y0 * 0.7..y1 * 1.5).log_scale())
         .map_err(|e| fail(&e))?;
     chart
         .configure_mesh()
@@ -97,12 +87,8 @@ pub fn line_chart(path: &Path, p: &Plot) -> CliResult<()> {
             .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
             .map_err(|e| fail(&e))?
             .label(name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(pts.iter().map(|&pt| Circle::new(pt, 4, color.filled())))
-            .map_err(|e| fail(&e))?;
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2)));
+        chart.draw_series(pts.iter().map(|&pt| Circle::new(pt, 4, color.filled()))).map_err(|e| fail(&e))?;
     }
     chart
         .configure_series_labels()

@@ -118,12 +118,7 @@ impl Spread {
     /// Of one value per run (at least one).
     pub fn of(runs: &[f64]) -> Spread {
         let s = sorted(runs);
-        Spread {
-            runs: runs.to_vec(),
-            median: median(&s),
-            min: s[0],
-            max: s[s.len() - 1],
-        }
+        Spread { runs: runs.to_vec(), median: median(&s), min: s[0], max: s[s.len() - 1] }
     }
 
     /// `median [min-max]`, each value formatted by `f`.
@@ -188,11 +183,7 @@ impl ImageReport {
 pub fn print_locks(locks: &[ClassStats], lock_timing: bool) {
     println!(
         "\nlocks, top {LOCK_TABLE_ROWS} by wait time{}:",
-        if lock_timing {
-            ""
-        } else {
-            " (wait times of contended acquisitions; hold times need --lock-timing)"
-        }
+        if lock_timing { "" } else { " (wait times of contended acquisitions; hold times need --lock-timing)" }
     );
     print!("{}", lockstat::report_table(locks, LOCK_TABLE_ROWS));
 }
@@ -206,14 +197,9 @@ impl PhaseStats {
 
     /// Rates of runs that each did their own number of operations: (ops, time) per run.
     pub fn counted(phase: &'static str, runs: &[(u64, Timing)]) -> PhaseStats {
-        let ops_per_sec: Vec<f64> = runs
-            .iter()
-            .map(|(ops, t)| *ops as f64 / t.wall.as_secs_f64().max(1e-9))
-            .collect();
-        let cpu_us_per_op: Vec<f64> = runs
-            .iter()
-            .map(|(ops, t)| t.cpu.as_secs_f64() * 1e6 / (*ops).max(1) as f64)
-            .collect();
+        let ops_per_sec: Vec<f64> = runs.iter().map(|(ops, t)| *ops as f64 / t.wall.as_secs_f64().max(1e-9)).collect();
+        let cpu_us_per_op: Vec<f64> =
+            runs.iter().map(|(ops, t)| t.cpu.as_secs_f64() * 1e6 / (*ops).max(1) as f64).collect();
         let rates = Spread::of(&ops_per_sec);
         PhaseStats {
             phase,
@@ -273,36 +259,19 @@ impl Report {
                 .phases
                 .iter()
                 .map(|p| {
-                    format!(
-                        "{} {}/s ({:.2} CPU us/op)",
-                        p.phase,
-                        grouped(p.median as u64),
-                        p.cpu_us_per_op_median
-                    )
+                    format!("{} {}/s ({:.2} CPU us/op)", p.phase, grouped(p.median as u64), p.cpu_us_per_op_median)
                 })
                 .collect();
-            println!(
-                "\none directory, {} files, {} thread: {}",
-                grouped(b.files as u64),
-                b.threads,
-                phases.join(", ")
-            );
+            println!("\none directory, {} files, {} thread: {}", grouped(b.files as u64), b.threads, phases.join(", "));
         }
         self.print_memory();
         self.journal.print(self.unmount_seconds);
-        println!(
-            "allocation: {} AG allocation retries",
-            grouped(self.ag_alloc_retries)
-        );
+        println!("allocation: {} AG allocation retries", grouped(self.ag_alloc_retries));
         print_locks(&self.locks, self.lock_timing);
     }
 
     fn print_header(&self) {
-        println!(
-            "ferrofs bench ({}): image {}",
-            self.mode,
-            self.image.describe()
-        );
+        println!("ferrofs bench ({}): image {}", self.mode, self.image.describe());
         println!(
             "{} files per run{}, {} runs: median ops/s [min-max]; create and remove end with sync() (durable)\n",
             grouped(self.files as u64),
@@ -316,7 +285,9 @@ impl Report {
             return;
         };
         let names: Vec<&str> = first.phases.iter().map(|p| p.phase).collect();
-        self.print_phase_table(names.iter().map(|n| format!("{:>27}", format!("{n} ops/s"))), |p| format!("{:>27}", rate_cell(p)));
+        self.print_phase_table(names.iter().map(|n| format!("{:>27}", format!("{n} ops/s"))), |p| {
+            format!("{:>27}", rate_cell(p))
+        });
         println!("\nCPU time per operation, us (median; whole process, engine threads included):");
         self.print_phase_table(names.iter().map(|n| format!("{n:>8}")), |p| format!("{:>8.2}", p.cpu_us_per_op_median));
     }
@@ -396,12 +367,7 @@ pub(super) fn median(sorted: &[f64]) -> f64 {
 
 /// `312,456 [301,000-320,000]`
 pub fn rate_cell(p: &PhaseStats) -> String {
-    format!(
-        "{} [{}-{}]",
-        grouped(p.median as u64),
-        grouped(p.min as u64),
-        grouped(p.max as u64)
-    )
+    format!("{} [{}-{}]", grouped(p.median as u64), grouped(p.min as u64), grouped(p.max as u64))
 }
 
 #[cfg(test)]
@@ -412,12 +378,7 @@ mod tests {
     #[test]
     fn median_min_max() {
         let secs = |s: &[u64]| {
-            s.iter()
-                .map(|&s| Timing {
-                    wall: Duration::from_secs(s),
-                    cpu: Duration::from_secs(s),
-                })
-                .collect::<Vec<_>>()
+            s.iter().map(|&s| Timing { wall: Duration::from_secs(s), cpu: Duration::from_secs(s) }).collect::<Vec<_>>()
         };
         let p = PhaseStats::new("create", 100, &secs(&[1, 4, 2]));
         assert_eq!((p.median, p.min, p.max), (50.0, 25.0, 100.0));

@@ -25,7 +25,9 @@ use super::dirops::{DirOps, EngineCounters, Syscalls};
 use super::names::{self, NameTable};
 use super::phase::{repeat, timed, Deadline, Phase, Share, Timing, STOP_CHECK};
 use super::report::PhaseStats;
-use super::scale_report::{check_targets, with_scaling, LockWait, MountedScale, ScaleFigures, ScaleRow, MDTEST_PHASES, PHASES};
+use super::scale_report::{
+    check_targets, with_scaling, LockWait, MountedScale, ScaleFigures, ScaleRow, MDTEST_PHASES, PHASES,
+};
 use super::session::Session;
 use super::targets::{on_each, Env, Size};
 use super::{process, scratch, BenchArgs, Layout};
@@ -76,11 +78,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     let max_threads = threads.iter().copied().max().unwrap_or(1);
     let live = files.max(per_thread * max_threads);
     let names = names::table(files.max(per_thread), args.shuffle);
-    let session = Session::open(
-        args,
-        (live + 4 * max_threads) as u64,
-        scratch::mkfs_options(max_threads),
-    )?;
+    let session = Session::open(args, (live + 4 * max_threads) as u64, scratch::mkfs_options(max_threads))?;
     let plan = Plan {
         files,
         per_thread,
@@ -131,29 +129,15 @@ impl Plan<'_> {
     /// The main phases in both layouts, then the mdtest pattern, on `ops`: (main rows, mdtest rows).
     fn measure<O: DirOps + ?Sized>(&self, ops: &O) -> CliResult<(Vec<ScaleRow>, Vec<ScaleRow>)> {
         let bar = progress::counter(true, 0, "");
-        let bench = Scale {
-            ops,
-            names: self.names,
-            bar: &bar,
-            min: self.min,
-        };
+        let bench = Scale { ops, names: self.names, bar: &bar, min: self.min };
         let threads = self.threads;
         let mut rows = Vec::new();
         for layout in [Layout::Private, Layout::Shared] {
             let runs = interleaved(threads, self.runs, |t, r| {
-                bench.main_run(
-                    layout,
-                    t,
-                    self.files,
-                    &run_label(layout.name(), t, r, self.runs),
-                )
+                bench.main_run(layout, t, self.files, &run_label(layout.name(), t, r, self.runs))
             })?;
             let group = threads.iter().zip(&runs);
-            rows.extend(with_scaling(
-                group
-                    .flat_map(|(&t, runs)| rows_of(layout, t, &PHASES, runs))
-                    .collect(),
-            ));
+            rows.extend(with_scaling(group.flat_map(|(&t, runs)| rows_of(layout, t, &PHASES, runs)).collect()));
         }
         let runs = interleaved(threads, self.runs, |t, r| {
             bench.mdtest_run(t, self.per_thread, self.files, &run_label("mdtest", t, r, self.runs))
@@ -179,16 +163,10 @@ fn mounted(args: &BenchArgs, plan: &Plan, live: usize) -> CliResult<Vec<MountedS
     }
     let env = Env::new(f)?;
     let max_threads = plan.threads.iter().copied().max().unwrap_or(1);
-    let size = Size {
-        files: live as u64,
-        dirs: 2 * max_threads as u64 + 2,
-        threads: max_threads,
-        data_bytes: 0,
-    };
+    let size = Size { files: live as u64, dirs: 2 * max_threads as u64 + 2, threads: max_threads, data_bytes: 0 };
     // The directories and the root are closed (the file system dropped) before unmounting.
-    let measured = on_each(&f.targets, &env, &size, "scale", |root| {
-        Syscalls::open(root).and_then(|fs| plan.measure(&fs))
-    })?;
+    let measured =
+        on_each(&f.targets, &env, &size, "scale", |root| Syscalls::open(root).and_then(|fs| plan.measure(&fs)))?;
     Ok(measured
         .into_iter()
         .map(|(target, (rows, mdtest))| MountedScale {
@@ -211,11 +189,8 @@ fn interleaved<S>(
 ) -> CliResult<Vec<Vec<S>>> {
     let mut samples: Vec<Vec<S>> = threads.iter().map(|_| Vec::new()).collect();
     for r in 0..runs {
-        let order: Vec<usize> = if r % 2 == 0 {
-            (0..threads.len()).collect()
-        } else {
-            (0..threads.len()).rev().collect()
-        };
+        let order: Vec<usize> =
+            if r % 2 == 0 { (0..threads.len()).collect() } else { (0..threads.len()).rev().collect() };
         for i in order {
             samples[i].push(run(threads[i], r)?);
         }
@@ -237,61 +212,36 @@ struct Scale<'a, O: ?Sized> {
 
 impl<O: DirOps + ?Sized> Scale<'_, O> {
     /// One run of every main phase; returns one sample per phase, in `PHASES` order.
-    fn main_run(
-        &self,
-        layout: Layout,
-        threads: usize,
-        files: usize,
-        label: &str,
-    ) -> CliResult<Vec<Sample>> {
+    fn main_run(&self, layout: Layout, threads: usize, files: usize, label: &str) -> CliResult<Vec<Sample>> {
         let fs = self.ops;
         // Two directories per thread (private) or two in all (shared): `a` for every phase,
         // `b` as the target of the cross-directory rename.
-        let count = if layout == Layout::Private {
-            threads
-        } else {
-            1
-        };
+        let count = if layout == Layout::Private { threads } else { 1 };
         let a = self.make_dirs(&format!("{label} a"), count)?;
         let b = self.make_dirs(&format!("{label} b"), count)?;
         let other: HashMap<u64, u64> = a.iter().copied().zip(b.iter().copied()).collect();
         let other = |d: u64| other[&d];
-        let shares: Vec<Share> = (0..threads)
-            .map(|t| Share {
-                dir: a[t % count],
-                names: names::share(files, threads, t),
-            })
-            .collect();
+        let shares: Vec<Share> =
+            (0..threads).map(|t| Share { dir: a[t % count], names: names::share(files, threads, t) }).collect();
         let sync = || fs.sync();
         // The mutating phases do each file once.
         let once = |t: Timing| (t, files as u64);
         let mut samples = Vec::with_capacity(PHASES.len());
         samples.push(measured(fs, || {
-            self.phase(label, "create", files, |d, n| fs.create(d, n))
-                .run(&shares, sync)
-                .map(once)
+            self.phase(label, "create", files, |d, n| fs.create(d, n)).run(&shares, sync).map(once)
         })?);
+        samples
+            .push(measured(fs, || self.phase(label, "stat", files, |d, n| fs.stat(d, n)).run_for(&shares, self.min))?);
         samples.push(measured(fs, || {
-            self.phase(label, "stat", files, |d, n| fs.stat(d, n))
-                .run_for(&shares, self.min)
-        })?);
-        samples.push(measured(fs, || {
-            self.phase(label, "open/close", files, |d, n| fs.open_close(d, n))
-                .run_for(&shares, self.min)
+            self.phase(label, "open/close", files, |d, n| fs.open_close(d, n)).run_for(&shares, self.min)
         })?);
         // Every thread lists its whole directory: in the shared layout, all of it.
-        let per_listing = if layout == Layout::Private {
-            None
-        } else {
-            Some(files)
-        };
+        let per_listing = if layout == Layout::Private { None } else { Some(files) };
         samples.push(measured(fs, || self.readdir(label, &shares, per_listing))?);
         samples.push(measured(fs, || {
-            self.phase(label, "rename in dir", files, |d, n| {
-                fs.rename(d, n, d, renamed(n).as_slice())
-            })
-            .run(&shares, sync)
-            .map(once)
+            self.phase(label, "rename in dir", files, |d, n| fs.rename(d, n, d, renamed(n).as_slice()))
+                .run(&shares, sync)
+                .map(once)
         })?);
         samples.push(measured(fs, || {
             self.phase(label, "rename across", files, |d, n| {
@@ -302,11 +252,9 @@ impl<O: DirOps + ?Sized> Scale<'_, O> {
             .map(once)
         })?);
         samples.push(measured(fs, || {
-            self.phase(label, "unlink", files, |d, n| {
-                fs.unlink(other(d), renamed(n).as_slice())
-            })
-            .run(&shares, sync)
-            .map(once)
+            self.phase(label, "unlink", files, |d, n| fs.unlink(other(d), renamed(n).as_slice()))
+                .run(&shares, sync)
+                .map(once)
         })?);
         self.remove_dirs(&format!("{label} a"), &a)?;
         self.remove_dirs(&format!("{label} b"), &b)?;
@@ -338,29 +286,16 @@ impl<O: DirOps + ?Sized> Scale<'_, O> {
     fn mdtest_cycle(&self, threads: usize, per_thread: usize, min: Duration, label: &str) -> CliResult<Vec<Sample>> {
         let fs = self.ops;
         let dirs = self.make_dirs(label, threads)?;
-        let shares: Vec<Share> = dirs
-            .iter()
-            .map(|&dir| Share {
-                dir,
-                names: 0..per_thread,
-            })
-            .collect();
+        let shares: Vec<Share> = dirs.iter().map(|&dir| Share { dir, names: 0..per_thread }).collect();
         let total = per_thread * threads;
         let once = |t: Timing| (t, total as u64);
         let samples = vec![
             measured(fs, || {
-                self.phase(label, "create", total, |d, n| fs.create(d, n))
-                    .run(&shares, || fs.sync())
-                    .map(once)
+                self.phase(label, "create", total, |d, n| fs.create(d, n)).run(&shares, || fs.sync()).map(once)
             })?,
+            measured(fs, || self.phase(label, "stat", total, |d, n| fs.stat(d, n)).run_for(&shares, min))?,
             measured(fs, || {
-                self.phase(label, "stat", total, |d, n| fs.stat(d, n))
-                    .run_for(&shares, min)
-            })?,
-            measured(fs, || {
-                self.phase(label, "remove", total, |d, n| fs.unlink(d, n))
-                    .run(&shares, || fs.sync())
-                    .map(once)
+                self.phase(label, "remove", total, |d, n| fs.unlink(d, n)).run(&shares, || fs.sync()).map(once)
             })?,
         ];
         self.remove_dirs(label, &dirs)?;
@@ -371,12 +306,7 @@ impl<O: DirOps + ?Sized> Scale<'_, O> {
     /// phase time (see `phase::repeat`); returns the entries listed in all ("." and ".." not
     /// counted). A full listing must return the thread's share of names, or all `shared`
     /// names when the threads share the directory.
-    fn readdir(
-        &self,
-        label: &str,
-        shares: &[Share],
-        shared: Option<usize>,
-    ) -> CliResult<(Timing, u64)> {
+    fn readdir(&self, label: &str, shares: &[Share], shared: Option<usize>) -> CliResult<(Timing, u64)> {
         let pass = shares.iter().map(|s| shared.unwrap_or(s.names.len())).sum();
         self.point_bar(label, "readdir", pass);
         let deadline = Deadline::new(self.min);
@@ -392,10 +322,7 @@ impl<O: DirOps + ?Sized> Scale<'_, O> {
                     if whole && n != expect {
                         return Err(Failure::new(
                             "readdir",
-                            format!(
-                                "directory inode {} listed {n} entries, expected {expect}",
-                                share.dir
-                            ),
+                            format!("directory inode {} listed {n} entries, expected {expect}", share.dir),
                         ));
                     }
                     Ok(n)
@@ -437,18 +364,11 @@ impl<O: DirOps + ?Sized> Scale<'_, O> {
         F: Fn(u64, &[u8]) -> ferrofs::Result<()> + Sync,
     {
         self.point_bar(label, what, ops);
-        Phase {
-            what,
-            names: self.names,
-            bar: self.bar,
-            op,
-        }
+        Phase { what, names: self.names, bar: self.bar, op }
     }
 
     fn make_dirs(&self, label: &str, count: usize) -> CliResult<Vec<u64>> {
-        (0..count)
-            .map(|t| self.ops.mkdir(&super::dir_name(label, t)))
-            .collect()
+        (0..count).map(|t| self.ops.mkdir(&super::dir_name(label, t))).collect()
     }
 
     fn remove_dirs(&self, label: &str, dirs: &[u64]) -> CliResult<()> {
@@ -475,20 +395,14 @@ fn renamed(name: &[u8]) -> Renamed {
     let mut bytes = [0u8; 32];
     bytes[..name.len()].copy_from_slice(name);
     bytes[0] = b'r';
-    Renamed {
-        bytes,
-        len: name.len(),
-    }
+    Renamed { bytes, len: name.len() }
 }
 
 /// Run one phase (it returns its time and the operations it did) and take what it did to
 /// the lock and allocation counters. The log is written home first, untimed: otherwise the
 /// journal's threads would write the previous phase's changes home during this one, at a
 /// point that varies from run to run.
-fn measured<O: DirOps + ?Sized>(
-    fs: &O,
-    phase: impl FnOnce() -> CliResult<(Timing, u64)>,
-) -> CliResult<Sample> {
+fn measured<O: DirOps + ?Sized>(fs: &O, phase: impl FnOnce() -> CliResult<(Timing, u64)>) -> CliResult<Sample> {
     fs.settle()?;
     let waits = || if fs.shows_locks() { lock_waits() } else { HashMap::new() };
     let (locks, counters) = (waits(), fs.counters());
@@ -501,12 +415,7 @@ fn measured<O: DirOps + ?Sized>(
             }
         }
     }
-    Ok(Sample {
-        timing,
-        ops,
-        counters: fs.counters() - counters,
-        locks: after,
-    })
+    Ok(Sample { timing, ops, counters: fs.counters() - counters, locks: after })
 }
 
 fn lock_waits() -> HashMap<&'static str, [u64; 3]> {
@@ -522,21 +431,13 @@ fn lock_waits() -> HashMap<&'static str, [u64; 3]> {
 }
 
 /// Rows of one layout and thread count: `runs[r][p]` is phase `p` of run `r`.
-fn rows_of(
-    layout: Layout,
-    threads: usize,
-    phases: &[&'static str],
-    runs: &[Vec<Sample>],
-) -> Vec<ScaleRow> {
+fn rows_of(layout: Layout, threads: usize, phases: &[&'static str], runs: &[Vec<Sample>]) -> Vec<ScaleRow> {
     phases
         .iter()
         .enumerate()
         .map(|(p, &phase)| {
             let samples: Vec<&Sample> = runs.iter().map(|r| &r[p]).collect();
-            let thread_ns: f64 = samples
-                .iter()
-                .map(|s| s.timing.wall.as_nanos() as f64 * threads as f64)
-                .sum();
+            let thread_ns: f64 = samples.iter().map(|s| s.timing.wall.as_nanos() as f64 * threads as f64).sum();
             let mut sums = HashMap::new();
             for s in &samples {
                 add_waits(&mut sums, &s.locks);
@@ -552,32 +453,18 @@ fn rows_of(
                     wait_share: wait as f64 / thread_ns.max(1.0),
                 })
                 .collect();
-            locks.sort_by_key(|l| {
-                std::cmp::Reverse((l.wait_total_ns, l.contentions, l.acquisitions))
-            });
+            locks.sort_by_key(|l| std::cmp::Reverse((l.wait_total_ns, l.contentions, l.acquisitions)));
             locks.truncate(TOP_LOCKS);
             ScaleRow {
                 layout,
                 threads,
                 ops: samples.iter().map(|s| s.ops).collect(),
-                wall_seconds: samples
-                    .iter()
-                    .map(|s| s.timing.wall.as_secs_f64())
-                    .collect(),
-                stats: PhaseStats::counted(
-                    phase,
-                    &samples
-                        .iter()
-                        .map(|s| (s.ops, s.timing))
-                        .collect::<Vec<_>>(),
-                ),
+                wall_seconds: samples.iter().map(|s| s.timing.wall.as_secs_f64()).collect(),
+                stats: PhaseStats::counted(phase, &samples.iter().map(|s| (s.ops, s.timing)).collect::<Vec<_>>()),
                 scaling: 1.0,
                 scaling_base_threads: threads,
                 ag_alloc_retries: samples.iter().map(|s| s.counters.alloc_retries).sum(),
-                throttle_wait_share: samples
-                    .iter()
-                    .map(|s| s.counters.throttle_wait_ns as f64)
-                    .sum::<f64>()
+                throttle_wait_share: samples.iter().map(|s| s.counters.throttle_wait_ns as f64).sum::<f64>()
                     / thread_ns.max(1.0),
                 locks,
             }

@@ -89,24 +89,14 @@ pub struct Target {
 }
 
 /// The main phases, in the order they run.
-pub const PHASES: [&str; 7] = [
-    "create",
-    "stat",
-    "open/close",
-    "readdir",
-    "rename in dir",
-    "rename across",
-    "unlink",
-];
+pub const PHASES: [&str; 7] = ["create", "stat", "open/close", "readdir", "rename in dir", "rename across", "unlink"];
 pub const MDTEST_PHASES: [&str; 3] = ["create", "stat", "remove"];
 
 /// Fill in each row's scaling against the same phase at the smallest thread count.
 pub fn with_scaling(mut rows: Vec<ScaleRow>) -> Vec<ScaleRow> {
     let mut base: HashMap<&str, (usize, f64)> = HashMap::new();
     for r in &rows {
-        let e = base
-            .entry(r.stats.phase)
-            .or_insert((r.threads, r.stats.median));
+        let e = base.entry(r.stats.phase).or_insert((r.threads, r.stats.median));
         if r.threads < e.0 {
             *e = (r.threads, r.stats.median);
         }
@@ -135,11 +125,7 @@ fn oversubscribed<'a>(
     layout: Layout,
     max_threads: usize,
 ) -> Option<(f64, &'a ScaleRow, &'a ScaleRow)> {
-    let of = || {
-        group
-            .iter()
-            .filter(move |r| r.stats.phase == phase && r.layout == layout)
-    };
+    let of = || group.iter().filter(move |r| r.stats.phase == phase && r.layout == layout);
     let best = of().max_by(|a, b| a.stats.median.total_cmp(&b.stats.median))?;
     let last = of().find(|r| r.threads == max_threads)?;
     Some((last.stats.median / best.stats.median.max(1e-9), last, best))
@@ -158,26 +144,17 @@ fn phases_of(group: &[ScaleRow]) -> Vec<(&'static str, Layout)> {
 
 /// The PASS/MISS checks. `engine`: all three; for a mounted file system only the first, since
 /// the lock waits and allocation retries are the engine's own counters.
-pub fn check_targets(
-    rows: &[ScaleRow],
-    mdtest: &[ScaleRow],
-    max_threads: usize,
-    engine: bool,
-) -> Vec<Target> {
+pub fn check_targets(rows: &[ScaleRow], mdtest: &[ScaleRow], max_threads: usize, engine: bool) -> Vec<Target> {
     let mut targets = Vec::new();
     // 1. No collapse under oversubscription: every phase at the largest thread count keeps
     //    90% of its best throughput.
     for (group, is_mdtest) in [(rows, false), (mdtest, true)] {
         for (phase, layout) in phases_of(group) {
-            let Some((share, last, best)) = oversubscribed(group, phase, layout, max_threads)
-            else {
+            let Some((share, last, best)) = oversubscribed(group, phase, layout, max_threads) else {
                 continue;
             };
             targets.push(Target {
-                name: format!(
-                    "{} {phase}: {max_threads} threads >= 90% of best",
-                    group_name(layout, is_mdtest)
-                ),
+                name: format!("{} {phase}: {max_threads} threads >= 90% of best", group_name(layout, is_mdtest)),
                 met: share >= OVERSUBSCRIBED_FLOOR,
                 detail: format!(
                     "{} ops/s at {max_threads} threads = {:.0}% of {} ops/s at {} threads",
@@ -225,12 +202,7 @@ pub fn check_targets(
         },
     });
     // 3. The allocator never retries (seed 001), measured where contention is highest.
-    let retries: u64 = rows
-        .iter()
-        .chain(mdtest)
-        .filter(|r| r.threads == max_threads)
-        .map(|r| r.ag_alloc_retries)
-        .sum();
+    let retries: u64 = rows.iter().chain(mdtest).filter(|r| r.threads == max_threads).map(|r| r.ag_alloc_retries).sum();
     targets.push(Target {
         name: format!("0 AG allocation retries at {max_threads} threads"),
         met: retries == 0,
@@ -258,11 +230,7 @@ impl ScaleFigures {
                 .iter()
                 .filter(|l| l.contentions > 0)
                 .map(|l| {
-                    let mark = if flag && l.wait_share > WAIT_SHARE_LIMIT {
-                        "!"
-                    } else {
-                        ""
-                    };
+                    let mark = if flag && l.wait_share > WAIT_SHARE_LIMIT { "!" } else { "" };
                     format!("{} {:.2}%{mark}", l.class, l.wait_share * 100.0)
                 })
                 .collect();
@@ -277,11 +245,7 @@ impl ScaleFigures {
                 Spread::of(&r.wall_seconds).median * 1e3,
                 r.scaling,
                 r.stats.cpu_us_per_op_median,
-                if locks.is_empty() {
-                    "-".to_string()
-                } else {
-                    locks.join(", ")
-                }
+                if locks.is_empty() { "-".to_string() } else { locks.join(", ") }
             );
         }
         println!();
@@ -299,24 +263,15 @@ impl ScaleFigures {
             false,
         );
         self.print_mdtest(mdtest);
-        self.print_rows(
-            "mdtest pattern, per phase",
-            &by_phase(mdtest, Layout::Private, &MDTEST_PHASES),
-            true,
-        );
+        self.print_rows("mdtest pattern, per phase", &by_phase(mdtest, Layout::Private, &MDTEST_PHASES), true);
     }
 
     /// Per phase, each file system's rate at the largest thread count and its share of that
     /// file system's best rate.
     fn print_comparison(&self) {
         let max_threads = self.threads.iter().copied().max().unwrap_or(1);
-        let mut systems: Vec<(&str, &[ScaleRow], &[ScaleRow])> =
-            vec![("ferrofs", &self.rows, &self.mdtest)];
-        systems.extend(
-            self.mounted
-                .iter()
-                .map(|m| (m.target.name(), &m.rows[..], &m.mdtest[..])),
-        );
+        let mut systems: Vec<(&str, &[ScaleRow], &[ScaleRow])> = vec![("ferrofs", &self.rows, &self.mdtest)];
+        systems.extend(self.mounted.iter().map(|m| (m.target.name(), &m.rows[..], &m.mdtest[..])));
         println!(
             "\nside by side: ops/s at {max_threads} threads (share of the file system's best thread count; the target is >= 90%)"
         );
@@ -327,22 +282,13 @@ impl ScaleFigures {
         println!();
         for (group, is_mdtest) in [(&self.rows, false), (&self.mdtest, true)] {
             for (phase, layout) in phases_of(group) {
-                print!(
-                    "{:<22}",
-                    format!("{} {phase}", group_name(layout, is_mdtest))
-                );
+                print!("{:<22}", format!("{} {phase}", group_name(layout, is_mdtest)));
                 for (_, rows, mdtest) in &systems {
                     let of = if is_mdtest { mdtest } else { rows };
-                    let cell = oversubscribed(of, phase, layout, max_threads).map_or(
-                        "-".to_string(),
-                        |(share, last, _)| {
-                            format!(
-                                "{} ({:.0}%)",
-                                grouped(last.stats.median as u64),
-                                share * 100.0
-                            )
-                        },
-                    );
+                    let cell = oversubscribed(of, phase, layout, max_threads)
+                        .map_or("-".to_string(), |(share, last, _)| {
+                            format!("{} ({:.0}%)", grouped(last.stats.median as u64), share * 100.0)
+                        });
                     print!(" {cell:>20}");
                 }
                 println!();
@@ -357,17 +303,11 @@ impl ScaleFigures {
             grouped(self.mdtest_files_per_thread as u64),
             grouped(self.files as u64)
         );
-        println!(
-            "{:>7} {:>10} {:>29} {:>29} {:>29}",
-            "threads", "files", "create ops/s", "stat ops/s", "remove ops/s"
-        );
+        println!("{:>7} {:>10} {:>29} {:>29} {:>29}", "threads", "files", "create ops/s", "stat ops/s", "remove ops/s");
         for t in &self.threads {
             let of: Vec<&ScaleRow> = mdtest.iter().filter(|r| r.threads == *t).collect();
-            let cell = |phase| {
-                of.iter()
-                    .find(|r| r.stats.phase == phase)
-                    .map_or(String::new(), |r| rate_cell(&r.stats))
-            };
+            let cell =
+                |phase| of.iter().find(|r| r.stats.phase == phase).map_or(String::new(), |r| rate_cell(&r.stats));
             println!(
                 "{:>7} {:>10} {:>29} {:>29} {:>29}",
                 t,
@@ -414,12 +354,7 @@ impl Figures for ScaleFigures {
 fn print_targets(targets: &[Target]) {
     println!("targets:");
     for t in targets {
-        println!(
-            "  {} {}: {}",
-            if t.met { "PASS" } else { "MISS" },
-            t.name,
-            t.detail
-        );
+        println!("  {} {}: {}", if t.met { "PASS" } else { "MISS" }, t.name, t.detail);
     }
 }
 
@@ -427,10 +362,7 @@ fn print_targets(targets: &[Target]) {
 fn by_phase<'a>(rows: &'a [ScaleRow], layout: Layout, phases: &[&str]) -> Vec<&'a ScaleRow> {
     let mut v: Vec<&ScaleRow> = Vec::new();
     for &phase in phases {
-        v.extend(
-            rows.iter()
-                .filter(|r| r.stats.phase == phase && r.layout == layout),
-        );
+        v.extend(rows.iter().filter(|r| r.stats.phase == phase && r.layout == layout));
     }
     v
 }

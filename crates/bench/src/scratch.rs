@@ -51,12 +51,7 @@ pub fn mkfs_options(threads: usize) -> MkfsOptions {
 
 /// Make the image: at `path` (which must not exist), in memory, or in /dev/shm (else the
 /// temporary directory).
-pub fn create(
-    path: Option<&Path>,
-    in_memory: bool,
-    size: u64,
-    opts: MkfsOptions,
-) -> CliResult<Scratch> {
+pub fn create(path: Option<&Path>, in_memory: bool, size: u64, opts: MkfsOptions) -> CliResult<Scratch> {
     create_tagged(path, in_memory, "", size, opts)
 }
 
@@ -69,11 +64,7 @@ pub fn create_tagged(
     opts: MkfsOptions,
 ) -> CliResult<Scratch> {
     let scratch = if in_memory {
-        Scratch {
-            dev: Arc::new(MemDevice::new(size)),
-            path: None,
-            opts,
-        }
+        Scratch { dev: Arc::new(MemDevice::new(size)), path: None, opts }
     } else {
         let path = path.map_or_else(|| default_path(tag), Path::to_path_buf);
         if path.exists() {
@@ -82,13 +73,8 @@ pub fn create_tagged(
                 "already exists; the benchmark makes (and deletes) its own image: give a new path",
             ));
         }
-        let dev =
-            FileDevice::create(&path, size).context(|| format!("create {}", path.display()))?;
-        Scratch {
-            dev: Arc::new(dev),
-            path: Some(path),
-            opts,
-        }
+        let dev = FileDevice::create(&path, size).context(|| format!("create {}", path.display()))?;
+        Scratch { dev: Arc::new(dev), path: Some(path), opts }
     };
     ferrofs::mkfs::mkfs(&*scratch.dev, &scratch.opts, &|_, _| {})
         .context(|| "mkfs of the benchmark image".to_string())?;
@@ -97,11 +83,7 @@ pub fn create_tagged(
 
 fn default_path(tag: &str) -> PathBuf {
     let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
+    let dir = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
     let tag = if tag.is_empty() { String::new() } else { format!("-{tag}") };
     dir.join(format!("ferrofs-bench-{}{tag}.img", std::process::id()))
 }

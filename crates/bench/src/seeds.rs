@@ -27,11 +27,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Where Debian and others put dbench's load file.
-const DBENCH_LOADFILES: &[&str] = &[
-    "/usr/share/dbench/client.txt",
-    "/usr/share/dbench4/client.txt",
-    "/usr/local/share/dbench/client.txt",
-];
+const DBENCH_LOADFILES: &[&str] =
+    &["/usr/share/dbench/client.txt", "/usr/share/dbench4/client.txt", "/usr/local/share/dbench/client.txt"];
 /// dbench data per client at most, to size images (its load file writes a few MB each).
 const DBENCH_BYTES_PER_CLIENT: u64 = 64 << 20;
 /// Targets that get fewer files in the rate workloads (mdtest, fs_mark): this divisor.
@@ -77,13 +74,8 @@ pub enum Workload {
 }
 
 impl Workload {
-    pub const ALL: [Workload; 5] = [
-        Workload::Orphan,
-        Workload::Mdtest,
-        Workload::Fsmark,
-        Workload::Dbench,
-        Workload::Unmount,
-    ];
+    pub const ALL: [Workload; 5] =
+        [Workload::Orphan, Workload::Mdtest, Workload::Fsmark, Workload::Dbench, Workload::Unmount];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -159,9 +151,7 @@ impl Target {
 
     pub fn description(self) -> &'static str {
         match self {
-            Target::Embedded => {
-                "ferrofs engine in the benchmark process (no FUSE), image in /dev/shm"
-            }
+            Target::Embedded => "ferrofs engine in the benchmark process (no FUSE), image in /dev/shm",
             Target::Fs(k) => k.description(),
         }
     }
@@ -183,11 +173,8 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     let sizes = Sizes::pick(&args.seeds);
     let loadavg_start = loadavg();
     let env = Env::new(&args.fsmark)?;
-    let mut wanted: Vec<Kind> = if args.fsmark.targets.is_empty() {
-        Kind::ALL.to_vec()
-    } else {
-        args.fsmark.targets.clone()
-    };
+    let mut wanted: Vec<Kind> =
+        if args.fsmark.targets.is_empty() { Kind::ALL.to_vec() } else { args.fsmark.targets.clone() };
     wanted.dedup();
     let mut targets = Vec::new();
     if !args.seeds.no_embedded {
@@ -198,11 +185,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         match k.unavailable(&env) {
             Some(reason) => {
                 eprintln!("skipping {}: {reason}", k.name());
-                skipped.push(Skipped {
-                    workload: "all",
-                    target: k.name().into(),
-                    reason,
-                });
+                skipped.push(Skipped { workload: "all", target: k.name().into(), reason });
             }
             None => targets.push(Target::Fs(k)),
         }
@@ -219,22 +202,9 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
             .progress_chars("=> "),
     );
     bar.enable_steady_tick(Duration::from_millis(200));
-    let mut cx = Ctx {
-        args,
-        env,
-        sizes,
-        bar,
-        samples: Vec::new(),
-        skipped,
-        notes: Vec::new(),
-        locks: Vec::new(),
-    };
+    let mut cx = Ctx { args, env, sizes, bar, samples: Vec::new(), skipped, notes: Vec::new(), locks: Vec::new() };
     for &w in &workloads {
-        let here: Vec<Target> = targets
-            .iter()
-            .copied()
-            .filter(|t| applies(w, *t, &mut cx))
-            .collect();
+        let here: Vec<Target> = targets.iter().copied().filter(|t| applies(w, *t, &mut cx)).collect();
         // Steps of targets that do not apply still count on the bar.
         cx.bar.inc(((targets.len() - here.len()) * runs) as u64);
         cx.round_robin(w, &here)?;
@@ -256,17 +226,12 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         machine: Machine {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory_bytes: mem_total(),
-            kernel: shell::run(Command::new("uname").arg("-srm"))?
-                .trim()
-                .to_string(),
+            kernel: shell::run(Command::new("uname").arg("-srm"))?.trim().to_string(),
             loadavg_start,
             loadavg_end: loadavg(),
         },
         wall_seconds: started.elapsed().as_secs_f64(),
-        targets: targets
-            .iter()
-            .map(|t| (t.name(), t.description()))
-            .collect(),
+        targets: targets.iter().map(|t| (t.name(), t.description())).collect(),
         workloads: workloads.iter().map(|w| w.name()).collect(),
         notes: cx.notes,
         skipped: cx.skipped,
@@ -292,9 +257,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
 }
 
 fn json(r: &Results) -> CliResult<String> {
-    serde_json::to_string_pretty(r)
-        .map(|s| s + "\n")
-        .map_err(|e| Failure::new("encode the JSON report", e))
+    serde_json::to_string_pretty(r).map(|s| s + "\n").map_err(|e| Failure::new("encode the JSON report", e))
 }
 
 fn write(path: &Path, text: &str) -> CliResult<()> {
@@ -304,18 +267,12 @@ fn write(path: &Path, text: &str) -> CliResult<()> {
 /// Whether workload `w` has a row for target `t`; a reason is noted if not.
 fn applies(w: Workload, t: Target, cx: &mut Ctx) -> bool {
     let why = match (w, t) {
-        (Workload::Fsmark | Workload::Dbench, Target::Embedded) => {
-            Some("runs programs over a mounted directory")
-        }
+        (Workload::Fsmark | Workload::Dbench, Target::Embedded) => Some("runs programs over a mounted directory"),
         (Workload::Fsmark, _) if !shell::have("fs_mark") => {
             Some("fs_mark not installed (scripts/install-bench-deps.sh)")
         }
-        (Workload::Dbench, _) if !shell::have("dbench") => {
-            Some("dbench not installed (scripts/install-bench-deps.sh)")
-        }
-        (Workload::Dbench, _) if dbench_loadfile().is_none() => {
-            Some("dbench's client.txt load file not found")
-        }
+        (Workload::Dbench, _) if !shell::have("dbench") => Some("dbench not installed (scripts/install-bench-deps.sh)"),
+        (Workload::Dbench, _) if dbench_loadfile().is_none() => Some("dbench's client.txt load file not found"),
         // The kernel side of seed 004 is one tmpfs row (see `unmount_kernel`).
         (Workload::Unmount, Target::Fs(Kind::Tmpfs) | Target::Embedded) => None,
         (Workload::Unmount, _) => return false,
@@ -323,11 +280,7 @@ fn applies(w: Workload, t: Target, cx: &mut Ctx) -> bool {
     };
     match why {
         Some(reason) => {
-            cx.skipped.push(Skipped {
-                workload: w.name(),
-                target: t.name().into(),
-                reason: reason.into(),
-            });
+            cx.skipped.push(Skipped { workload: w.name(), target: t.name().into(), reason: reason.into() });
             false
         }
         None => true,
@@ -335,10 +288,7 @@ fn applies(w: Workload, t: Target, cx: &mut Ctx) -> bool {
 }
 
 fn dbench_loadfile() -> Option<&'static str> {
-    DBENCH_LOADFILES
-        .iter()
-        .copied()
-        .find(|p| Path::new(p).is_file())
+    DBENCH_LOADFILES.iter().copied().find(|p| Path::new(p).is_file())
 }
 
 impl Ctx<'_> {
@@ -350,8 +300,7 @@ impl Ctx<'_> {
         let mut locks: Vec<(Target, Vec<LockRow>)> = Vec::new();
         for rep in 0..runs {
             for t in active.clone() {
-                self.bar
-                    .set_message(format!("{} {}/{runs}: {}", w.name(), rep + 1, t.name()));
+                self.bar.set_message(format!("{} {}/{runs}: {}", w.name(), rep + 1, t.name()));
                 let got = self.one(w, t, rep);
                 self.bar.inc(1);
                 match got {
@@ -362,10 +311,8 @@ impl Ctx<'_> {
                     Ok(None) => {}
                     Err(e) => {
                         check_interrupt()?;
-                        self.bar
-                            .println(format!("{}: dropping {}: {e}", w.name(), t.name()));
-                        self.samples
-                            .retain(|s| !(s.workload == w.name() && s.target == t.name()));
+                        self.bar.println(format!("{}: dropping {}: {e}", w.name(), t.name()));
+                        self.samples.retain(|s| !(s.workload == w.name() && s.target == t.name()));
                         locks.retain(|l| l.0 != t);
                         self.skipped.push(Skipped {
                             workload: w.name(),
@@ -380,15 +327,9 @@ impl Ctx<'_> {
         }
         for (t, mut rows) in locks {
             rows.retain(|r| r.acquisitions > 0);
-            rows.sort_by_key(|r| {
-                std::cmp::Reverse((r.wait_total_ns, r.contentions, r.acquisitions))
-            });
+            rows.sort_by_key(|r| std::cmp::Reverse((r.wait_total_ns, r.contentions, r.acquisitions)));
             rows.truncate(LOCK_ROWS);
-            self.locks.push(LockSet {
-                workload: w.name(),
-                target: t.name(),
-                rows,
-            });
+            self.locks.push(LockSet { workload: w.name(), target: t.name(), rows });
         }
         Ok(())
     }
@@ -415,11 +356,7 @@ impl Ctx<'_> {
                     Workload::Dbench => self.dbench(&m, rep)?,
                     Workload::Unmount => unreachable!("handled above"),
                 }
-                let locks = if k == Kind::Ferrofs {
-                    Some(self.fuse_locks(&m)?)
-                } else {
-                    None
-                };
+                let locks = if k == Kind::Ferrofs { Some(self.fuse_locks(&m)?) } else { None };
                 m.unmount()?;
                 Ok(locks)
             }
@@ -437,63 +374,27 @@ impl Ctx<'_> {
                 let p = s.mdtest_workers.iter().copied().max().unwrap_or(1);
                 (s.slow(t, s.mdtest_files) * p as u64, p as u64, p, 0)
             }
-            Workload::Fsmark => (
-                s.slow(t, s.fsmark_files),
-                s.fsmark_threads as u64 * 101 + 1,
-                s.fsmark_threads,
-                0,
-            ),
+            Workload::Fsmark => (s.slow(t, s.fsmark_files), s.fsmark_threads as u64 * 101 + 1, s.fsmark_threads, 0),
             Workload::Dbench => {
                 let c = s.dbench_clients.iter().copied().max().unwrap_or(1);
-                (
-                    c as u64 * 1000,
-                    c as u64 * 50,
-                    c.min(16),
-                    c as u64 * DBENCH_BYTES_PER_CLIENT,
-                )
+                (c as u64 * 1000, c as u64 * 50, c.min(16), c as u64 * DBENCH_BYTES_PER_CLIENT)
             }
             Workload::Unmount => (s.unmount_b_files, 1, 1, 0),
         };
-        Size {
-            files,
-            dirs,
-            threads,
-            data_bytes,
-        }
+        Size { files, dirs, threads, data_bytes }
     }
 
-    fn push(
-        &mut self,
-        w: Workload,
-        t: Target,
-        rep: usize,
-        x: u64,
-        metric: &'static str,
-        value: f64,
-    ) {
-        self.samples.push(Sample {
-            workload: w.name(),
-            target: t.name(),
-            rep,
-            x,
-            metric,
-            value,
-        });
+    fn push(&mut self, w: Workload, t: Target, rep: usize, x: u64, metric: &'static str, value: f64) {
+        self.samples.push(Sample { workload: w.name(), target: t.name(), rep, x, metric, value });
     }
 
     /// `ferrofs lockstat MOUNT --json --reset` against the daemon's control socket.
     fn fuse_locks(&self, m: &Mounted) -> CliResult<Vec<LockRow>> {
-        let out = shell::run(
-            Command::new(self.env.ferrofs()?)
-                .arg("lockstat")
-                .arg(m.root())
-                .args(["--json", "--reset"]),
-        )?;
+        let out =
+            shell::run(Command::new(self.env.ferrofs()?).arg("lockstat").arg(m.root()).args(["--json", "--reset"]))?;
         let v: serde_json::Value = serde_json::from_str(&out)
             .map_err(|e| Failure::new("ferrofs lockstat --json", format!("not JSON: {e}")))?;
-        let classes = v
-            .as_array()
-            .ok_or_else(|| Failure::new("ferrofs lockstat --json", "not a list of classes"))?;
+        let classes = v.as_array().ok_or_else(|| Failure::new("ferrofs lockstat --json", "not a list of classes"))?;
         Ok(classes
             .iter()
             .map(|c| {
@@ -504,8 +405,7 @@ impl Ctx<'_> {
                     acquisitions: both("acquisitions"),
                     contentions: both("contentions"),
                     wait_total_ns: both("wait_total_ns"),
-                    wait_max_ns: side("exclusive", "wait_max_ns")
-                        .max(side("shared", "wait_max_ns")),
+                    wait_max_ns: side("exclusive", "wait_max_ns").max(side("shared", "wait_max_ns")),
                 }
             })
             .collect())
@@ -532,24 +432,14 @@ impl Ctx<'_> {
                 let max = s.mdtest_workers.iter().copied().max().unwrap_or(1);
                 let most = s.mdtest_files as usize * max;
                 let names = NameTable::new(most);
-                let session = Session::open(
-                    self.args,
-                    (most + 2 * max) as u64,
-                    scratch::mkfs_options(max),
-                )?;
+                let session = Session::open(self.args, (most + 2 * max) as u64, scratch::mkfs_options(max))?;
                 let bar = ProgressBar::hidden();
-                let bench = Bench {
-                    fs: &session.fs,
-                    names: &names,
-                    bar: &bar,
-                };
+                let bench = Bench { fs: &session.fs, names: &names, bar: &bar };
                 for &p in &s.mdtest_workers {
                     let files = s.mdtest_files as usize * p;
                     let label = format!("mdtest {p}w rep {rep}");
                     let r = bench.one_run(Layout::Private, p, files, &label)?;
-                    for (metric, timing) in
-                        [("create", r.create), ("stat", r.stat), ("remove", r.remove)]
-                    {
+                    for (metric, timing) in [("create", r.create), ("stat", r.stat), ("remove", r.remove)] {
                         let rate = files as f64 / timing.wall.as_secs_f64().max(1e-9);
                         self.push(w, t, rep, p as u64, metric, rate);
                     }
@@ -557,21 +447,10 @@ impl Ctx<'_> {
                 session
             }
             Workload::Unmount => {
-                let (session, f) = unmount::measure(
-                    self.args,
-                    s.unmount_a_files as usize,
-                    s.unmount_b_files as usize,
-                    1,
-                )?;
+                let (session, f) =
+                    unmount::measure(self.args, s.unmount_a_files as usize, s.unmount_b_files as usize, 1)?;
                 let x = s.unmount_a_files;
-                self.push(
-                    w,
-                    t,
-                    rep,
-                    x,
-                    "without_a_ms",
-                    f.seconds_without_a.median * 1e3,
-                );
+                self.push(w, t, rep, x, "without_a_ms", f.seconds_without_a.median * 1e3);
                 self.push(w, t, rep, x, "with_a_ms", f.seconds_with_a.median * 1e3);
                 self.push(w, t, rep, x, "ratio", f.ratio);
                 self.push(w, t, rep, x, "a_cached_inodes", f.a_cached_inodes as f64);
@@ -615,8 +494,7 @@ impl Ctx<'_> {
                 .create_new(true)
                 .open(&path)
                 .context(|| format!("create {}", path.display()))?;
-            f.write_all_at(&data, 0)
-                .context(|| format!("write {}", path.display()))?;
+            f.write_all_at(&data, 0).context(|| format!("write {}", path.display()))?;
             files.push((path, f));
         }
         let rounds = self.sizes.orphan_rounds;
@@ -627,10 +505,7 @@ impl Ctx<'_> {
                 p,
                 |i| {
                     let (path, f) = &files[i];
-                    let set = |size| {
-                        f.set_len(size)
-                            .context(|| format!("truncate {} to {size}", path.display()))
-                    };
+                    let set = |size| f.set_len(size).context(|| format!("truncate {} to {size}", path.display()));
                     for _ in 0..rounds {
                         for size in (1..ORPHAN_FILE_BYTES).rev() {
                             set(size)?;
@@ -641,14 +516,7 @@ impl Ctx<'_> {
                 },
                 || Ok(()),
             )?;
-            self.push(
-                Workload::Orphan,
-                t,
-                rep,
-                p as u64,
-                "seconds",
-                time.wall.as_secs_f64(),
-            );
+            self.push(Workload::Orphan, t, rep, p as u64, "seconds", time.wall.as_secs_f64());
         }
         Ok(())
     }
@@ -659,9 +527,7 @@ impl Ctx<'_> {
         let t = Target::Fs(m.kind);
         let n = self.sizes.slow(t, self.sizes.mdtest_files);
         for &p in &self.sizes.mdtest_workers.clone() {
-            let dirs: Vec<PathBuf> = (0..p)
-                .map(|i| m.root().join(format!("md{p}.{i}")))
-                .collect();
+            let dirs: Vec<PathBuf> = (0..p).map(|i| m.root().join(format!("md{p}.{i}"))).collect();
             for d in &dirs {
                 std::fs::create_dir(d).context(|| format!("mkdir {}", d.display()))?;
             }
@@ -711,22 +577,8 @@ impl Ctx<'_> {
         std::fs::remove_dir(&base).context(|| format!("rmdir {}", base.display()))?;
         let total = (per_thread * threads as u64) as f64;
         let x = threads as u64;
-        self.push(
-            Workload::Fsmark,
-            t,
-            rep,
-            x,
-            "create",
-            total / create.wall.as_secs_f64().max(1e-9),
-        );
-        self.push(
-            Workload::Fsmark,
-            t,
-            rep,
-            x,
-            "remove",
-            total / remove.wall.as_secs_f64().max(1e-9),
-        );
+        self.push(Workload::Fsmark, t, rep, x, "create", total / create.wall.as_secs_f64().max(1e-9));
+        self.push(Workload::Fsmark, t, rep, x, "remove", total / remove.wall.as_secs_f64().max(1e-9));
         self.push(Workload::Fsmark, t, rep, x, "fsmark_files_per_sec", fsm);
         self.push(Workload::Fsmark, t, rep, x, "files", total);
         Ok(())
@@ -751,21 +603,11 @@ impl Ctx<'_> {
             let line = shell::describe(&cmd);
             let out = shell::run(&mut cmd)?;
             let d = parse_dbench(&out).ok_or_else(|| {
-                Failure::new(
-                    format!("`{line}`"),
-                    format!("no Throughput line: {}", shell::last_lines(&out)),
-                )
+                Failure::new(format!("`{line}`"), format!("no Throughput line: {}", shell::last_lines(&out)))
             })?;
             let x = c as u64;
             self.push(Workload::Dbench, t, rep, x, "mb_per_s", d.mb_per_s);
-            self.push(
-                Workload::Dbench,
-                t,
-                rep,
-                x,
-                "max_latency_ms",
-                d.max_latency_ms,
-            );
+            self.push(Workload::Dbench, t, rep, x, "max_latency_ms", d.max_latency_ms);
             if let Some((avg, max)) = d.flush_ms {
                 self.push(Workload::Dbench, t, rep, x, "flush_avg_ms", avg);
                 self.push(Workload::Dbench, t, rep, x, "flush_max_ms", max);
@@ -780,61 +622,32 @@ impl Ctx<'_> {
     fn unmount_kernel(&mut self, rep: usize) -> CliResult<()> {
         let t = Target::Fs(Kind::Tmpfs);
         let (a_files, b_files) = (self.sizes.unmount_a_files, self.sizes.unmount_b_files);
-        let b_size = Size {
-            files: b_files,
-            dirs: 1,
-            threads: 1,
-            data_bytes: 0,
-        };
+        let b_size = Size { files: b_files, dirs: 1, threads: 1, data_bytes: 0 };
         let without = self.time_small_umount(&b_size)?;
-        let a = Kind::Tmpfs.mount(
-            &self.env,
-            &Size {
-                files: a_files,
-                dirs: a_files / 1000 + 1,
-                threads: 1,
-                data_bytes: 0,
-            },
-        )?;
+        let a = Kind::Tmpfs
+            .mount(&self.env, &Size { files: a_files, dirs: a_files / 1000 + 1, threads: 1, data_bytes: 0 })?;
         fill(a.root(), a_files)?;
         let with = self.time_small_umount(&b_size)?;
         a.unmount()?;
         let x = a_files;
         self.push(Workload::Unmount, t, rep, x, "without_a_ms", without * 1e3);
         self.push(Workload::Unmount, t, rep, x, "with_a_ms", with * 1e3);
-        self.push(
-            Workload::Unmount,
-            t,
-            rep,
-            x,
-            "ratio",
-            with / without.max(1e-12),
-        );
-        self.push(
-            Workload::Unmount,
-            t,
-            rep,
-            x,
-            "a_cached_inodes",
-            a_files as f64,
-        );
+        self.push(Workload::Unmount, t, rep, x, "ratio", with / without.max(1e-12));
+        self.push(Workload::Unmount, t, rep, x, "a_cached_inodes", a_files as f64);
         Ok(())
     }
 
     fn time_small_umount(&self, size: &Size) -> CliResult<f64> {
         let b = Kind::Tmpfs.mount(&self.env, size)?;
         fill(b.root(), size.files)?;
-        let c = std::ffi::CString::new(b.root().as_os_str().as_encoded_bytes())
-            .map_err(|e| Failure::new("umount", e))?;
+        let c =
+            std::ffi::CString::new(b.root().as_os_str().as_encoded_bytes()).map_err(|e| Failure::new("umount", e))?;
         let started = Instant::now();
         // SAFETY: a NUL-terminated path; umount2 keeps no pointer to it.
         let rc = unsafe { libc::umount2(c.as_ptr(), 0) };
         let secs = started.elapsed().as_secs_f64();
         if rc != 0 {
-            return Err(Failure::new(
-                format!("umount {}", b.root().display()),
-                std::io::Error::last_os_error(),
-            ));
+            return Err(Failure::new(format!("umount {}", b.root().display()), std::io::Error::last_os_error()));
         }
         // Its teardown finds it unmounted and removes the mount point.
         b.unmount()?;
@@ -868,18 +681,10 @@ impl Ctx<'_> {
             })();
             match got {
                 Ok(rates) => {
-                    let text: Vec<String> = rates
-                        .iter()
-                        .map(|(op, r)| format!("{op} {r:.0}/s"))
-                        .collect();
-                    self.notes.push((
-                        "mdtest",
-                        format!("real mdtest, 1 process, {}: {}", t.name(), text.join(", ")),
-                    ));
+                    let text: Vec<String> = rates.iter().map(|(op, r)| format!("{op} {r:.0}/s")).collect();
+                    self.notes.push(("mdtest", format!("real mdtest, 1 process, {}: {}", t.name(), text.join(", "))));
                 }
-                Err(e) => self
-                    .notes
-                    .push(("mdtest", format!("real mdtest on {} failed: {e}", t.name()))),
+                Err(e) => self.notes.push(("mdtest", format!("real mdtest on {} failed: {e}", t.name()))),
             }
         }
     }
@@ -945,11 +750,7 @@ fn parse_dbench(out: &str) -> Option<Dbench> {
     let tp = out.lines().rev().find(|l| l.starts_with("Throughput "))?;
     let f: Vec<&str> = tp.split_whitespace().collect();
     let mb_per_s = f.get(1)?.parse().ok()?;
-    let max_latency_ms = f
-        .iter()
-        .find_map(|w| w.strip_prefix("max_latency="))?
-        .parse()
-        .ok()?;
+    let max_latency_ms = f.iter().find_map(|w| w.strip_prefix("max_latency="))?.parse().ok()?;
     let flush_ms = out.lines().find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
         if f.len() == 4 && f[0] == "Flush" {
@@ -958,11 +759,7 @@ fn parse_dbench(out: &str) -> Option<Dbench> {
             None
         }
     });
-    Some(Dbench {
-        mb_per_s,
-        max_latency_ms,
-        flush_ms,
-    })
+    Some(Dbench { mb_per_s, max_latency_ms, flush_ms })
 }
 
 /// mdtest's SUMMARY lines: `   File creation  :  1234.5  1200.0  1220.1  3.2` -> (op, max).
@@ -989,11 +786,7 @@ mod tests {
         let out = "\n Operation      Count    AvgLat    MaxLat\n ----------------------------------------\n NTCreateX       9781     0.042    20.075\n Flush            687     5.446    27.214\n\nThroughput 126.232 MB/sec  2 clients  2 procs  max_latency=29.404 ms\n";
         assert_eq!(
             parse_dbench(out),
-            Some(Dbench {
-                mb_per_s: 126.232,
-                max_latency_ms: 29.404,
-                flush_ms: Some((5.446, 27.214)),
-            })
+            Some(Dbench { mb_per_s: 126.232, max_latency_ms: 29.404, flush_ms: Some((5.446, 27.214)) })
         );
         assert_eq!(parse_dbench("nothing"), None);
     }
@@ -1003,10 +796,7 @@ mod tests {
         let out = "   Operation  Max  Min  Mean  Std Dev\n   File creation     :      12345.678      12345.678      12345.678          0.000\n   File removal      :       2000.000       2000.000       2000.000          0.000\n   Tree creation     :        10.000 \n";
         assert_eq!(
             parse_mdtest(out),
-            vec![
-                ("File creation".to_string(), 12345.678),
-                ("File removal".to_string(), 2000.0)
-            ]
+            vec![("File creation".to_string(), 12345.678), ("File removal".to_string(), 2000.0)]
         );
     }
 }

@@ -18,12 +18,7 @@ struct Col {
 }
 
 fn col(metric: &'static str, x: u64, head: impl Into<String>, fmt: fn(f64) -> String) -> Col {
-    Col {
-        metric,
-        x,
-        head: head.into(),
-        fmt,
-    }
+    Col { metric, x, head: head.into(), fmt }
 }
 
 fn rate(v: f64) -> String {
@@ -57,9 +52,7 @@ pub fn markdown(r: &Results, with_plots: bool) -> String {
          Cells are median [min-max] over the repetitions; ratios are medians over the median of kernel {BASELINE}. \
          The seeds' own figures are theirs, measured on their hardware with their kernels: \
          they are shown for the shape of the result, not to compare absolute numbers.\n",
-        r.command,
-        r.sizes.preset,
-        r.runs
+        r.command, r.sizes.preset, r.runs
     );
     let _ = writeln!(
         o,
@@ -107,24 +100,10 @@ pub fn markdown(r: &Results, with_plots: bool) -> String {
                     s.orphan_rounds
                 );
                 let _ = writeln!(o, "Seed 000's figures (ext4, theirs): 40 processes 236.7 s before the fix, 174.5 s after; `s_orphan_mutex` acquisitions halved.\n");
-                let cols: Vec<Col> = s
-                    .orphan_threads
-                    .iter()
-                    .map(|&p| col("seconds", p as u64, format!("P={p} s"), secs))
-                    .collect();
+                let cols: Vec<Col> =
+                    s.orphan_threads.iter().map(|&p| col("seconds", p as u64, format!("P={p} s"), secs)).collect();
                 let top = *s.orphan_threads.iter().max().unwrap_or(&1) as u64;
-                table(
-                    &mut o,
-                    r,
-                    w,
-                    &cols,
-                    &[col(
-                        "seconds",
-                        top,
-                        format!("time / {BASELINE} at P={top}"),
-                        plain,
-                    )],
-                );
+                table(&mut o, r, w, &cols, &[col("seconds", top, format!("time / {BASELINE} at P={top}"), plain)]);
                 plot_links(&mut o, "orphan");
             }
             "mdtest" => {
@@ -143,28 +122,16 @@ pub fn markdown(r: &Results, with_plots: bool) -> String {
                 let top = *s.mdtest_workers.iter().max().unwrap_or(&1) as u64;
                 for metric in ["create", "stat", "remove"] {
                     let _ = writeln!(o, "**{metric}** ops/s:\n");
-                    let cols: Vec<Col> = s
-                        .mdtest_workers
-                        .iter()
-                        .map(|&p| col(metric, p as u64, format!("P={p}"), rate))
-                        .collect();
-                    table(
-                        &mut o,
-                        r,
-                        w,
-                        &cols,
-                        &[col(metric, top, format!("/ {BASELINE} at P={top}"), plain)],
-                    );
+                    let cols: Vec<Col> =
+                        s.mdtest_workers.iter().map(|&p| col(metric, p as u64, format!("P={p}"), rate)).collect();
+                    table(&mut o, r, w, &cols, &[col(metric, top, format!("/ {BASELINE} at P={top}"), plain)]);
                 }
                 plot_links(&mut o, "mdtest");
             }
             "fsmark" => {
                 let s = &r.sizes;
                 let t = s.fsmark_threads as u64;
-                let _ = writeln!(
-                    o,
-                    "## fs_mark zero-length creates, then parallel rm -rf (seed 003)\n"
-                );
+                let _ = writeln!(o, "## fs_mark zero-length creates, then parallel rm -rf (seed 003)\n");
                 let _ = writeln!(
                     o,
                     "`fs_mark -S0 -s0 -k -L1 -D 100 -n FILES/{t} -t 1` with {t} directories (one thread each), {} files ({} on {}); \
@@ -209,13 +176,7 @@ pub fn markdown(r: &Results, with_plots: bool) -> String {
                         col("flush_avg_ms", x, "Flush avg ms", ms),
                         col("flush_max_ms", x, "Flush max ms", ms),
                     ];
-                    table(
-                        &mut o,
-                        r,
-                        w,
-                        &cols,
-                        &[col("mb_per_s", x, format!("MB/s / {BASELINE}"), plain)],
-                    );
+                    table(&mut o, r, w, &cols, &[col("mb_per_s", x, format!("MB/s / {BASELINE}"), plain)]);
                 }
                 plot_links(&mut o, "dbench");
             }
@@ -254,7 +215,10 @@ pub fn markdown(r: &Results, with_plots: bool) -> String {
         }
         let _ = writeln!(o);
     }
-    let _ = writeln!(o, "Every raw figure is in results/seeds.json (`samples`: workload, target, repetition, x, metric, value).");
+    let _ = writeln!(
+        o,
+        "Every raw figure is in results/seeds.json (`samples`: workload, target, repetition, x, metric, value)."
+    );
     o
 }
 
@@ -280,12 +244,8 @@ fn sizes(o: &mut String, s: &Sizes) {
 /// Rows = targets measured in workload `w`; cells median [min-max]; ratio columns over
 /// the baseline's median.
 fn table(o: &mut String, r: &Results, w: &str, cols: &[Col], ratios: &[Col]) {
-    let rows: Vec<&str> = r
-        .targets
-        .iter()
-        .map(|t| t.0)
-        .filter(|t| r.samples.iter().any(|s| s.workload == w && s.target == *t))
-        .collect();
+    let rows: Vec<&str> =
+        r.targets.iter().map(|t| t.0).filter(|t| r.samples.iter().any(|s| s.workload == w && s.target == *t)).collect();
     if rows.is_empty() {
         let _ = writeln!(o, "(no target measured)\n");
         return;
@@ -317,18 +277,17 @@ fn table(o: &mut String, r: &Results, w: &str, cols: &[Col], ratios: &[Col]) {
 }
 
 fn locks(o: &mut String, r: &Results, w: &str) {
-    for set in r
-        .locks
-        .iter()
-        .filter(|l| l.workload == w && !l.rows.is_empty())
-    {
+    for set in r.locks.iter().filter(|l| l.workload == w && !l.rows.is_empty()) {
         let _ = writeln!(
             o,
             "Locks of {} in this workload, top {} by wait time (summed over the repetitions; wait = contended acquisitions only):\n",
             set.target,
             set.rows.len()
         );
-        let _ = writeln!(o, "| lock class | acquisitions | contended | wait total ms | wait max us |\n|---|---:|---:|---:|---:|");
+        let _ = writeln!(
+            o,
+            "| lock class | acquisitions | contended | wait total ms | wait max us |\n|---|---:|---:|---:|---:|"
+        );
         for l in &set.rows {
             let _ = writeln!(
                 o,
@@ -392,10 +351,8 @@ pub fn plots(r: &Results) -> Vec<Plot> {
             .targets
             .iter()
             .filter_map(|(t, _)| {
-                let pts: Vec<(f64, f64)> = xs
-                    .iter()
-                    .filter_map(|&x| r.stats(w, t, x, metric).map(|st| (x as f64, st.0)))
-                    .collect();
+                let pts: Vec<(f64, f64)> =
+                    xs.iter().filter_map(|&x| r.stats(w, t, x, metric).map(|st| (x as f64, st.0))).collect();
                 (!pts.is_empty()).then(|| (t.to_string(), pts))
             })
             .collect();
@@ -405,12 +362,7 @@ pub fn plots(r: &Results) -> Vec<Plot> {
         out.push(Plot {
             file,
             title,
-            x_label: if w == "dbench" {
-                "clients"
-            } else {
-                "P (threads)"
-            }
-            .into(),
+            x_label: if w == "dbench" { "clients" } else { "P (threads)" }.into(),
             y_label,
             series,
         });

@@ -32,20 +32,10 @@ impl Session {
     }
 
     /// As `open`, mounted with `mount` (e.g. a cache budget of its own).
-    pub fn open_with(
-        args: &BenchArgs,
-        inodes: u64,
-        opts: MkfsOptions,
-        mount: &MountOptions,
-    ) -> CliResult<Session> {
-        let image = scratch::create(
-            args.image.as_deref(),
-            args.mem,
-            scratch::image_size(inodes),
-            opts,
-        )?;
-        let fs = FileSystem::mount_device(image.dev.clone(), mount)
-            .context(|| "mount the benchmark image".to_string())?;
+    pub fn open_with(args: &BenchArgs, inodes: u64, opts: MkfsOptions, mount: &MountOptions) -> CliResult<Session> {
+        let image = scratch::create(args.image.as_deref(), args.mem, scratch::image_size(inodes), opts)?;
+        let fs =
+            FileSystem::mount_device(image.dev.clone(), mount).context(|| "mount the benchmark image".to_string())?;
         lockstat::reset();
         Ok(Session { fs, image })
     }
@@ -70,9 +60,7 @@ impl Session {
         let orphan_adds = self.orphan_adds();
         let locks = lockstat::snapshot();
         let started = Instant::now();
-        self.fs
-            .unmount()
-            .context(|| "unmount the benchmark image".to_string())?;
+        self.fs.unmount().context(|| "unmount the benchmark image".to_string())?;
         Ok(Closed {
             image,
             journal,
@@ -84,12 +72,7 @@ impl Session {
     }
 
     /// Unmount, then print the workload's report and write it as JSON if asked.
-    pub fn finish<T: Figures + Serialize>(
-        self,
-        mode: &'static str,
-        args: &BenchArgs,
-        results: T,
-    ) -> CliResult<()> {
+    pub fn finish<T: Figures + Serialize>(self, mode: &'static str, args: &BenchArgs, results: T) -> CliResult<()> {
         let end = self.close()?;
         let report = WorkloadReport {
             mode,

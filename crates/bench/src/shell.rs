@@ -64,10 +64,7 @@ pub fn describe(cmd: &Command) -> String {
 /// stderr.
 pub fn run(cmd: &mut Command) -> CliResult<String> {
     let line = describe(cmd);
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Failure::new(format!("run `{line}`"), e))?;
+    let out = cmd.stdin(Stdio::null()).output().map_err(|e| Failure::new(format!("run `{line}`"), e))?;
     checked(&line, out)
 }
 
@@ -77,33 +74,19 @@ fn checked(line: &str, out: Output) -> CliResult<String> {
     } else {
         Err(Failure::new(
             format!("`{line}`"),
-            format!(
-                "{}: {}",
-                out.status,
-                last_lines(&String::from_utf8_lossy(&out.stderr))
-            ),
+            format!("{}: {}", out.status, last_lines(&String::from_utf8_lossy(&out.stderr))),
         ))
     }
 }
 
 /// The end of a program's error output, on one line.
 pub fn last_lines(text: &str) -> String {
-    let lines: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     match lines.len() {
         0 => "(no error output)".to_string(),
         // A usage message puts the reason first, and a long output puts it last.
         n if n <= 4 => lines.join(" | "),
-        n => format!(
-            "{} | {} | ... | {} | {}",
-            lines[0],
-            lines[1],
-            lines[n - 2],
-            lines[n - 1]
-        ),
+        n => format!("{} | {} | ... | {} | {}", lines[0], lines[1], lines[n - 2], lines[n - 1]),
     }
 }
 
@@ -260,14 +243,8 @@ mod tests {
     fn failures_carry_command_and_stderr() {
         let err = run(Command::new("sh").args(["-c", "echo oops >&2; exit 3"])).unwrap_err();
         let text = err.to_string();
-        assert!(
-            text.contains("sh -c") && text.contains("oops") && text.contains('3'),
-            "{text}"
-        );
-        assert_eq!(
-            run(Command::new("sh").args(["-c", "echo hi"])).unwrap(),
-            "hi\n"
-        );
+        assert!(text.contains("sh -c") && text.contains("oops") && text.contains('3'), "{text}");
+        assert_eq!(run(Command::new("sh").args(["-c", "echo hi"])).unwrap(), "hi\n");
     }
 
     #[test]

@@ -70,15 +70,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
-        Kind::Ferrofs,
-        Kind::Minifuse,
-        Kind::Fuse2fs,
-        Kind::Ext4,
-        Kind::Xfs,
-        Kind::Btrfs,
-        Kind::Tmpfs,
-    ];
+    pub const ALL: [Kind; 7] =
+        [Kind::Ferrofs, Kind::Minifuse, Kind::Fuse2fs, Kind::Ext4, Kind::Xfs, Kind::Btrfs, Kind::Tmpfs];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -154,10 +147,7 @@ impl Kind {
                     return Some(why);
                 }
                 if let Err(e) = run(Command::new("pkg-config").args(["--exists", "fuse3"])) {
-                    return Some(format!(
-                        "no fuse3 development files (libfuse3-dev): {}",
-                        e.why
-                    ));
+                    return Some(format!("no fuse3 development files (libfuse3-dev): {}", e.why));
                 }
             }
             _ => {}
@@ -169,12 +159,7 @@ impl Kind {
     /// far is undone.
     pub fn mount(self, env: &Env, size: &Size) -> CliResult<Mounted> {
         check_interrupt()?;
-        let mut m = Mounted {
-            kind: self,
-            root: env.unique_dir(self.name()),
-            daemon: None,
-            undo: Vec::new(),
-        };
+        let mut m = Mounted { kind: self, root: env.unique_dir(self.name()), daemon: None, undo: Vec::new() };
         std::fs::create_dir(&m.root).context(|| format!("mkdir {}", m.root.display()))?;
         m.undo.push(Undo::Dir(m.root.clone()));
         match self {
@@ -319,9 +304,7 @@ pub struct FsmarkArgs {
 }
 
 fn parse_target_options(text: &str) -> Result<(Kind, String), String> {
-    let (name, opts) = text
-        .split_once(':')
-        .ok_or("expected TARGET:OPTIONS, e.g. ferrofs:entry_timeout=60")?;
+    let (name, opts) = text.split_once(':').ok_or("expected TARGET:OPTIONS, e.g. ferrofs:entry_timeout=60")?;
     let kind = Kind::from_str(name, true)?;
     Ok((kind, opts.to_string()))
 }
@@ -359,11 +342,7 @@ impl Env {
         let work = std::env::temp_dir().join(format!("ffb.{}", std::process::id()));
         std::fs::create_dir_all(&work).context(|| format!("mkdir {}", work.display()))?;
         let shm = Path::new("/dev/shm");
-        let images = if shm.is_dir() {
-            shm.to_path_buf()
-        } else {
-            work.clone()
-        };
+        let images = if shm.is_dir() { shm.to_path_buf() } else { work.clone() };
         Ok(Env {
             detached: args.detached,
             work,
@@ -378,12 +357,7 @@ impl Env {
 
     /// The extra mount options given for `kind`, comma-separated; empty if none.
     pub fn options(&self, kind: Kind) -> String {
-        let given: Vec<&str> = self
-            .mount_options
-            .iter()
-            .filter(|(k, _)| *k == kind)
-            .map(|(_, o)| o.as_str())
-            .collect();
+        let given: Vec<&str> = self.mount_options.iter().filter(|(k, _)| *k == kind).map(|(_, o)| o.as_str()).collect();
         given.join(",")
     }
 
@@ -409,10 +383,7 @@ impl Env {
     fn unique(&self, dir: &Path, what: &str, suffix: &str) -> PathBuf {
         let n = self.counter.get() + 1;
         self.counter.set(n);
-        dir.join(format!(
-            "ferrofs-bench-{}-{what}-{n}{suffix}",
-            std::process::id()
-        ))
+        dir.join(format!("ferrofs-bench-{}-{what}-{n}{suffix}", std::process::id()))
     }
 
     /// A mount point in the work directory, named short (see [`Env::new`]).
@@ -443,9 +414,7 @@ impl Env {
         if let Some(p) = self.minifuse.get() {
             return Ok(p);
         }
-        let src = self
-            .minifuse_source()
-            .map_err(|why| Failure::new("minifuse", why))?;
+        let src = self.minifuse_source().map_err(|why| Failure::new("minifuse", why))?;
         let flags = run(Command::new("pkg-config").args(["--cflags", "--libs", "fuse3"]))?;
         let exe = self.work.join("minifuse");
         run(Command::new("gcc")
@@ -464,15 +433,8 @@ impl Drop for Env {
         // Never delete through a mount point that outlived its teardown.
         let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let work = self.work.to_string_lossy();
-        if info.lines().any(|l| {
-            l.split(' ')
-                .nth(4)
-                .is_some_and(|m| unescape(m).starts_with(&*work))
-        }) {
-            eprintln!(
-                "ferrofs: {} still has mounts in it; left in place",
-                self.work.display()
-            );
+        if info.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| unescape(m).starts_with(&*work))) {
+            eprintln!("ferrofs: {} still has mounts in it; left in place", self.work.display());
             return;
         }
         if let Err(e) = std::fs::remove_dir_all(&self.work) {
@@ -489,8 +451,7 @@ fn kernel_has(fs: &str) -> bool {
             .any(|l| l.split_whitespace().last() == Some(t))
     };
     // A module not loaded yet is not listed: try loading it (mount would do the same).
-    listed(fs)
-        || (shell::have("modprobe") && run(Command::new("modprobe").arg(fs)).is_ok() && listed(fs))
+    listed(fs) || (shell::have("modprobe") && run(Command::new("modprobe").arg(fs)).is_ok() && listed(fs))
 }
 
 /// A mounted target. Unmount with [`Mounted::unmount`] to see teardown errors; dropping it
@@ -525,14 +486,8 @@ impl Mounted {
     /// The daemon's peak resident set size so far (VmHWM), bytes.
     pub fn daemon_peak_rss(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.daemon?)).ok()?;
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))?
-            .trim()
-            .strip_suffix("kB")?
-            .trim()
-            .parse()
-            .ok()?;
+        let kib: u64 =
+            status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().strip_suffix("kB")?.trim().parse().ok()?;
         Some(kib * 1024)
     }
 
@@ -573,8 +528,7 @@ impl Mounted {
             .open(&path)
             .context(|| format!("create {}", path.display()))?;
         self.undo.push(Undo::File(path.clone()));
-        f.set_len(bytes)
-            .context(|| format!("size {}", path.display()))?;
+        f.set_len(bytes).context(|| format!("size {}", path.display()))?;
         Ok(path)
     }
 
@@ -586,18 +540,13 @@ impl Mounted {
         let image = env.unique(env.image_dir(), "ferrofs", ".img");
         self.undo.push(Undo::File(image.clone()));
         let mut mkfs = Command::new(env.ferrofs()?);
-        mkfs.arg("mkfs")
-            .arg(&image)
-            .arg("--size")
-            .arg(bytes.to_string());
+        mkfs.arg("mkfs").arg(&image).arg("--size").arg(bytes.to_string());
         if let Some(ags) = opts.ag_count {
             mkfs.arg("--ags").arg(ags.to_string());
         }
-        mkfs.arg("--bytes-per-inode")
-            .arg(opts.bytes_per_inode.to_string());
+        mkfs.arg("--bytes-per-inode").arg(opts.bytes_per_inode.to_string());
         if let Some(log) = opts.log_blocks {
-            mkfs.arg("--log-size")
-                .arg((log * BLOCK_SIZE as u64).to_string());
+            mkfs.arg("--log-size").arg((log * BLOCK_SIZE as u64).to_string());
         }
         run(&mut mkfs)?;
         let mut mount = Command::new(env.ferrofs()?);
@@ -612,11 +561,8 @@ impl Mounted {
     fn start_daemon(&mut self, env: &Env, mut cmd: Command) -> CliResult<()> {
         let line = describe(&cmd);
         let log = env.unique(&env.work, self.kind.name(), ".log");
-        let log_file =
-            std::fs::File::create(&log).context(|| format!("create {}", log.display()))?;
-        let err_file = log_file
-            .try_clone()
-            .context(|| format!("open {}", log.display()))?;
+        let log_file = std::fs::File::create(&log).context(|| format!("create {}", log.display()))?;
+        let err_file = log_file.try_clone().context(|| format!("open {}", log.display()))?;
         cmd.stdin(Stdio::null()).stdout(log_file).stderr(err_file);
         if env.detached {
             // SAFETY: setsid is async-signal-safe, touches no memory of the parent, and
@@ -630,15 +576,9 @@ impl Mounted {
         } else {
             cmd.process_group(0);
         }
-        let child = cmd
-            .spawn()
-            .context(|| format!("run `{line}`"))?;
+        let child = cmd.spawn().context(|| format!("run `{line}`"))?;
         self.daemon = Some(child.id());
-        self.undo.push(Undo::Child {
-            child,
-            what: line.clone(),
-            log: log.clone(),
-        });
+        self.undo.push(Undo::Child { child, what: line.clone(), log: log.clone() });
         let started = Instant::now();
         loop {
             if is_mounted(&self.root) {
@@ -650,10 +590,7 @@ impl Mounted {
                     let text = std::fs::read_to_string(&log).unwrap_or_default();
                     return Err(Failure::new(
                         format!("`{line}`"),
-                        format!(
-                            "exited before mounting ({status}): {}",
-                            shell::last_lines(&text)
-                        ),
+                        format!("exited before mounting ({status}): {}", shell::last_lines(&text)),
                     ));
                 }
             }
@@ -689,11 +626,7 @@ impl Undo {
             },
             Undo::Loop(dev) => run(Command::new("losetup").arg("-d").arg(&dev)).map(drop),
             Undo::Mount(dir) => unmount(&dir),
-            Undo::Child {
-                mut child,
-                what,
-                log,
-            } => {
+            Undo::Child { mut child, what, log } => {
                 if shell::wait_exit(&mut child, DAEMON_WAIT) {
                     return Ok(());
                 }
@@ -735,11 +668,7 @@ pub fn is_mounted(dir: &Path) -> bool {
         return false;
     };
     let want = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    info.lines().any(|l| {
-        l.split(' ')
-            .nth(4)
-            .is_some_and(|m| Path::new(&unescape(m)) == want)
-    })
+    info.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(&unescape(m)) == want))
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
@@ -748,10 +677,7 @@ fn unescape(s: &str) -> String {
     let mut rest = s;
     while let Some(i) = rest.find('\\') {
         out.push_str(&rest[..i]);
-        match rest
-            .get(i + 1..i + 4)
-            .and_then(|o| u8::from_str_radix(o, 8).ok())
-        {
+        match rest.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok()) {
             Some(b) => {
                 out.push(b as char);
                 rest = &rest[i + 4..];
@@ -778,12 +704,7 @@ mod tests {
 
     #[test]
     fn sizes_grow_with_the_workload() {
-        let s = |files| Size {
-            files,
-            dirs: 0,
-            threads: 1,
-            data_bytes: 0,
-        };
+        let s = |files| Size { files, dirs: 0, threads: 1, data_bytes: 0 };
         assert_eq!(s(10).image_bytes(), MIN_IMAGE_BYTES);
         assert!(s(10_000_000).image_bytes() > MIN_IMAGE_BYTES);
         assert_eq!(s(10).ext4_inodes(), EXT4_MIN_INODES);

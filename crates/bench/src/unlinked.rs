@@ -61,11 +61,8 @@ fn one_run(fs: &FileSystem, names: &NameTable, run: u64) -> CliResult<[f64; 3]> 
                 .context(|| format!("mkdir {}", dir_name(d)))
         })
         .collect::<CliResult<_>>()?;
-    let shares = || {
-        dirs.iter()
-            .enumerate()
-            .flat_map(|(d, &dir)| names::share(names.len(), ags, d).map(move |i| (dir, i)))
-    };
+    let shares =
+        || dirs.iter().enumerate().flat_map(|(d, &dir)| names::share(names.len(), ags, d).map(move |i| (dir, i)));
     let fail = |what: &'static str, i: usize| {
         let name = String::from_utf8_lossy(names.get(i)).into_owned();
         move |e| Failure::new(format!("{what} {name}"), e)
@@ -74,10 +71,7 @@ fn one_run(fs: &FileSystem, names: &NameTable, run: u64) -> CliResult<[f64; 3]> 
     let started = Instant::now();
     let mut inos = Vec::with_capacity(names.len());
     for (dir, i) in shares() {
-        let ino = fs
-            .create(dir, names.get(i), FILE_MODE, CRED)
-            .map_err(fail("create", i))?
-            .ino;
+        let ino = fs.create(dir, names.get(i), FILE_MODE, CRED).map_err(fail("create", i))?.ino;
         fs.open(ino).map_err(fail("open", i))?;
         inos.push(ino);
     }
@@ -92,8 +86,7 @@ fn one_run(fs: &FileSystem, names: &NameTable, run: u64) -> CliResult<[f64; 3]> 
         1,
         |_| {
             for &ino in &inos {
-                fs.release(ino)
-                    .map_err(|e| Failure::new(format!("close inode {ino}"), e))?;
+                fs.release(ino).map_err(|e| Failure::new(format!("close inode {ino}"), e))?;
             }
             Ok(())
         },
@@ -101,20 +94,21 @@ fn one_run(fs: &FileSystem, names: &NameTable, run: u64) -> CliResult<[f64; 3]> 
     )?;
     check_all_freed(fs, free_before)?;
     for d in 0..ags {
-        fs.rmdir(ROOT_INO, dir_name(d).as_bytes())
-            .context(|| format!("rmdir {}", dir_name(d)))?;
+        fs.rmdir(ROOT_INO, dir_name(d).as_bytes()).context(|| format!("rmdir {}", dir_name(d)))?;
     }
     Ok([create, unlink, close.wall.as_secs_f64()])
 }
 
 /// The closes really freed every inode and emptied every orphan table.
 fn check_all_freed(fs: &FileSystem, free_before: u64) -> CliResult<()> {
-    let (free, orphans) = (
-        fs.statfs().ffree,
-        fs.stats().ags.iter().map(|ag| ag.orphans).sum::<u64>(),
-    );
+    let (free, orphans) = (fs.statfs().ffree, fs.stats().ags.iter().map(|ag| ag.orphans).sum::<u64>());
     if free != free_before || orphans != 0 {
-        return Err(Failure::new("unlinked", format!("after the closes {free} inodes are free (before: {free_before}) and {orphans} remain on orphan tables")));
+        return Err(Failure::new(
+            "unlinked",
+            format!(
+                "after the closes {free} inodes are free (before: {free_before}) and {orphans} remain on orphan tables"
+            ),
+        ));
     }
     Ok(())
 }
@@ -122,10 +116,7 @@ fn check_all_freed(fs: &FileSystem, free_before: u64) -> CliResult<()> {
 impl Figures for UnlinkedFigures {
     fn print(&self) {
         let secs = |v: f64| format!("{v:.3}");
-        println!(
-            "unlinked: {} files, one thread: seconds",
-            grouped(self.files as u64)
-        );
+        println!("unlinked: {} files, one thread: seconds", grouped(self.files as u64));
         println!("  create and open:      {}", self.create_seconds.cell(secs));
         println!("  unlink while open:    {}", self.unlink_seconds.cell(secs));
         println!(
@@ -133,11 +124,7 @@ impl Figures for UnlinkedFigures {
             self.close_seconds.cell(secs),
             self.close_seconds.median * 1e6 / self.files as f64
         );
-        let adds: Vec<String> = self
-            .orphan_adds_per_run
-            .iter()
-            .map(|&a| grouped(a))
-            .collect();
+        let adds: Vec<String> = self.orphan_adds_per_run.iter().map(|&a| grouped(a)).collect();
         println!("  orphan-table adds per run: {}", adds.join(", "));
     }
 }

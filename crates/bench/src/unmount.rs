@@ -64,32 +64,22 @@ pub(super) fn measure(
     let names = NameTable::new(a_files.max(b_files));
     let b = Small::make(args, &names, b_files)?;
     let mut b_cached = 0;
-    let without: Vec<f64> = (0..runs)
-        .map(|_| b.cycle(&names, &mut b_cached))
-        .collect::<CliResult<_>>()?;
+    let without: Vec<f64> = (0..runs).map(|_| b.cycle(&names, &mut b_cached)).collect::<CliResult<_>>()?;
     let a_cache_budget_bytes = a_budget(a_files);
     let session = Session::open_with(
         args,
         a_files as u64 + 16,
         scratch::mkfs_options(BUILD_THREADS),
-        &MountOptions {
-            cache: Some(CacheBudget::new(a_cache_budget_bytes)),
-            ..MountOptions::default()
-        },
+        &MountOptions { cache: Some(CacheBudget::new(a_cache_budget_bytes)), ..MountOptions::default() },
     )?;
     let started = Instant::now();
     build(&session.fs, &names, a_files)?;
     let a_build_seconds = started.elapsed().as_secs_f64();
     // A holds its inodes idle: its log written home, so its background writeback does not
     // run during B's measurements.
-    session
-        .fs
-        .write_home()
-        .context(|| "write A's log home".to_string())?;
+    session.fs.write_home().context(|| "write A's log home".to_string())?;
     let a_cached_inodes = session.fs.stats().cache_usage.inodes;
-    let with: Vec<f64> = (0..runs)
-        .map(|_| b.cycle(&names, &mut b_cached))
-        .collect::<CliResult<_>>()?;
+    let with: Vec<f64> = (0..runs).map(|_| b.cycle(&names, &mut b_cached)).collect::<CliResult<_>>()?;
     let (without, with) = (Spread::of(&without), Spread::of(&with));
     let ratio = with.median / without.median.max(1e-12);
     Ok((
@@ -123,33 +113,17 @@ fn build(fs: &FileSystem, names: &NameTable, files: usize) -> CliResult<()> {
     let shares: Vec<Share> = (0..BUILD_THREADS)
         .map(|t| {
             let name = format!("a.{t}");
-            let dir = fs
-                .mkdir(ROOT_INO, name.as_bytes(), DIR_MODE, CRED)
-                .context(|| format!("mkdir {name}"))?
-                .ino;
-            Ok(Share {
-                dir,
-                names: names::share(files, BUILD_THREADS, t),
-            })
+            let dir = fs.mkdir(ROOT_INO, name.as_bytes(), DIR_MODE, CRED).context(|| format!("mkdir {name}"))?.ino;
+            Ok(Share { dir, names: names::share(files, BUILD_THREADS, t) })
         })
         .collect::<CliResult<_>>()?;
     let bar = progress::counter(true, files as u64, "file system A: create");
-    Phase {
-        what: "create",
-        names,
-        bar: &bar,
-        op: |d: u64, n: &[u8]| fs.create(d, n, FILE_MODE, CRED).map(drop),
-    }
-    .run(&shares, || fs.sync())?;
+    Phase { what: "create", names, bar: &bar, op: |d: u64, n: &[u8]| fs.create(d, n, FILE_MODE, CRED).map(drop) }
+        .run(&shares, || fs.sync())?;
     bar.reset();
     bar.set_message("file system A: stat");
-    Phase {
-        what: "stat",
-        names,
-        bar: &bar,
-        op: |d: u64, n: &[u8]| fs.lookup(d, n).map(drop),
-    }
-    .run(&shares, || Ok(()))?;
+    Phase { what: "stat", names, bar: &bar, op: |d: u64, n: &[u8]| fs.lookup(d, n).map(drop) }
+        .run(&shares, || Ok(()))?;
     bar.finish_and_clear();
     Ok(())
 }
@@ -172,13 +146,9 @@ impl Small {
             scratch::mkfs_options(1),
         )?;
         let fs = mount(&image)?;
-        let dir = fs
-            .mkdir(ROOT_INO, b"b", DIR_MODE, CRED)
-            .context(|| "mkdir b".to_string())?
-            .ino;
+        let dir = fs.mkdir(ROOT_INO, b"b", DIR_MODE, CRED).context(|| "mkdir b".to_string())?.ino;
         for i in 0..files {
-            fs.create(dir, names.get(i), FILE_MODE, CRED)
-                .context(|| "create a file of B".to_string())?;
+            fs.create(dir, names.get(i), FILE_MODE, CRED).context(|| "create a file of B".to_string())?;
         }
         fs.unmount().context(|| "unmount B".to_string())?;
         Ok(Small { image, dir, files })
@@ -188,18 +158,11 @@ impl Small {
     /// unmount. Stores the inodes B had cached in `cached`.
     fn cycle(&self, names: &NameTable, cached: &mut u64) -> CliResult<f64> {
         let fs = mount(&self.image)?;
-        let now = SetAttr {
-            mtime: Some(TimeOrNow::Now),
-            ..SetAttr::default()
-        };
+        let now = SetAttr { mtime: Some(TimeOrNow::Now), ..SetAttr::default() };
         for i in 0..self.files {
             let name = names.get(i);
-            let touch = fs
-                .lookup(self.dir, name)
-                .and_then(|a| fs.setattr(a.ino, &now));
-            touch.map_err(|e| {
-                Failure::new(format!("touch {} in B", String::from_utf8_lossy(name)), e)
-            })?;
+            let touch = fs.lookup(self.dir, name).and_then(|a| fs.setattr(a.ino, &now));
+            touch.map_err(|e| Failure::new(format!("touch {} in B", String::from_utf8_lossy(name)), e))?;
         }
         *cached = fs.stats().cache_usage.inodes;
         let started = Instant::now();
@@ -209,8 +172,7 @@ impl Small {
 }
 
 fn mount(image: &scratch::Scratch) -> CliResult<FileSystem> {
-    FileSystem::mount_device(image.dev.clone(), &MountOptions::default())
-        .context(|| "mount B".to_string())
+    FileSystem::mount_device(image.dev.clone(), &MountOptions::default()).context(|| "mount B".to_string())
 }
 
 impl Figures for UnmountFigures {

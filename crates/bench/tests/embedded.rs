@@ -47,22 +47,13 @@ fn bench_reports_every_phase_and_deletes_its_image() {
         &json,
     ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
-    assert!(
-        !std::path::Path::new(&img).exists(),
-        "the benchmark image is left behind"
-    );
+    assert!(!std::path::Path::new(&img).exists(), "the benchmark image is left behind");
     assert!(text(&o.stdout).contains("locks, top 10"));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let cycles = v["cycles"].as_array().unwrap();
     assert_eq!(cycles.len(), 4, "private and shared, 1 and 2 threads");
     for c in cycles {
-        let phases: Vec<&str> = c["phases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p["phase"].as_str().unwrap())
-            .collect();
+        let phases: Vec<&str> = c["phases"].as_array().unwrap().iter().map(|p| p["phase"].as_str().unwrap()).collect();
         assert_eq!(phases, ["create", "stat", "remove"]);
         assert_eq!(c["phases"][0]["ops_per_sec"].as_array().unwrap().len(), 2);
     }
@@ -76,10 +67,7 @@ fn bench_refuses_an_existing_image_path() {
     let s = Scratch::new("bench-exists");
     let img = s.path("keep.img");
     std::fs::write(&img, b"precious").unwrap();
-    assert_clean_failure(
-        &bench(&["--image", &img, "--files", "10"]),
-        "already exists",
-    );
+    assert_clean_failure(&bench(&["--image", &img, "--files", "10"]), "already exists");
     assert_eq!(std::fs::read(&img).unwrap(), b"precious");
 }
 
@@ -120,7 +108,8 @@ fn bench_journal_workloads_report_their_figures() {
         assert_eq!(row["seconds_tracking_on"]["runs"].as_array().unwrap().len(), 2);
         assert_eq!(row["orphan_adds_off"], 0, "tracking off must add no orphans");
     }
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(s.path("unlinked.json")).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(s.path("unlinked.json")).unwrap()).unwrap();
     assert_eq!(v["results"]["orphan_adds_per_run"], serde_json::json!([300, 300]));
 }
 
@@ -132,8 +121,21 @@ fn bench_scale_and_unmount_report_their_figures() {
     let s = Scratch::new("bench-scale");
     let (img, json) = (s.path("scale.img"), s.path("scale.json"));
     let o = bench(&[
-        "scale", "--image", &img, "--files", "200", "--mdtest-files", "20", "--threads", "1,3", "--runs", "2",
-        "--min-phase-ms", "20", "--json", &json,
+        "scale",
+        "--image",
+        &img,
+        "--files",
+        "200",
+        "--mdtest-files",
+        "20",
+        "--threads",
+        "1,3",
+        "--runs",
+        "2",
+        "--min-phase-ms",
+        "20",
+        "--json",
+        &json,
     ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
@@ -146,7 +148,8 @@ fn bench_scale_and_unmount_report_their_figures() {
         assert_eq!(r["ops_per_sec"].as_array().unwrap().len(), 2);
         assert!(r["locks"].as_array().unwrap().len() <= 5);
     }
-    let readdir = rows.iter().find(|r| r["phase"] == "readdir" && r["layout"] == "shared" && r["threads"] == 3).unwrap();
+    let readdir =
+        rows.iter().find(|r| r["phase"] == "readdir" && r["layout"] == "shared" && r["threads"] == 3).unwrap();
     // The read-only phases repeat for --min-phase-ms; each thread lists the whole directory
     // at least once per run (200 entries, 3 threads).
     for ops in readdir["ops"].as_array().unwrap() {
@@ -156,9 +159,8 @@ fn bench_scale_and_unmount_report_their_figures() {
     assert!(v["results"]["targets"].as_array().unwrap().len() >= 3);
 
     let (img, json) = (s.path("unmount.img"), s.path("unmount.json"));
-    let o = bench(&[
-        "unmount", "--image", &img, "--files", "500", "--small-files", "30", "--runs", "2", "--json", &json,
-    ]);
+    let o =
+        bench(&["unmount", "--image", &img, "--files", "500", "--small-files", "30", "--runs", "2", "--json", &json]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(text(&o.stdout).contains("ratio with/without"), "{}", text(&o.stdout));
     assert!(!std::path::Path::new(&img).exists() && !std::path::Path::new(&s.path("unmount.small.img")).exists());

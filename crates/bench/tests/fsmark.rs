@@ -26,21 +26,9 @@ fn fsmark_on_tmpfs_reports_files_per_second_and_cleans_up() {
     if let Some(why) = unavailable() {
         return eprintln!("SKIPPED bench_fsmark: {why}");
     }
-    let json =
-        std::env::temp_dir().join(format!("ferrofs-fsmark-test-{}.json", std::process::id()));
+    let json = std::env::temp_dir().join(format!("ferrofs-fsmark-test-{}.json", std::process::id()));
     let o = Command::new(BIN)
-        .args([
-            "fsmark",
-            "--targets",
-            "tmpfs",
-            "--files",
-            "200",
-            "--threads",
-            "1,2",
-            "--runs",
-            "1",
-            "--json",
-        ])
+        .args(["fsmark", "--targets", "tmpfs", "--files", "200", "--threads", "1,2", "--runs", "1", "--json"])
         .arg(&json)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -48,10 +36,7 @@ fn fsmark_on_tmpfs_reports_files_per_second_and_cleans_up() {
         .expect("run ferrofs-bench");
     let work = std::env::temp_dir().join(format!("ffb.{}", o.id()));
     let o = o.wait_with_output().expect("wait for ferrofs-bench");
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-    );
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{out}\n{err}");
     assert!(out.contains("files/s") && out.contains("tmpfs"), "{out}");
     let text = std::fs::read_to_string(&json).expect("JSON report");
@@ -59,9 +44,7 @@ fn fsmark_on_tmpfs_reports_files_per_second_and_cleans_up() {
     let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
     let samples = v["samples"].as_array().expect("samples");
     assert_eq!(samples.len(), 2, "{text}");
-    assert!(samples
-        .iter()
-        .all(|s| s["files"].as_u64() == Some(200) && s["create_seconds"].as_f64().unwrap() > 0.0));
+    assert!(samples.iter().all(|s| s["files"].as_u64() == Some(200) && s["create_seconds"].as_f64().unwrap() > 0.0));
     // Nothing left behind: no mount and no work directory of that run.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains("/ffb."), "{mounts}");

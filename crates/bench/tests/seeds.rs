@@ -14,41 +14,21 @@ fn seeds_on_tmpfs_writes_report_plots_and_json() {
     std::fs::create_dir_all(&dir).unwrap();
     let report = dir.join("RESULTS.md");
     let o = Command::new(BIN)
-        .args([
-            "seeds",
-            "--tiny",
-            "--targets",
-            "tmpfs",
-            "--runs",
-            "1",
-            "--report",
-        ])
+        .args(["seeds", "--tiny", "--targets", "tmpfs", "--runs", "1", "--report"])
         .arg(&report)
         .output()
         .expect("run ferrofs-bench");
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-    );
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{out}\n{err}");
     let md = std::fs::read_to_string(&report).expect("report written");
-    for want in [
-        "seed 000",
-        "seed 001",
-        "seed 003",
-        "seed 004",
-        "ferrofs-embedded",
-        "| tmpfs |",
-        "Load average",
-    ] {
+    for want in ["seed 000", "seed 001", "seed 003", "seed 004", "ferrofs-embedded", "| tmpfs |", "Load average"] {
         assert!(md.contains(want), "{want} missing:\n{md}");
     }
     let results = dir.join("results");
     let png = std::fs::read(results.join("orphan.png")).expect("orphan plot");
     assert_eq!(&png[1..4], b"PNG");
     let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(results.join("seeds.json")).unwrap())
-            .expect("valid JSON");
+        serde_json::from_str(&std::fs::read_to_string(results.join("seeds.json")).unwrap()).expect("valid JSON");
     assert!(v["samples"].as_array().is_some_and(|s| !s.is_empty()));
     std::fs::remove_dir_all(&dir).unwrap();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

@@ -14,10 +14,7 @@ pub type CliResult<T> = Result<T, Failure>;
 
 impl Failure {
     pub fn new(what: impl Into<String>, why: impl fmt::Display) -> Failure {
-        Failure {
-            what: what.into(),
-            why: why.to_string(),
-        }
+        Failure { what: what.into(), why: why.to_string() }
     }
 }
 
@@ -56,10 +53,7 @@ pub fn install_panic_report() {
             .copied()
             .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
             .unwrap_or("unknown cause");
-        let at = info
-            .location()
-            .map(|l| format!(" at {}:{}", l.file(), l.line()))
-            .unwrap_or_default();
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         eprintln!("ferrofs: internal error: {msg}{at} (please report this)");
     }));
 }

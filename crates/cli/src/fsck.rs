@@ -46,12 +46,7 @@ pub fn run(args: &FsckArgs) -> CliResult<u8> {
     let report = ferrofs::fsck::check(&*dev, &FsckOptions { repair }, &show)
         .context(|| format!("fsck {}", args.image.display()))?;
     bar.finish_and_clear();
-    print_report(
-        &args.image.display().to_string(),
-        &report,
-        args.verbose,
-        repair,
-    );
+    print_report(&args.image.display().to_string(), &report, args.verbose, repair);
     Ok(u8::try_from(report.exit_code()).unwrap_or(EXIT_OPERATIONAL))
 }
 
@@ -60,11 +55,7 @@ fn print_report(image: &str, r: &FsckReport, verbose: bool, repair: bool) {
         println!("{m}");
     }
     if verbose {
-        println!(
-            "  {:<22} {}",
-            "log records replayed",
-            grouped(r.log_records_replayed)
-        );
+        println!("  {:<22} {}", "log records replayed", grouped(r.log_records_replayed));
         println!("  {:<22} {}", "inodes in use", grouped(r.inodes));
         println!("  {:<22} {}", "directories", grouped(r.dirs));
         println!("  {:<22} {}", "blocks in use", grouped(r.blocks_used));
@@ -74,17 +65,9 @@ fn print_report(image: &str, r: &FsckReport, verbose: bool, repair: bool) {
 
 fn verdict(r: &FsckReport, repair: bool) -> String {
     let left = r.errors_found.saturating_sub(r.errors_fixed);
-    let hint = if repair {
-        ""
-    } else {
-        " (run with -y to repair)"
-    };
+    let hint = if repair { "" } else { " (run with -y to repair)" };
     match (r.errors_found, left) {
-        (0, _) => format!(
-            "clean, {} inodes, {} blocks",
-            grouped(r.inodes),
-            grouped(r.blocks_used)
-        ),
+        (0, _) => format!("clean, {} inodes, {} blocks", grouped(r.inodes), grouped(r.blocks_used)),
         (found, 0) => format!("{} found, all fixed", errors(found)),
         (found, left) => format!("{} found, {left} NOT fixed{hint}", errors(found)),
     }

@@ -7,14 +7,7 @@ const BS: u64 = BLOCK_SIZE as u64;
 
 pub fn uuid_string(uuid: &[u8; 16]) -> String {
     let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
+    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
 }
 
 /// The bytes-per-inode ratio mkfs was given, recovered from the geometry.
@@ -26,23 +19,10 @@ pub fn bytes_per_inode(geo: &Geometry) -> u64 {
 pub fn summary(sb: &Superblock) -> String {
     let g = &sb.geo;
     let lines = [
-        (
-            "size",
-            format!(
-                "{} ({} blocks of {} bytes)",
-                human_bytes(g.block_count * BS),
-                grouped(g.block_count),
-                BS
-            ),
-        ),
+        ("size", format!("{} ({} blocks of {} bytes)", human_bytes(g.block_count * BS), grouped(g.block_count), BS)),
         (
             "allocation groups",
-            format!(
-                "{} x {} blocks ({})",
-                g.ag_count,
-                grouped(g.ag_blocks),
-                human_bytes(g.ag_blocks * BS)
-            ),
+            format!("{} x {} blocks ({})", g.ag_count, grouped(g.ag_blocks), human_bytes(g.ag_blocks * BS)),
         ),
         (
             "inodes",
@@ -54,22 +34,9 @@ pub fn summary(sb: &Superblock) -> String {
                 human_bytes(bytes_per_inode(g))
             ),
         ),
-        (
-            "log",
-            format!(
-                "{} blocks ({}) in AG 0",
-                grouped(g.log_blocks),
-                human_bytes(g.log_blocks * BS)
-            ),
-        ),
-        (
-            "orphan slots",
-            format!("{} per AG", grouped(g.orphan_slots_per_ag as u64)),
-        ),
+        ("log", format!("{} blocks ({}) in AG 0", grouped(g.log_blocks), human_bytes(g.log_blocks * BS))),
+        ("orphan slots", format!("{} per AG", grouped(g.orphan_slots_per_ag as u64))),
         ("uuid", uuid_string(&sb.uuid)),
     ];
-    lines
-        .iter()
-        .map(|(name, value)| format!("  {name:<18} {value}\n"))
-        .collect()
+    lines.iter().map(|(name, value)| format!("  {name:<18} {value}\n")).collect()
 }

@@ -30,7 +30,9 @@ pub fn open(path: &Path, read_only: bool) -> CliResult<Arc<FileDevice>> {
     );
     match FileDevice::open_wait(path, read_only, mount_config::LOCK_WAIT) {
         Ok(dev) => Ok(Arc::new(dev)),
-        Err(e) if e.kind() == ErrorKind::WouldBlock => Err(Failure::new(path.display().to_string(), "in use by another process")),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+            Err(Failure::new(path.display().to_string(), "in use by another process"))
+        }
         Err(e) => Err(Failure::new(format!("open {}", path.display()), e)),
     }
 }
@@ -51,9 +53,6 @@ pub fn require_ferrofs(path: &Path) -> CliResult<()> {
 pub fn mount_read_only(path: &Path) -> CliResult<FileSystem> {
     let dev: Arc<dyn BlockDevice> = open(path, true)?;
     require_ferrofs(path)?;
-    let opts = MountOptions {
-        read_only: true,
-        ..MountOptions::default()
-    };
+    let opts = MountOptions { read_only: true, ..MountOptions::default() };
     FileSystem::mount_device(dev, &opts).context(|| format!("mount {} read-only", path.display()))
 }

@@ -90,12 +90,7 @@ fn print_table(info: &Info) {
         human_bytes(info.blocks * bs),
         grouped(info.free_blocks)
     );
-    println!(
-        "  {:<18} {} of {}",
-        "free inodes",
-        grouped(info.free_inodes),
-        grouped(info.total_inodes)
-    );
+    println!("  {:<18} {} of {}", "free inodes", grouped(info.free_inodes), grouped(info.total_inodes));
     println!("  {:<18} {}", "log", log_state(info.log_records_pending));
     println!();
     println!("AG layout (block numbers) and free counts:");
@@ -130,12 +125,7 @@ fn print_table(info: &Info) {
         );
     }
     if let Some((agno, log)) = info.ags.iter().find_map(|a| a.log.map(|l| (a.agno, l))) {
-        println!(
-            "log: blocks {}..{} in AG {}",
-            log,
-            log + info.log_blocks,
-            agno
-        );
+        println!("log: blocks {}..{} in AG {}", log, log + info.log_blocks, agno);
     }
 }
 

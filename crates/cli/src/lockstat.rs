@@ -58,10 +58,12 @@ pub fn run(args: &LockstatArgs) -> CliResult<()> {
 
 /// Named counters (a JSON object of numbers), one per line, grouped by thousands.
 fn print_counters(json: &str) -> std::io::Result<()> {
-    let counters: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json).map_err(std::io::Error::other)?;
+    let counters: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(json).map_err(std::io::Error::other)?;
     let width = counters.keys().map(String::len).max().unwrap_or(0);
     for (name, value) in &counters {
-        let n = value.as_u64().ok_or_else(|| std::io::Error::other(format!("counter {name} is not a number: {value}")))?;
+        let n =
+            value.as_u64().ok_or_else(|| std::io::Error::other(format!("counter {name} is not a number: {value}")))?;
         println!("{name:<width$}  {}", crate::units::grouped(n));
     }
     Ok(())

@@ -6,10 +6,10 @@
 
 use crate::units::utc_time;
 use log::{kv::Key, Level, LevelFilter, Log, Metadata, Record};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use syslog::{Facility, Formatter3164, LoggerBackend};
 
 /// The syslog socket: where syslogd, rsyslogd and journald (`systemd-journald-dev-log`)
@@ -56,7 +56,8 @@ static LOGGER: OnceLock<&'static MountLog> = OnceLock::new();
 pub fn init(image: Option<&str>, file: Option<File>) {
     let sink = file.map_or(Sink::Stderr, Sink::File);
     LOGGER.get_or_init(|| {
-        let logger: &'static MountLog = Box::leak(Box::new(MountLog { image: image.map(str::to_string), sink: Mutex::new(sink) }));
+        let logger: &'static MountLog =
+            Box::leak(Box::new(MountLog { image: image.map(str::to_string), sink: Mutex::new(sink) }));
         if log::set_logger(logger).is_ok() {
             log::set_max_level(LevelFilter::Info);
         }
@@ -127,6 +128,11 @@ impl Log for MountLog {
 
 fn connect() -> Option<Syslog> {
     let path = std::env::var_os("FERROFS_SYSLOG_SOCKET").map_or_else(|| PathBuf::from(SYSLOG_SOCKET), PathBuf::from);
-    let formatter = Formatter3164 { facility: Facility::LOG_DAEMON, hostname: None, process: "ferrofs".into(), pid: std::process::id() };
+    let formatter = Formatter3164 {
+        facility: Facility::LOG_DAEMON,
+        hostname: None,
+        process: "ferrofs".into(),
+        pid: std::process::id(),
+    };
     syslog::unix_custom(formatter, path).ok()
 }

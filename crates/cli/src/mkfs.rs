@@ -68,22 +68,14 @@ pub fn run(args: &MkfsArgs) -> CliResult<()> {
     if size < MIN_SIZE {
         return Err(Failure::new(
             what(),
-            format!(
-                "{} is too small: a ferrofs image needs at least {}",
-                human_bytes(size),
-                human_bytes(MIN_SIZE)
-            ),
+            format!("{} is too small: a ferrofs image needs at least {}", human_bytes(size), human_bytes(MIN_SIZE)),
         ));
     }
     let opts = mkfs_options(args);
     let geo = ferrofs::mkfs::plan(size, &opts).context(what)?;
     warn_if_adjusted(args, &geo);
     let dev = prepare_device(path, &target, size).context(what)?;
-    let bar = progress::counter(
-        geo.ag_count >= PROGRESS_MIN_AGS,
-        geo.ag_count as u64,
-        "writing allocation groups",
-    );
+    let bar = progress::counter(geo.ag_count >= PROGRESS_MIN_AGS, geo.ag_count as u64, "writing allocation groups");
     let sb = ferrofs::mkfs::mkfs(&*dev, &opts, &|done, _| bar.set_position(done)).context(what)?;
     bar.finish_and_clear();
     println!("ferrofs: made {} ({})", path.display(), human_bytes(size));
@@ -101,21 +93,14 @@ fn inspect(path: &Path, force: bool) -> CliResult<Target> {
     };
     let is_block = meta.file_type().is_block_device();
     if !is_block && !meta.is_file() {
-        return Err(Failure::new(
-            path.display().to_string(),
-            "not a regular file or block device",
-        ));
+        return Err(Failure::new(path.display().to_string(), "not a regular file or block device"));
     }
     let dev = image::open(path, true)?;
     if !force {
         refuse_to_overwrite(path)?;
     }
     let len = dev.size();
-    Ok(if is_block {
-        Target::BlockDevice { len }
-    } else {
-        Target::File { len }
-    })
+    Ok(if is_block { Target::BlockDevice { len } } else { Target::File { len } })
 }
 
 fn refuse_to_overwrite(path: &Path) -> CliResult<()> {
@@ -134,9 +119,9 @@ fn refuse_to_overwrite(path: &Path) -> CliResult<()> {
 
 fn image_size(target: &Target, requested: Option<u64>) -> Result<u64, String> {
     match (target, requested) {
-        (Target::BlockDevice { len }, Some(size)) if size != *len => Err(format!(
-            "--size {size} given, but a block device keeps its own size ({len} bytes)"
-        )),
+        (Target::BlockDevice { len }, Some(size)) if size != *len => {
+            Err(format!("--size {size} given, but a block device keeps its own size ({len} bytes)"))
+        }
         (Target::BlockDevice { len }, _) => Ok(*len),
         (_, Some(size)) => Ok(size),
         (Target::File { len }, None) if *len > 0 => Ok(*len),
@@ -162,10 +147,7 @@ fn warn_if_adjusted(args: &MkfsArgs, geo: &ferrofs::Geometry) {
             geo.ag_count, ags
         );
     }
-    if let Some(log) = args
-        .log_size
-        .filter(|&l| l.div_ceil(BLOCK_SIZE as u64) != geo.log_blocks)
-    {
+    if let Some(log) = args.log_size.filter(|&l| l.div_ceil(BLOCK_SIZE as u64) != geo.log_blocks) {
         let got = geo.log_blocks * BLOCK_SIZE as u64;
         eprintln!(
             "ferrofs: note: log is {} instead of {} (between 256 KiB and half an allocation group)",

@@ -152,7 +152,11 @@ pub fn helper_argv(args: Vec<OsString>, root: bool) -> Result<Vec<OsString>, Str
     }
     if root {
         let given = |flag: &str| out.iter().filter_map(|a| a.to_str()).any(|a| a.split(',').any(|o| o == flag));
-        let implied: Vec<&str> = [("nosuid", "suid"), ("nodev", "dev")].into_iter().filter(|(no, _)| !given(no)).map(|(_, yes)| yes).collect();
+        let implied: Vec<&str> = [("nosuid", "suid"), ("nodev", "dev")]
+            .into_iter()
+            .filter(|(no, _)| !given(no))
+            .map(|(_, yes)| yes)
+            .collect();
         if !implied.is_empty() {
             out.extend(["-o".into(), implied.join(",").into()]);
         }

@@ -63,15 +63,34 @@ pub(crate) fn config(args: &MountArgs) -> Result<MountConfig, String> {
             "default_permissions" => cfg.default_permissions = true,
             "daemon_permissions" => cfg.default_permissions = false,
             "writeback_cache" => cfg.writeback_cache = true,
-            "threads" => cfg.threads = value.and_then(|v| v.parse().ok()).filter(|n| *n > 0).ok_or(format!("bad option '{o}': threads takes a whole number above 0"))?,
-            "entry_timeout" => cfg.entry_timeout = Duration::from_secs_f64(number(value).ok_or(format!("bad option '{o}': a number of seconds"))?),
-            "attr_timeout" => cfg.attr_timeout = Duration::from_secs_f64(number(value).ok_or(format!("bad option '{o}': a number of seconds"))?),
+            "threads" => {
+                cfg.threads = value
+                    .and_then(|v| v.parse().ok())
+                    .filter(|n| *n > 0)
+                    .ok_or(format!("bad option '{o}': threads takes a whole number above 0"))?
+            }
+            "entry_timeout" => {
+                cfg.entry_timeout =
+                    Duration::from_secs_f64(number(value).ok_or(format!("bad option '{o}': a number of seconds"))?)
+            }
+            "attr_timeout" => {
+                cfg.attr_timeout =
+                    Duration::from_secs_f64(number(value).ok_or(format!("bad option '{o}': a number of seconds"))?)
+            }
             "fsname" => cfg.fs_name = value.map(str::to_string),
-            "cache_size" => cfg.cache_bytes = Some(value.ok_or(format!("bad option '{o}': cache_size takes a size (e.g. 512M)")).and_then(parse_size).map_err(|e| format!("bad option '{o}': {e}"))?),
+            "cache_size" => {
+                cfg.cache_bytes = Some(
+                    value
+                        .ok_or(format!("bad option '{o}': cache_size takes a size (e.g. 512M)"))
+                        .and_then(parse_size)
+                        .map_err(|e| format!("bad option '{o}': {e}"))?,
+                )
+            }
             // Options for mount(8) and fstab only, not for the file system.
             // Handled by `run`: which daemon serves the mount, and where it logs.
             "shared" | "log" => {}
-            "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail" | "owner" | "group" | "comment" => {}
+            "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail" | "owner" | "group"
+            | "comment" => {}
             _ if key.starts_with("x-") => {}
             _ => cfg.options.push(o.to_string()),
         }
@@ -96,7 +115,9 @@ pub(crate) fn mounted_on(image: &std::path::Path) -> Option<String> {
         let (left, right) = l.split_once(" - ")?;
         let mut r = right.split(' ');
         let (fstype, source) = (r.next()?, r.next()?);
-        let same = |source: &str| std::path::Path::new(source) == image || ferrofs::dev::identity_of_path(source).is_ok_and(|i| i == identity);
+        let same = |source: &str| {
+            std::path::Path::new(source) == image || ferrofs::dev::identity_of_path(source).is_ok_and(|i| i == identity)
+        };
         (fstype.starts_with("fuse") && same(source)).then(|| left.split(' ').nth(4).unwrap_or("?").to_string())
     })
 }
@@ -113,13 +134,16 @@ mod tests {
     }
 
     fn parse(line: &[&str]) -> Result<MountConfig, String> {
-        let cli = Cli::try_parse_from(std::iter::once("mount").chain(line.iter().copied())).map_err(|e| e.to_string())?;
+        let cli =
+            Cli::try_parse_from(std::iter::once("mount").chain(line.iter().copied())).map_err(|e| e.to_string())?;
         config(&cli.mount)
     }
 
     #[test]
     fn options_set_the_config_and_pass_generic_ones_through() {
-        let c = parse(&["/", "dir", "-o", "ro,noatime,threads=4,x-systemd.automount,defaults,allow_other,cache_size=64M"]).unwrap();
+        let c =
+            parse(&["/", "dir", "-o", "ro,noatime,threads=4,x-systemd.automount,defaults,allow_other,cache_size=64M"])
+                .unwrap();
         assert!(c.read_only && c.allow_other);
         assert_eq!(c.cache_bytes, Some(64 << 20));
         assert_eq!(c.threads, 4);

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 pub const FERROFS: Program = Program { name: "ferrofs", package: "ferrofs-cli", crate_dir: "crates/cli" };
 
 /// The benchmarks.
-pub const FERROFS_BENCH: Program = Program { name: "ferrofs-bench", package: "ferrofs-bench", crate_dir: "crates/bench" };
+pub const FERROFS_BENCH: Program =
+    Program { name: "ferrofs-bench", package: "ferrofs-bench", crate_dir: "crates/bench" };
 
 /// A program of this repository, and how to build it.
 pub struct Program {

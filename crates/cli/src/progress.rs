@@ -11,18 +11,14 @@ pub fn counter(visible: bool, len: u64, message: &str) -> ProgressBar {
     if !visible {
         return ProgressBar::hidden();
     }
-    let bar = ProgressBar::new(len)
-        .with_style(style())
-        .with_message(message.to_string());
+    let bar = ProgressBar::new(len).with_style(style()).with_message(message.to_string());
     bar.enable_steady_tick(TICK);
     bar
 }
 
 fn style() -> ProgressStyle {
     // The template is a constant: a parse failure is a bug in this file, caught by its test.
-    ProgressStyle::with_template(TEMPLATE)
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ")
+    ProgressStyle::with_template(TEMPLATE).unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> ")
 }
 
 #[cfg(test)]

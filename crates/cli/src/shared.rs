@@ -17,9 +17,9 @@
 //! its last mount has ended; SIGTERM or SIGINT unmounts them all (each checkpoints) first.
 
 use crate::daemon;
+use crate::failure::{CliResult, Context};
 use crate::mount_config::{self, MountArgs, LOCK_WAIT};
 use crate::units::human_bytes;
-use crate::failure::{CliResult, Context};
 use clap::Args;
 use ferrofs::{CacheBudget, DEFAULT_CACHE_BYTES};
 use ferrofs_fuse::{MountConfig, MountHandle};
@@ -48,7 +48,11 @@ const TICK_MS: i32 = 200;
 enum Request {
     /// Mount `image` on `mountpoint` (both canonical: the daemon's working directory is not
     /// the client's) with these `-o` options.
-    Mount { image: PathBuf, mountpoint: PathBuf, options: Vec<String> },
+    Mount {
+        image: PathBuf,
+        mountpoint: PathBuf,
+        options: Vec<String>,
+    },
     Status,
 }
 
@@ -103,8 +107,15 @@ enum Unanswered {
 fn ask(socket: &Path, request: &Request) -> Result<Reply, Unanswered> {
     let mut conn = match UnixStream::connect(socket) {
         Ok(c) => c,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ECONNREFUSED)) => return Err(Unanswered::NoDaemon),
-        Err(e) => return Err(Unanswered::Failed(io::Error::new(e.kind(), format!("cannot reach the shared daemon at {}: {e}", socket.display())))),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ECONNREFUSED)) => {
+            return Err(Unanswered::NoDaemon)
+        }
+        Err(e) => {
+            return Err(Unanswered::Failed(io::Error::new(
+                e.kind(),
+                format!("cannot reach the shared daemon at {}: {e}", socket.display()),
+            )))
+        }
     };
     let text = serde_json::to_vec(request).map_err(|e| Unanswered::Failed(io::Error::other(e)))?;
     match send_all(&conn, &text).and_then(|()| conn.shutdown(std::net::Shutdown::Write)) {
@@ -115,7 +126,12 @@ fn ask(socket: &Path, request: &Request) -> Result<Reply, Unanswered> {
     let mut answer = Vec::new();
     match conn.read_to_end(&mut answer) {
         Ok(0) => Err(Unanswered::Gone),
-        Ok(_) => serde_json::from_slice(&answer).map_err(|e| Unanswered::Failed(io::Error::other(format!("the shared daemon at {} sent an unreadable reply: {e}", socket.display())))),
+        Ok(_) => serde_json::from_slice(&answer).map_err(|e| {
+            Unanswered::Failed(io::Error::other(format!(
+                "the shared daemon at {} sent an unreadable reply: {e}",
+                socket.display()
+            )))
+        }),
         Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => Err(Unanswered::Gone),
         Err(e) => Err(Unanswered::Failed(e)),
     }
@@ -144,7 +160,8 @@ fn send_all(conn: &UnixStream, mut buf: &[u8]) -> io::Result<()> {
 /// `ferrofs mount --shared`: have the shared daemon mount `cfg` (starting one if none runs)
 /// and return once the mount is usable, or with the daemon's reason it is not.
 pub fn mount(args: &MountArgs, cfg: &MountConfig) -> Result<(), String> {
-    let mountpoint = args.mountpoint.canonicalize().map_err(|e| format!("mount point {}: {e}", args.mountpoint.display()))?;
+    let mountpoint =
+        args.mountpoint.canonicalize().map_err(|e| format!("mount point {}: {e}", args.mountpoint.display()))?;
     let mut options = args.options.clone();
     if let Some(t) = args.threads {
         options.push(format!("threads={t}"));
@@ -165,7 +182,9 @@ pub fn mount(args: &MountArgs, cfg: &MountConfig) -> Result<(), String> {
                 return Ok(());
             }
             Ok(Reply::Error { message }) => return Err(message),
-            Ok(other) => return Err(format!("the shared daemon at {} answered a mount with {other:?}", socket.display())),
+            Ok(other) => {
+                return Err(format!("the shared daemon at {} answered a mount with {other:?}", socket.display()))
+            }
             Err(Unanswered::Failed(e)) => return Err(e.to_string()),
             Err(Unanswered::Gone) => {}
             Err(Unanswered::NoDaemon) => {
@@ -177,7 +196,11 @@ pub fn mount(args: &MountArgs, cfg: &MountConfig) -> Result<(), String> {
             }
         }
         if Instant::now() > deadline {
-            return Err(format!("a shared daemon holds {} but does not answer on {}", lock_path(&socket).display(), socket.display()));
+            return Err(format!(
+                "a shared daemon holds {} but does not answer on {}",
+                lock_path(&socket).display(),
+                socket.display()
+            ));
         }
         // A daemon is starting (its first mount is in progress) or exiting: ask again.
         std::thread::sleep(Duration::from_millis(50));
@@ -187,11 +210,19 @@ pub fn mount(args: &MountArgs, cfg: &MountConfig) -> Result<(), String> {
 /// The daemon lock, if no daemon holds it.
 fn try_lock(socket: &Path) -> io::Result<Option<File>> {
     let dir = socket.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(dir).map_err(|e| io::Error::new(e.kind(), format!("cannot make {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot make {}: {e}", dir.display())))?;
     let path = lock_path(socket);
     // 0600: flock needs no write permission, so a lock file others could open would let them
     // keep this user's daemon from starting.
-    let lock = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&path).map_err(|e| io::Error::new(e.kind(), format!("daemon lock {}: {e}", path.display())))?;
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| io::Error::new(e.kind(), format!("daemon lock {}: {e}", path.display())))?;
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
         return Ok(Some(lock));
@@ -208,7 +239,9 @@ fn try_lock(socket: &Path) -> io::Result<Option<File>> {
 fn start_daemon(cfg: &MountConfig, socket: &Path, lock: File) -> io::Result<()> {
     // Holding the lock proves that whatever socket is there belongs to a dead daemon.
     match std::fs::remove_file(socket) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io::Error::new(e.kind(), format!("stale daemon socket {}: {e}", socket.display()))),
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(io::Error::new(e.kind(), format!("stale daemon socket {}: {e}", socket.display())))
+        }
         _ => {}
     }
     // Created 0600 in one step: a socket that anyone could reach even briefly would let them
@@ -218,7 +251,8 @@ fn start_daemon(cfg: &MountConfig, socket: &Path, lock: File) -> io::Result<()> 
     let bound = UnixListener::bind(socket);
     // SAFETY: as above.
     unsafe { libc::umask(old) };
-    let listener = bound.map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", socket.display())))?;
+    let listener =
+        bound.map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", socket.display())))?;
     let (mut from_daemon, to_parent) = daemon::pipe()?;
     // SAFETY: the process is single-threaded here (nothing has spawned a thread yet), so the
     // child may go on running arbitrary code after fork.
@@ -286,7 +320,13 @@ fn daemon_main(cfg: &MountConfig, mut daemon: Daemon, report: OwnedFd) -> i32 {
 impl Daemon {
     fn new(listener: UnixListener, socket: &Path, lock: File, cfg: &MountConfig) -> Daemon {
         let limit = cfg.cache_bytes.unwrap_or(DEFAULT_CACHE_BYTES);
-        Daemon { listener, socket: socket.to_path_buf(), _lock: lock, budget: CacheBudget::for_process(limit), mounts: Vec::new() }
+        Daemon {
+            listener,
+            socket: socket.to_path_buf(),
+            _lock: lock,
+            budget: CacheBudget::for_process(limit),
+            mounts: Vec::new(),
+        }
     }
 
     fn mount(&mut self, mut cfg: MountConfig) -> Result<(), String> {
@@ -321,7 +361,8 @@ impl Daemon {
 
     /// Forget sessions that have ended (unmounted from outside), logging any failure.
     fn reap(&mut self) {
-        let (ended, live): (Vec<_>, Vec<_>) = std::mem::take(&mut self.mounts).into_iter().partition(MountHandle::is_finished);
+        let (ended, live): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.mounts).into_iter().partition(MountHandle::is_finished);
         self.mounts = live;
         for m in ended {
             if let Err(e) = m.join() {
@@ -367,11 +408,18 @@ impl Daemon {
 
     fn handle(&mut self, request: Request) -> Reply {
         match request {
-            Request::Mount { image, mountpoint, .. } if !image.is_absolute() || !mountpoint.is_absolute() => Reply::Error {
-                message: format!("the shared daemon needs absolute paths, not {} and {}", image.display(), mountpoint.display()),
-            },
+            Request::Mount { image, mountpoint, .. } if !image.is_absolute() || !mountpoint.is_absolute() => {
+                Reply::Error {
+                    message: format!(
+                        "the shared daemon needs absolute paths, not {} and {}",
+                        image.display(),
+                        mountpoint.display()
+                    ),
+                }
+            }
             Request::Mount { image, mountpoint, options } => {
-                let args = MountArgs { image, mountpoint, options, threads: None, mkfs: None, daemon: false, shared: true };
+                let args =
+                    MountArgs { image, mountpoint, options, threads: None, mkfs: None, daemon: false, shared: true };
                 let res = mount_config::config(&args).and_then(|cfg| match mount_config::mounted_on(&cfg.image) {
                     Some(dir) => Err(format!("the image is already mounted on {dir}")),
                     None => self.mount(cfg),
@@ -389,7 +437,11 @@ impl Daemon {
                     .mounts
                     .iter()
                     .filter(|m| !m.is_finished())
-                    .map(|m| MountStatus { image: m.image().to_path_buf(), mountpoint: m.mountpoint().to_path_buf(), cache_bytes: m.cache_bytes() })
+                    .map(|m| MountStatus {
+                        image: m.image().to_path_buf(),
+                        mountpoint: m.mountpoint().to_path_buf(),
+                        cache_bytes: m.cache_bytes(),
+                    })
                     .collect(),
             }),
         }
@@ -420,12 +472,23 @@ pub fn list(args: &MountsArgs) -> CliResult<()> {
         println!("{}", serde_json::to_string_pretty(&status).context(what)?);
         return Ok(());
     }
-    println!("shared daemon pid {}: caches hold {} of {}", status.pid, human_bytes(status.cache_used), human_bytes(status.cache_limit));
+    println!(
+        "shared daemon pid {}: caches hold {} of {}",
+        status.pid,
+        human_bytes(status.cache_used),
+        human_bytes(status.cache_limit)
+    );
     let width = status.mounts.iter().map(|m| m.image.as_os_str().len()).max().unwrap_or(0).max("IMAGE".len());
-    let mwidth = status.mounts.iter().map(|m| m.mountpoint.as_os_str().len()).max().unwrap_or(0).max("MOUNT POINT".len());
+    let mwidth =
+        status.mounts.iter().map(|m| m.mountpoint.as_os_str().len()).max().unwrap_or(0).max("MOUNT POINT".len());
     println!("{:width$}  {:mwidth$}  CACHE", "IMAGE", "MOUNT POINT");
     for m in &status.mounts {
-        println!("{:width$}  {:mwidth$}  {}", m.image.display().to_string(), m.mountpoint.display().to_string(), human_bytes(m.cache_bytes));
+        println!(
+            "{:width$}  {:mwidth$}  {}",
+            m.image.display().to_string(),
+            m.mountpoint.display().to_string(),
+            human_bytes(m.cache_bytes)
+        );
     }
     Ok(())
 }

@@ -6,26 +6,16 @@ const SUFFIXES: [(char, u32); 4] = [('K', 10), ('M', 20), ('G', 30), ('T', 40)];
 /// (case-insensitive, optionally followed by `B` or `iB`): `512`, `64M`, `1GiB`.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
     let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some(c) if c.is_ascii_alphabetic() => {
             let shift = SUFFIXES.iter().find(|(s, _)| *s == c).map(|(_, sh)| *sh);
-            (
-                &t[..t.len() - 1],
-                shift
-                    .ok_or_else(|| format!("unknown size suffix in '{text}' (use K, M, G or T)"))?,
-            )
+            (&t[..t.len() - 1], shift.ok_or_else(|| format!("unknown size suffix in '{text}' (use K, M, G or T)"))?)
         }
         _ => (t, 0),
     };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size (examples: 4096, 64M, 1G)"))?;
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("size '{text}' is too large"))
+    let n: u64 = digits.parse().map_err(|_| format!("'{text}' is not a size (examples: 4096, 64M, 1G)"))?;
+    n.checked_mul(1 << shift).ok_or_else(|| format!("size '{text}' is too large"))
 }
 
 /// `1.0 GiB`, `64.0 MiB`, `512 B`.
@@ -53,12 +43,7 @@ pub fn grouped(n: u64) -> String {
 pub fn utc_time(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
 /// Howard Hinnant's days-to-civil algorithm.

@@ -8,10 +8,7 @@ mod clean_failure;
 use clean_failure::assert_clean_failure;
 
 fn ferrofs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrofs"))
-        .args(args)
-        .output()
-        .expect("run ferrofs")
+    Command::new(env!("CARGO_BIN_EXE_ferrofs")).args(args).output().expect("run ferrofs")
 }
 
 fn stdout(o: &Output) -> String {
@@ -47,16 +44,7 @@ impl Drop for Scratch {
 fn mkfs_makes_sparse_image_and_refuses_to_overwrite_it() {
     let s = Scratch::new("mkfs");
     let img = s.path("a.img");
-    let o = ferrofs(&[
-        "mkfs",
-        &img,
-        "--size",
-        "64M",
-        "--ags",
-        "4",
-        "--bytes-per-inode",
-        "4K",
-    ]);
+    let o = ferrofs(&["mkfs", &img, "--size", "64M", "--ags", "4", "--bytes-per-inode", "4K"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("4 x 4,096 blocks"), "{}", stdout(&o));
     assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20);
@@ -67,10 +55,7 @@ fn mkfs_makes_sparse_image_and_refuses_to_overwrite_it() {
 #[test]
 fn mkfs_rejects_bad_sizes_without_panicking() {
     let s = Scratch::new("sizes");
-    assert_clean_failure(
-        &ferrofs(&["mkfs", &s.path("tiny.img"), "--size", "100K"]),
-        "too small",
-    );
+    assert_clean_failure(&ferrofs(&["mkfs", &s.path("tiny.img"), "--size", "100K"]), "too small");
     let o = ferrofs(&["mkfs", &s.path("q.img"), "--size", "12Q"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("unknown size suffix"));
@@ -80,19 +65,14 @@ fn mkfs_rejects_bad_sizes_without_panicking() {
 fn info_reports_free_counts_as_json() {
     let s = Scratch::new("info");
     let img = s.path("a.img");
-    assert!(ferrofs(&["mkfs", &img, "--size", "64M", "--ags", "4"])
-        .status
-        .success());
+    assert!(ferrofs(&["mkfs", &img, "--size", "64M", "--ags", "4"]).status.success());
     let o = ferrofs(&["info", &img, "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     assert_eq!(v["ag_count"], 4);
     assert_eq!(v["ags"].as_array().unwrap().len(), 4);
     // Inode 0 is never used and inode 1 is the root.
-    assert_eq!(
-        v["free_inodes"].as_u64().unwrap(),
-        v["total_inodes"].as_u64().unwrap() - 2
-    );
+    assert_eq!(v["free_inodes"].as_u64().unwrap(), v["total_inodes"].as_u64().unwrap() - 2);
     assert_eq!(v["log_records_pending"], 0);
     assert!(stdout(&ferrofs(&["info", &img])).contains("log                clean"));
 }
@@ -248,16 +228,10 @@ fn a_damaged_ferrofs_superblock_is_reported_as_corrupt() {
 fn fsck_exit_codes_follow_e2fsck() {
     let s = Scratch::new("fsck");
     let img = s.path("a.img");
-    assert!(ferrofs(&["mkfs", &img, "--size", "64M", "--ags", "4"])
-        .status
-        .success());
+    assert!(ferrofs(&["mkfs", &img, "--size", "64M", "--ags", "4"]).status.success());
     assert_eq!(ferrofs(&["fsck", &img]).status.code(), Some(0));
-    let v: serde_json::Value =
-        serde_json::from_slice(&ferrofs(&["info", &img, "--json"]).stdout).unwrap();
-    corrupt_byte(
-        &img,
-        v["ags"][1]["block_bitmap"].as_u64().unwrap() * 4096 + 4000,
-    );
+    let v: serde_json::Value = serde_json::from_slice(&ferrofs(&["info", &img, "--json"]).stdout).unwrap();
+    corrupt_byte(&img, v["ags"][1]["block_bitmap"].as_u64().unwrap() * 4096 + 4000);
     let checked = ferrofs(&["fsck", "-n", &img]);
     assert_eq!(checked.status.code(), Some(4), "{}", stdout(&checked));
     assert!(stdout(&checked).contains("NOT fixed"));
@@ -303,11 +277,7 @@ fn fsck_y_repairs_a_damaged_root_inode() {
 
 fn corrupt_byte(path: &str, offset: u64) {
     use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, offset).unwrap();
     f.write_all_at(&[!b[0]], offset).unwrap();

@@ -51,7 +51,10 @@ impl Scratch {
     /// A logged line must name the image (its canonical path) and the damaged block.
     fn assert_names_the_corruption(&self, line: &str) {
         let image = self.image.canonicalize().unwrap().display().to_string();
-        assert!(line.contains(&image) && line.contains("corrupt") && line.contains(&format!("at block {}", self.damaged)), "{line}");
+        assert!(
+            line.contains(&image) && line.contains("corrupt") && line.contains(&format!("at block {}", self.damaged)),
+            "{line}"
+        );
     }
 }
 

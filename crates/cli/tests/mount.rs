@@ -12,10 +12,6 @@ mod common;
 
 use common::{daemon_pid, damaged_image, is_mounted, run, stderr, unavailable, BIN};
 
-
-
-
-
 /// An image and a mount point, unmounted and removed on drop even when the test fails.
 struct Scratch {
     dir: PathBuf,
@@ -112,7 +108,11 @@ fn daemon_mount_serves_until_umount_and_one_writer_per_image() {
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("lockstat --journal --json is JSON");
     assert!(json["commits"].as_u64().is_some_and(|n| n >= 1), "{json}");
     let o = run(Command::new(BIN).arg("lockstat").arg(&s.mnt).arg("--journal"));
-    assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l.starts_with("checkpoints ")), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).lines().any(|l| l.starts_with("checkpoints ")),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     // Unmount and mount again at once: the new daemon waits for the old one's lock.
     s.umount();
     let o = s.mount(&[]);
@@ -122,7 +122,11 @@ fn daemon_mount_serves_until_umount_and_one_writer_per_image() {
     s.wait_released();
     s.fsck_clean();
     let o = run(Command::new(BIN).arg("lockstat").arg(&s.mnt));
-    assert!(!o.status.success() && stderr(&o).contains("is") && stderr(&o).contains("a ferrofs mount?"), "{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains("is") && stderr(&o).contains("a ferrofs mount?"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -250,7 +254,11 @@ fn one_umount_of_stacked_mounts_ends_only_the_top_one() {
     s.umount();
     upper.wait_released();
     let canon = s.image.canonicalize().unwrap();
-    assert_eq!(top_mount(&s.mnt), Some(("fuse.ferrofs".to_string(), canon.display().to_string())), "the lower mount was unmounted too");
+    assert_eq!(
+        top_mount(&s.mnt),
+        Some(("fuse.ferrofs".to_string(), canon.display().to_string())),
+        "the lower mount was unmounted too"
+    );
     assert_eq!(std::fs::read(s.mnt.join("lower-file")).unwrap(), b"lower");
     s.umount();
     s.wait_released();
@@ -306,7 +314,12 @@ fn fsck_right_after_umount_waits_for_the_daemon() {
         // While mounted, the tools refuse at once and say where.
         let started = Instant::now();
         let o = run(Command::new(BIN).arg("fsck").arg("-n").arg(&s.image));
-        assert!(!o.status.success() && stderr(&o).contains(&format!("mounted on {}", s.mnt.canonicalize().unwrap().display())), "{}", stderr(&o));
+        assert!(
+            !o.status.success()
+                && stderr(&o).contains(&format!("mounted on {}", s.mnt.canonicalize().unwrap().display())),
+            "{}",
+            stderr(&o)
+        );
         assert!(started.elapsed() < Duration::from_secs(5), "a mounted image must not be waited for");
         // `umount DIR && fsck IMG`, as scripts do.
         s.umount();
@@ -356,7 +369,11 @@ fn an_image_and_its_loop_device_are_one_image() {
     assert!(s.mount(&[]).status.success());
     let mnt = s.mnt.canonicalize().unwrap();
     let o = run(Command::new(BIN).args(["mount", "--daemon"]).arg(&dev.0).arg(&second));
-    assert!(!o.status.success() && stderr(&o).contains(&format!("already mounted on {}", mnt.display())), "{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains(&format!("already mounted on {}", mnt.display())),
+        "{}",
+        stderr(&o)
+    );
     assert!(!is_mounted(&second));
     let o = run(Command::new(BIN).arg("fsck").arg("-n").arg(&dev.0));
     assert!(!o.status.success() && stderr(&o).contains(&format!("mounted on {}", mnt.display())), "{}", stderr(&o));
@@ -390,11 +407,15 @@ fn remount_read_only_and_back_through_the_helper() {
         let fsck = run(Command::new(BIN).arg("fsck").arg("-n").arg(&copy));
         let info = String::from_utf8_lossy(&run(Command::new(BIN).arg("info").arg(&copy)).stdout).into_owned();
         let dev = std::sync::Arc::new(ferrofs::dev::FileDevice::open(&copy, true).unwrap());
-        let fs = ferrofs::FileSystem::mount_device(dev, &ferrofs::MountOptions { read_only: true, ..Default::default() }).unwrap();
+        let fs =
+            ferrofs::FileSystem::mount_device(dev, &ferrofs::MountOptions { read_only: true, ..Default::default() })
+                .unwrap();
         let last = fs.lookup(1, b"f199").and_then(|a| fs.read(a.ino, 0, 8));
         drop(fs);
         std::fs::remove_file(&copy).unwrap();
-        fsck.status.success() && info.lines().any(|l| l.split_whitespace().eq(["log", "clean"])) && last.is_ok_and(|d| d == b"199")
+        fsck.status.success()
+            && info.lines().any(|l| l.split_whitespace().eq(["log", "clean"]))
+            && last.is_ok_and(|d| d == b"199")
     };
     // As mount(8) runs the helper for `mount -o remount,ro DIR`.
     let o = run(Command::new(&helper).arg(&s.image).arg(&s.mnt).args(["-o", "remount,ro"]));
@@ -432,7 +453,12 @@ fn suid_and_dev_are_honoured_for_root_and_off_by_default() {
     let null = s.mnt.join("null");
     // `ferrofs mount` keeps FUSE's safe default; mount(8) passes no `suid,dev` (they are its
     // default) but does pass `nosuid,nodev`, and the helper reads it as mount.fuse3 does.
-    let cases: [(&std::path::Path, &str, bool); 4] = [(BIN.as_ref(), "rw", true), (BIN.as_ref(), "suid,dev", false), (&helper, "rw", false), (&helper, "rw,nosuid,nodev", true)];
+    let cases: [(&std::path::Path, &str, bool); 4] = [
+        (BIN.as_ref(), "rw", true),
+        (BIN.as_ref(), "suid,dev", false),
+        (&helper, "rw", false),
+        (&helper, "rw,nosuid,nodev", true),
+    ];
     for (command, options, nosuid_nodev) in cases {
         let o = if command == helper {
             run(Command::new(command).arg(&s.image).arg(&s.mnt).args(["-o", options]))
@@ -442,7 +468,11 @@ fn suid_and_dev_are_honoured_for_root_and_off_by_default() {
         assert!(o.status.success(), "{}", stderr(&o));
         let flags = mount_options(&s.mnt);
         let flags: Vec<&str> = flags.split(',').collect();
-        assert_eq!((flags.contains(&"nosuid"), flags.contains(&"nodev")), (nosuid_nodev, nosuid_nodev), "{command:?} -o {options}: {flags:?}");
+        assert_eq!(
+            (flags.contains(&"nosuid"), flags.contains(&"nodev")),
+            (nosuid_nodev, nosuid_nodev),
+            "{command:?} -o {options}: {flags:?}"
+        );
         // The kernel opens device nodes itself: a node of /dev/null works only with `dev`.
         if !null.exists() {
             assert!(Command::new("mknod").arg(&null).args(["c", "1", "3"]).status().unwrap().success());

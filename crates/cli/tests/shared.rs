@@ -13,9 +13,6 @@ mod common;
 
 use common::{daemon_pid, damaged_image, is_mounted, stderr, unavailable, BIN};
 
-
-
-
 /// Images `a`, `b` and `c` with a mount point each, and the daemon socket of this test;
 /// everything still mounted is detached and the directory removed on drop, even when the
 /// test fails (the daemon then ends with its last mount).
@@ -50,13 +47,20 @@ impl Scratch {
 
     /// `ferrofs mount --shared` of image `name` on its mount point.
     fn mount(&self, name: &str, extra: &[&str]) -> Output {
-        self.ferrofs().args(["mount", "--shared"]).args(extra).arg(self.image(name)).arg(self.mnt(name)).output().unwrap()
+        self.ferrofs()
+            .args(["mount", "--shared"])
+            .args(extra)
+            .arg(self.image(name))
+            .arg(self.mnt(name))
+            .output()
+            .unwrap()
     }
 
     fn mounts_json(&self) -> serde_json::Value {
         let o = self.ferrofs().args(["mounts", "--json"]).output().unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("ferrofs mounts --json: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("ferrofs mounts --json: {e}: {}", String::from_utf8_lossy(&o.stdout)))
     }
 
     fn umount(&self, name: &str) {
@@ -89,10 +93,10 @@ impl Drop for Scratch {
     }
 }
 
-
 /// Whether `pid` still runs (a zombie has ended: its parent merely has not reaped it).
 fn running(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
 }
 
 fn wait_exit(pid: i32) {
@@ -165,7 +169,11 @@ fn shared_daemon_serves_several_images_in_one_process() {
     wait_exit(pid);
     assert!(!s.socket.exists());
     let o = s.ferrofs().arg("mounts").output().unwrap();
-    assert!(String::from_utf8_lossy(&o.stdout).contains("no shared ferrofs daemon"), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("no shared ferrofs daemon"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     s.fsck_clean("a");
     s.fsck_clean("b");
 }

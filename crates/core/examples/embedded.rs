@@ -7,7 +7,9 @@ use ferrofs::{dev::FileDevice, Cred, FileSystem, MkfsOptions, MountOptions};
 use std::sync::Arc;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let image = std::env::args().nth(1).map_or_else(|| std::env::temp_dir().join(format!("ferrofs-embedded-{}.img", std::process::id())), Into::into);
+    let image = std::env::args()
+        .nth(1)
+        .map_or_else(|| std::env::temp_dir().join(format!("ferrofs-embedded-{}.img", std::process::id())), Into::into);
 
     let dev = Arc::new(FileDevice::create(&image, 1 << 30)?);
     FileSystem::mkfs(&*dev, &MkfsOptions::default())?;
@@ -23,7 +25,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(fs);
 
     // Mounted again, the image holds the file, and the unmount left nothing to replay.
-    let fs = FileSystem::mount_device(Arc::new(FileDevice::open(&image, true)?), &MountOptions { read_only: true, ..MountOptions::default() })?;
+    let fs = FileSystem::mount_device(
+        Arc::new(FileDevice::open(&image, true)?),
+        &MountOptions { read_only: true, ..MountOptions::default() },
+    )?;
     assert_eq!(fs.read_file("/a/b/hello")?, b"hi");
     assert_eq!(fs.info().log_records_replayed, 0);
     drop(fs);

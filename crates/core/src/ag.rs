@@ -11,9 +11,15 @@ use crate::buf::BufRef;
 use crate::cache::BufCache;
 use crate::error::{Error, Result};
 use crate::format::log::chunks_of;
-use crate::format::{self, AgLayout, Geometry, BITMAP_BITS, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK, ROOT_INO};
+use crate::format::{
+    self, AgLayout, Geometry, BITMAP_BITS, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK,
+    ROOT_INO,
+};
 use crate::lockstat::{LockClass, Mutex, MutexGuard};
-use std::sync::atomic::{AtomicU64, Ordering::{Acquire, Relaxed, Release}};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 
 pub static AG_LOCK: LockClass = LockClass::ranked("ag", 25);
 
@@ -132,7 +138,8 @@ fn disk_bit(bufs: &[BufRef], i: u64) -> (usize, usize, u8) {
 
 /// Load a bitmap's blocks and build its in-memory copy.
 fn load_bitmap(cache: &BufCache, start: u64, nblocks: u64, len: u64, owner: u64) -> Result<(Vec<BufRef>, Bitmap)> {
-    let bufs: Vec<BufRef> = (start..start + nblocks).map(|b| cache.read(b, "bitmap", MAGIC_BITMAP, Some(owner))).collect::<Result<_>>()?;
+    let bufs: Vec<BufRef> =
+        (start..start + nblocks).map(|b| cache.read(b, "bitmap", MAGIC_BITMAP, Some(owner))).collect::<Result<_>>()?;
     let mut map = Bitmap::new(len);
     for i in 0..len {
         let (b, byte, mask) = disk_bit(&bufs, i);
@@ -149,13 +156,15 @@ impl Ag {
         let hdr = cache.read(l.header, "AG header", MAGIC_AGH, Some(agno as u64))?;
         {
             let h = hdr.read();
-            let (blocks, inodes) = (format::get_u64(&h[..], format::agh::BLOCKS), format::get_u32(&h[..], format::agh::INODES));
+            let (blocks, inodes) =
+                (format::get_u64(&h[..], format::agh::BLOCKS), format::get_u32(&h[..], format::agh::INODES));
             if blocks != l.blocks || inodes != geo.inodes_per_ag || format::get_u32(&h[..], format::agh::AGNO) != agno {
                 return Err(Error::corrupt("AG header", l.header, "geometry disagrees with the superblock"));
             }
         }
         let (block_bitmap, blocks) = load_bitmap(cache, l.block_bitmap, l.block_bitmap_blocks, l.blocks, agno as u64)?;
-        let (inode_bitmap, mut inodes) = load_bitmap(cache, l.inode_bitmap, l.inode_bitmap_blocks, geo.inodes_per_ag as u64, agno as u64)?;
+        let (inode_bitmap, mut inodes) =
+            load_bitmap(cache, l.inode_bitmap, l.inode_bitmap_blocks, geo.inodes_per_ag as u64, agno as u64)?;
         if agno == 0 {
             // Inode 0 ("no inode") and the root are never handed out, whatever the on-disk
             // bitmap says: trusting a bitmap that marks them free would give a new file the
@@ -169,8 +178,9 @@ impl Ag {
         if (0..l.data_start - l.start).any(|i| !blocks.get(i)) {
             return Err(Error::corrupt("bitmap", l.block_bitmap, "AG metadata blocks marked free"));
         }
-        let orphan_table: Vec<BufRef> =
-            (l.orphan_table..l.orphan_table + l.orphan_blocks).map(|b| cache.read(b, "orphan table", MAGIC_ORPHAN, Some(agno as u64))).collect::<Result<_>>()?;
+        let orphan_table: Vec<BufRef> = (l.orphan_table..l.orphan_table + l.orphan_blocks)
+            .map(|b| cache.read(b, "orphan table", MAGIC_ORPHAN, Some(agno as u64)))
+            .collect::<Result<_>>()?;
         let mut orphan_free = Vec::new();
         for (bi, b) in orphan_table.iter().enumerate().rev() {
             let d = b.read();
@@ -229,8 +239,12 @@ impl Ag {
     }
 
     fn sync_counts(&self, s: &AgState) {
-        debug_assert!(s.blocks.free() + s.busy_blocks <= self.layout.blocks, "busy blocks are a part of the claimed ones");
-        self.free_blocks.store((s.blocks.free() + s.busy_blocks).saturating_sub(s.reserved_blocks + self.pool), Relaxed);
+        debug_assert!(
+            s.blocks.free() + s.busy_blocks <= self.layout.blocks,
+            "busy blocks are a part of the claimed ones"
+        );
+        self.free_blocks
+            .store((s.blocks.free() + s.busy_blocks).saturating_sub(s.reserved_blocks + self.pool), Relaxed);
         self.free_inodes.store(s.inodes.free(), Relaxed);
     }
 
@@ -280,7 +294,11 @@ impl Ag {
     /// same number of reserved blocks. Returns (absolute start, len).
     pub fn claim_blocks(&self, goal: u64, max_len: u64) -> Option<(u64, u64)> {
         let mut s = self.lock();
-        let rel_goal = if goal >= self.layout.start && goal < self.layout.start + self.layout.blocks { goal - self.layout.start } else { s.block_cursor };
+        let rel_goal = if goal >= self.layout.start && goal < self.layout.start + self.layout.blocks {
+            goal - self.layout.start
+        } else {
+            s.block_cursor
+        };
         let start = s.blocks.find_clear(rel_goal)?;
         let len = s.blocks.run_len(start, max_len.min(s.reserved_blocks));
         if len == 0 {

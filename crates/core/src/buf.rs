@@ -2,9 +2,9 @@
 //! lock for AG headers and bitmaps, the inode lock for an inode's B+tree blocks); the buffer's
 //! own lock only keeps readers from seeing a half-copied block.
 
+use crate::format::log::ChunkMask;
 #[cfg(debug_assertions)]
 use crate::format::log::CHUNK;
-use crate::format::log::ChunkMask;
 use crate::format::BLOCK_SIZE;
 use crate::reclaim::Reclaimable;
 use parking_lot::{RwLock, RwLockReadGuard};
@@ -90,8 +90,15 @@ impl Buf {
         #[cfg(debug_assertions)]
         {
             let mut logged = self.logged.lock();
-            let unmarked = (0..ChunkMask::BITS as usize).find(|&i| changed & (1 << i) == 0 && image[i * CHUNK..(i + 1) * CHUNK] != logged[i * CHUNK..(i + 1) * CHUNK]);
-            debug_assert!(unmarked.is_none(), "block {}: chunk {:?} changed but was not marked (mask {changed:#x})", self.blkno, unmarked);
+            let unmarked = (0..ChunkMask::BITS as usize).find(|&i| {
+                changed & (1 << i) == 0 && image[i * CHUNK..(i + 1) * CHUNK] != logged[i * CHUNK..(i + 1) * CHUNK]
+            });
+            debug_assert!(
+                unmarked.is_none(),
+                "block {}: chunk {:?} changed but was not marked (mask {changed:#x})",
+                self.blkno,
+                unmarked
+            );
             logged.copy_from_slice(image);
         }
         #[cfg(not(debug_assertions))]

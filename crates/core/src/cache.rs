@@ -80,11 +80,28 @@ pub fn block_ag(blkno: u64, ag_blocks: u64) -> u64 {
 }
 
 impl<V: Reclaimable> AgCache<V> {
-    pub fn new(class: &'static LockClass, ag_count: u32, ag_of: fn(u64, u64) -> u64, ag_param: u64, budget: Arc<CacheBudget>) -> Self {
+    pub fn new(
+        class: &'static LockClass,
+        ag_count: u32,
+        ag_of: fn(u64, u64) -> u64,
+        ag_param: u64,
+        budget: Arc<CacheBudget>,
+    ) -> Self {
         let n = ag_count.max(1) as usize;
         AgCache {
-            shards: (0..n * SHARDS_PER_AG).map(|i| CachePadded::new(RwLock::striped_indexed(class, (i / SHARDS_PER_AG) as u64, FxHashMap::default()))).collect(),
-            ags: (0..n).map(|i| CachePadded::new(AgPart { len: AtomicU64::new(0), reclaim: Mutex::new_indexed(&RECLAIM, i as u64, 0) })).collect(),
+            shards: (0..n * SHARDS_PER_AG)
+                .map(|i| {
+                    CachePadded::new(RwLock::striped_indexed(class, (i / SHARDS_PER_AG) as u64, FxHashMap::default()))
+                })
+                .collect(),
+            ags: (0..n)
+                .map(|i| {
+                    CachePadded::new(AgPart {
+                        len: AtomicU64::new(0),
+                        reclaim: Mutex::new_indexed(&RECLAIM, i as u64, 0),
+                    })
+                })
+                .collect(),
             ag_of,
             ag_param,
             check_every: (budget.limit / (n as u64 * BLOCK_SIZE as u64 * 4)).clamp(1, CHECK_EVERY),
@@ -190,7 +207,11 @@ impl<V: Reclaimable> AgCache<V> {
         for batch in keys.chunks(EVICT_BATCH) {
             let candidates: SmallVec<[u64; EVICT_BATCH]> = {
                 let s = shard.read();
-                batch.iter().copied().filter(|k| s.get(k).is_some_and(|v| !second_chance(v.referenced()) && evictable(v))).collect()
+                batch
+                    .iter()
+                    .copied()
+                    .filter(|k| s.get(k).is_some_and(|v| !second_chance(v.referenced()) && evictable(v)))
+                    .collect()
             };
             if candidates.is_empty() {
                 continue;
@@ -375,7 +396,11 @@ impl CacheBudget {
     /// For a process that does little besides serving its file systems, such as a mount
     /// daemon; an application that embeds ferrofs would squeeze the caches with its own memory.
     pub fn for_process(limit: u64) -> Arc<CacheBudget> {
-        let process = ProcessMemory { other: AtomicU64::new(0), next_sample: AtomicU64::new(0), epoch: std::time::Instant::now() };
+        let process = ProcessMemory {
+            other: AtomicU64::new(0),
+            next_sample: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+        };
         Self::with_process(limit, Some(process))
     }
 
@@ -450,7 +475,9 @@ impl CacheBudget {
             self.over.store(true, Relaxed);
         }
         let home = home_sum(&members);
-        if self.stalled_home.load(Relaxed) == home && used < self.stalled_used.load(Relaxed) + self.limit / RESWEEP_GROWTH {
+        if self.stalled_home.load(Relaxed) == home
+            && used < self.stalled_used.load(Relaxed) + self.limit / RESWEEP_GROWTH
+        {
             self.stats.stalled_checks.fetch_add(1, Relaxed);
         } else if self.sweep(&members, used, room) {
             self.stalled_home.store(NOT_STALLED, Relaxed);
@@ -515,7 +542,8 @@ impl CacheBudget {
             return true;
         }
         self.stats.reclaim_passes.fetch_add(1, Relaxed);
-        let slots: Vec<(usize, u32)> = members.iter().enumerate().flat_map(|(i, m)| (0..m.ag_count()).map(move |a| (i, a))).collect();
+        let slots: Vec<(usize, u32)> =
+            members.iter().enumerate().flat_map(|(i, m)| (0..m.ag_count()).map(move |a| (i, a))).collect();
         // Two sweeps over every AG at most: the second catches what the first's scans marked
         // unreferenced. Whatever is still over then is dirty or held.
         for _ in 0..2 * slots.len() * SHARDS_PER_AG {
@@ -624,6 +652,10 @@ mod tests {
     #[test]
     fn counters_lists_every_counter() {
         let n = CacheStats::default().counters().len();
-        assert_eq!(n * std::mem::size_of::<AtomicU64>(), std::mem::size_of::<CacheStats>(), "a CacheStats field is missing from counters()");
+        assert_eq!(
+            n * std::mem::size_of::<AtomicU64>(),
+            std::mem::size_of::<CacheStats>(),
+            "a CacheStats field is missing from counters()"
+        );
     }
 }

@@ -8,9 +8,9 @@
 
 use crate::btree::{self, NodeStore};
 use crate::error::{Error, Result};
-use crate::format::{get_u64, Fork, DiskInode, NAME_MAX};
-use crate::store::{ReadStore, TxStore};
+use crate::format::{get_u64, DiskInode, Fork, NAME_MAX};
 use crate::mount::Mount;
+use crate::store::{ReadStore, TxStore};
 use smallvec::SmallVec;
 
 /// Worst-case blocks an insert can allocate (a split at every level plus a new root).
@@ -61,7 +61,13 @@ pub struct Entry {
 }
 
 fn decode(key: u64, v: &[u8], dir: u64) -> Result<(Entry, &[u8])> {
-    let name = entry_name(v).ok_or_else(|| Error::corrupt("directory entry", dir, format!("key {key:#x}: value of {} bytes or a name no caller could give", v.len())))?;
+    let name = entry_name(v).ok_or_else(|| {
+        Error::corrupt(
+            "directory entry",
+            dir,
+            format!("key {key:#x}: value of {} bytes or a name no caller could give", v.len()),
+        )
+    })?;
     Ok((Entry { key, ino: get_u64(v, 0), ftype: v[8] }, name))
 }
 

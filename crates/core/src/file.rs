@@ -24,9 +24,18 @@ fn decode_value(m: &Mount, ino: u64, lblk: u64, v: &[u8]) -> Result<Extent> {
 }
 
 /// Extents overlapping file blocks `[from, to)`, in order.
-pub fn extents_in(store: &mut dyn NodeStore, m: &Mount, ino: u64, di: &DiskInode, from: u64, to: u64) -> Result<Vec<Extent>> {
+pub fn extents_in(
+    store: &mut dyn NodeStore,
+    m: &Mount,
+    ino: u64,
+    di: &DiskInode,
+    from: u64,
+    to: u64,
+) -> Result<Vec<Extent>> {
     match &di.fork {
-        Fork::Extents { n, ext } => Ok(ext[..*n as usize].iter().filter(|e| e.end() > from && e.lblk < to).copied().collect()),
+        Fork::Extents { n, ext } => {
+            Ok(ext[..*n as usize].iter().filter(|e| e.end() > from && e.lblk < to).copied().collect())
+        }
         Fork::Btree(root) if di.is_reg() || di.is_symlink() => {
             let mut out = Vec::new();
             let start = match btree::floor(store, *root, from)? {
@@ -147,7 +156,11 @@ pub fn map(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, e: Extent) 
     if e.lblk > 0 {
         let prev = extents_in(s, m, ino, di, e.lblk - 1, e.lblk)?;
         if let Some(p) = prev.first() {
-            if p.end() == e.lblk && p.pblk + p.len as u64 == e.pblk && p.unwritten == e.unwritten && p.len + e.len <= EXTENT_LEN_MAX {
+            if p.end() == e.lblk
+                && p.pblk + p.len as u64 == e.pblk
+                && p.unwritten == e.unwritten
+                && p.len + e.len <= EXTENT_LEN_MAX
+            {
                 let merged = Extent { len: p.len + e.len, ..*p };
                 remove(s, di, p.lblk)?;
                 return put(s, di, merged);
@@ -160,7 +173,15 @@ pub fn map(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, e: Extent) 
 /// Unmap file blocks `[from, to)`, splitting extents at the edges; at most `max` extents
 /// are touched. Returns the unmapped pieces (the caller frees or remaps them) and whether
 /// the whole range is done.
-pub fn unmap(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, from: u64, to: u64, max: usize) -> Result<(Vec<Extent>, bool)> {
+pub fn unmap(
+    s: &mut TxStore,
+    m: &Mount,
+    ino: u64,
+    di: &mut DiskInode,
+    from: u64,
+    to: u64,
+    max: usize,
+) -> Result<(Vec<Extent>, bool)> {
     let all = extents_in(s, m, ino, di, from, to)?;
     let done = all.len() <= max;
     let mut out = Vec::new();
@@ -187,7 +208,11 @@ pub fn split_at(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, at: u6
     if let Some(e) = extents_in(s, m, ino, di, at - 1, at)?.into_iter().find(|e| e.end() > at) {
         remove(s, di, e.lblk)?;
         put(s, di, Extent { len: (at - e.lblk) as u32, ..e })?;
-        put(s, di, Extent { lblk: at, pblk: e.pblk + (at - e.lblk), len: (e.end() - at) as u32, unwritten: e.unwritten })?;
+        put(
+            s,
+            di,
+            Extent { lblk: at, pblk: e.pblk + (at - e.lblk), len: (e.end() - at) as u32, unwritten: e.unwritten },
+        )?;
     }
     Ok(())
 }
@@ -197,7 +222,15 @@ pub fn split_at(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, at: u6
 /// that each lands on blocks nothing maps. No extent may straddle `from` or `to`. Returns
 /// the bound of the extents still to move — the new `from` going left, the new `to` going
 /// right — or `None` when all have moved.
-pub fn shift(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, (from, to): (u64, u64), by: i64, max: usize) -> Result<Option<u64>> {
+pub fn shift(
+    s: &mut TxStore,
+    m: &Mount,
+    ino: u64,
+    di: &mut DiskInode,
+    (from, to): (u64, u64),
+    by: i64,
+    max: usize,
+) -> Result<Option<u64>> {
     let right = by > 0;
     let all = extents_in(s, m, ino, di, from, to)?;
     debug_assert!(all.iter().all(|e| e.lblk >= from && e.end() <= to), "an extent straddles the shifted range");
@@ -206,7 +239,8 @@ pub fn shift(s: &mut TxStore, m: &Mount, ino: u64, di: &mut DiskInode, (from, to
         (false, true) => (&all[..max], Some(all[max].lblk)),
         (true, true) => (&all[all.len() - max..], Some(all[all.len() - max].lblk)),
     };
-    let moves: Box<dyn Iterator<Item = &Extent>> = if right { Box::new(batch.iter().rev()) } else { Box::new(batch.iter()) };
+    let moves: Box<dyn Iterator<Item = &Extent>> =
+        if right { Box::new(batch.iter().rev()) } else { Box::new(batch.iter()) };
     for e in moves {
         remove(s, di, e.lblk)?;
         // The caller checked that the moved map stays within the file's blocks.

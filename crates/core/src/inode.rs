@@ -155,7 +155,9 @@ impl TableBlocks {
 
 impl InodeCache {
     pub fn new(ag_count: u32, budget: Arc<CacheBudget>) -> InodeCache {
-        let tables = (0..ag_count).map(|ag| CachePadded::new(Mutex::new_indexed(&INODE_TABLE, ag.into(), TableBlocks::default()))).collect();
+        let tables = (0..ag_count)
+            .map(|ag| CachePadded::new(Mutex::new_indexed(&INODE_TABLE, ag.into(), TableBlocks::default())))
+            .collect();
         InodeCache { map: AgCache::new(&ICACHE, ag_count, inode_ag, 0, budget), tables }
     }
 
@@ -166,7 +168,14 @@ impl InodeCache {
     /// The cached inode, reading and verifying it on a miss (the caller has checked that the
     /// number is allocated; `log_version` is where its log versions continue from).
     /// `home_seq`: the journal's, read after the caller missed the cache.
-    pub fn load(&self, dev: &dyn BlockDevice, geo: &Geometry, ino: u64, log_version: u64, home_seq: u64) -> Result<InodeRef> {
+    pub fn load(
+        &self,
+        dev: &dyn BlockDevice,
+        geo: &Geometry,
+        ino: u64,
+        log_version: u64,
+        home_seq: u64,
+    ) -> Result<InodeRef> {
         if let Some(i) = self.map.get(ino) {
             return Ok(i);
         }
@@ -243,7 +252,10 @@ mod tests {
         let geo = mkfs(&dev, &MkfsOptions::default(), &|_, _| {}).unwrap().geo;
         let cache = InodeCache::new(geo.ag_count, CacheBudget::new(1 << 30));
         let other = ROOT_INO + 1;
-        assert_eq!(geo.inode_offset(other).unwrap() / BLOCK_SIZE as u64, geo.inode_offset(ROOT_INO).unwrap() / BLOCK_SIZE as u64);
+        assert_eq!(
+            geo.inode_offset(other).unwrap() / BLOCK_SIZE as u64,
+            geo.inode_offset(ROOT_INO).unwrap() / BLOCK_SIZE as u64
+        );
         let mut img = [0u8; INODE_SIZE];
         dev.read_at(&mut img, geo.inode_offset(ROOT_INO).unwrap()).unwrap();
         let root = DiskInode::decode(&img, ROOT_INO, &geo).unwrap();
@@ -259,7 +271,11 @@ mod tests {
     }
 
     fn dir() -> InodeRef {
-        Inode::new(7, DiskInode::new(crate::format::inode::S_IFDIR | 0o755, 0, 0, crate::format::inode::Timespec::default(), 1), 0)
+        Inode::new(
+            7,
+            DiskInode::new(crate::format::inode::S_IFDIR | 0o755, 0, 0, crate::format::inode::Timespec::default(), 1),
+            0,
+        )
     }
 
     /// A directory changed by one thread keeps that thread's shard. Changed by two threads

@@ -117,6 +117,7 @@ pub use journal::JournalConfig;
 pub use mkfs::MkfsOptions;
 pub use mount::{has_superblock_magic, read_superblock, AtimeMode, MountOptions};
 pub use stats::{
-    AgCounters, AgInfo, CacheCounters, CacheUsage, Info, JournalCounters, MemoryUsage, Stats, BLOCK_CACHE_BYTES, DISK_INODE_STRUCT_BYTES, INODE_CACHE_BYTES, INODE_STRUCT_BYTES,
+    AgCounters, AgInfo, CacheCounters, CacheUsage, Info, JournalCounters, MemoryUsage, Stats, BLOCK_CACHE_BYTES,
+    DISK_INODE_STRUCT_BYTES, INODE_CACHE_BYTES, INODE_STRUCT_BYTES,
 };
 pub use xattr::{XATTR_CREATE, XATTR_REPLACE};

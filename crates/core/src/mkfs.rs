@@ -14,12 +14,12 @@
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
+use crate::format::inode::{Timespec, S_IFDIR};
 use crate::format::log::LogHeader;
-use crate::format::sb::{MAX_AGS, MIN_LOG_BLOCKS};
 /// The smallest allocation group, in blocks: a device smaller than this holds no file system.
 pub use crate::format::sb::MIN_AG_BLOCKS;
+use crate::format::sb::{MAX_AGS, MIN_LOG_BLOCKS};
 use crate::format::*;
-use crate::format::inode::{Timespec, S_IFDIR};
 
 /// What to make: the geometry's free choices and the root directory's owner.
 #[derive(Clone, Debug)]
@@ -42,7 +42,15 @@ pub struct MkfsOptions {
 
 impl Default for MkfsOptions {
     fn default() -> Self {
-        MkfsOptions { ag_count: None, bytes_per_inode: 8192, log_blocks: None, inodes_per_orphan_slot: 8, root_uid: 0, root_gid: 0, root_mode: 0o755 }
+        MkfsOptions {
+            ag_count: None,
+            bytes_per_inode: 8192,
+            log_blocks: None,
+            inodes_per_orphan_slot: 8,
+            root_uid: 0,
+            root_gid: 0,
+            root_mode: 0o755,
+        }
     }
 }
 
@@ -55,7 +63,9 @@ fn round_up(v: u64, m: u64) -> u64 {
 pub fn plan(size: u64, o: &MkfsOptions) -> Result<Geometry> {
     let block_count = size / BLOCK_SIZE as u64;
     if block_count < MIN_AG_BLOCKS {
-        return Err(Error::Geometry(format!("{size} bytes is less than one allocation group ({MIN_AG_BLOCKS} blocks of {BLOCK_SIZE} bytes)")));
+        return Err(Error::Geometry(format!(
+            "{size} bytes is less than one allocation group ({MIN_AG_BLOCKS} blocks of {BLOCK_SIZE} bytes)"
+        )));
     }
     let ag_count = o.ag_count.unwrap_or_else(|| (block_count / (1 << 18)).clamp(4, 1024) as u32).clamp(1, MAX_AGS);
     let ag_count = ag_count.min((block_count / (MIN_AG_BLOCKS * 4)).max(1) as u32);
@@ -65,11 +75,20 @@ pub fn plan(size: u64, o: &MkfsOptions) -> Result<Geometry> {
     if o.bytes_per_inode < INODE_SIZE as u64 || o.inodes_per_orphan_slot == 0 {
         return Err(Error::Invalid("inode density or orphan ratio out of range"));
     }
-    let inodes_per_ag = round_up((ag_blocks * BLOCK_SIZE as u64 / o.bytes_per_inode).clamp(64, u32::MAX as u64 / 2), INODES_PER_BLOCK);
+    let inodes_per_ag =
+        round_up((ag_blocks * BLOCK_SIZE as u64 / o.bytes_per_inode).clamp(64, u32::MAX as u64 / 2), INODES_PER_BLOCK);
     let orphan_slots_per_ag = round_up((inodes_per_ag / o.inodes_per_orphan_slot).max(1), ORPHAN_SLOTS_PER_BLOCK);
     // min/max, not clamp: on a device too small for any log, validate() below says so.
-    let log_blocks = o.log_blocks.unwrap_or((block_count / 32).clamp(512, 65536)).min(ag_blocks / 2).max(MIN_LOG_BLOCKS);
-    let geo = Geometry { block_count, ag_count, ag_blocks, inodes_per_ag: inodes_per_ag as u32, orphan_slots_per_ag: orphan_slots_per_ag as u32, log_blocks };
+    let log_blocks =
+        o.log_blocks.unwrap_or((block_count / 32).clamp(512, 65536)).min(ag_blocks / 2).max(MIN_LOG_BLOCKS);
+    let geo = Geometry {
+        block_count,
+        ag_count,
+        ag_blocks,
+        inodes_per_ag: inodes_per_ag as u32,
+        orphan_slots_per_ag: orphan_slots_per_ag as u32,
+        log_blocks,
+    };
     geo.validate().map_err(Error::Geometry)?;
     Ok(geo)
 }
@@ -120,7 +139,11 @@ fn write_ag(dev: &dyn BlockDevice, sb: &Superblock, agno: u32) -> Result<()> {
     let geo = &sb.geo;
     let l = geo.ag_layout(agno);
     dev.write_at(&sb.encode(l.start)[..], l.start * BLOCK_SIZE as u64)?;
-    write_block(dev, l.header, &mut agh::build(l.header, agno, l.blocks, geo.inodes_per_ag, geo.orphan_slots_per_ag)[..])?;
+    write_block(
+        dev,
+        l.header,
+        &mut agh::build(l.header, agno, l.blocks, geo.inodes_per_ag, geo.orphan_slots_per_ag)[..],
+    )?;
     let meta = l.data_start - l.start;
     for i in 0..l.block_bitmap_blocks {
         write_block(dev, l.block_bitmap + i, &mut bitmap_block(l.block_bitmap + i, agno, i * BITMAP_BITS, meta)[..])?;
@@ -128,7 +151,11 @@ fn write_ag(dev: &dyn BlockDevice, sb: &Superblock, agno: u32) -> Result<()> {
     // AG 0: inode 0 is never used (0 means "no inode"), inode 1 is the root.
     let used_inodes = if agno == 0 { 2 } else { 0 };
     for i in 0..l.inode_bitmap_blocks {
-        write_block(dev, l.inode_bitmap + i, &mut bitmap_block(l.inode_bitmap + i, agno, i * BITMAP_BITS, used_inodes)[..])?;
+        write_block(
+            dev,
+            l.inode_bitmap + i,
+            &mut bitmap_block(l.inode_bitmap + i, agno, i * BITMAP_BITS, used_inodes)[..],
+        )?;
     }
     for i in 0..l.orphan_blocks {
         let mut b = Box::new([0u8; BLOCK_SIZE]);
@@ -180,6 +207,9 @@ mod tests {
                 }
             }
         }
-        assert!(plan(100 << 10, &MkfsOptions::default()).unwrap_err().to_string().contains("less than one allocation group"));
+        assert!(plan(100 << 10, &MkfsOptions::default())
+            .unwrap_err()
+            .to_string()
+            .contains("less than one allocation group"));
     }
 }

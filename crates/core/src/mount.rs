@@ -89,7 +89,11 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
         Err(e) => backup_superblock(dev, &b).ok_or(e)?,
     };
     if sb.geo.block_count * BLOCK_SIZE as u64 > dev.size() {
-        return Err(Error::corrupt("superblock", 0, format!("image is {} bytes, superblock says {}", dev.size(), sb.geo.block_count * BLOCK_SIZE as u64)));
+        return Err(Error::corrupt(
+            "superblock",
+            0,
+            format!("image is {} bytes, superblock says {}", dev.size(), sb.geo.block_count * BLOCK_SIZE as u64),
+        ));
     }
     Ok(sb)
 }
@@ -136,7 +140,10 @@ impl Mount {
         let bufs = BufCache::new(dev.clone(), geo.ag_count, geo.ag_blocks, budget.clone());
         let ags: Arc<[Ag]> = (0..geo.ag_count).map(|a| Ag::load(&bufs, &geo, a)).collect::<Result<Vec<_>>>()?.into();
         let ring_blocks = geo.log_ring_blocks();
-        let mut cfg = opts.journal.clone().unwrap_or_else(|| JournalConfig::for_log(ring_blocks).within_budget(ring_blocks, budget.limit()));
+        let mut cfg = opts
+            .journal
+            .clone()
+            .unwrap_or_else(|| JournalConfig::for_log(ring_blocks).within_budget(ring_blocks, budget.limit()));
         cfg.background &= !opts.read_only;
         let busy_ags = ags.clone();
         let on_durable = Box::new(move |busy: Vec<crate::journal::BusyExtent>| {

@@ -216,7 +216,14 @@ impl FileSystem {
                 inodes: m.icache.len(),
                 blocks: m.bufs.len(),
             },
-            ags: m.ags.iter().map(|ag| AgCounters { alloc_retries: ag.alloc_retries.load(Relaxed), orphans: ag.orphans().len() as u64 }).collect(),
+            ags: m
+                .ags
+                .iter()
+                .map(|ag| AgCounters {
+                    alloc_retries: ag.alloc_retries.load(Relaxed),
+                    orphans: ag.orphans().len() as u64,
+                })
+                .collect(),
             memory: MemoryUsage {
                 rss_bytes: crate::memory::rss_bytes(),
                 peak_rss_bytes: crate::memory::peak_rss_bytes(),
@@ -314,7 +321,15 @@ mod tests {
     /// plus the journal's commit counts (kept in its CIL shards, not in `JournalStats`).
     #[test]
     fn snapshot_has_every_counter() {
-        assert_eq!(size_of::<JournalCounters>(), size_of::<JournalStats>() + 2 * size_of::<u64>(), "a JournalStats field is missing from JournalCounters");
-        assert_eq!(size_of::<CacheCounters>(), size_of::<CacheStats>(), "a CacheStats field is missing from CacheCounters");
+        assert_eq!(
+            size_of::<JournalCounters>(),
+            size_of::<JournalStats>() + 2 * size_of::<u64>(),
+            "a JournalStats field is missing from JournalCounters"
+        );
+        assert_eq!(
+            size_of::<CacheCounters>(),
+            size_of::<CacheStats>(),
+            "a CacheStats field is missing from CacheCounters"
+        );
     }
 }

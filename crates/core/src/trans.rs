@@ -14,32 +14,53 @@
 //!   after it modified shared state shuts the file system down, as XFS does: the on-disk
 //!   image stays consistent because nothing uncommitted reaches the log.
 
+use crate::ag::AgState;
 use crate::buf::BufRef;
 use crate::error::{Error, Result};
 use crate::format::log::{ItemKey, ALL_CHUNKS};
 use crate::format::{ino_ag, ino_index, make_ino, DiskInode, INODE_SIZE};
 use crate::inode::{Inode, InodeRef};
 use crate::journal::{BusyExtent, CilWriter, Route};
-use crate::mount::Mount;
-use crate::ag::AgState;
 use crate::lockstat::MutexGuard;
+use crate::mount::Mount;
 use smallvec::SmallVec;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum AgOp {
-    InodeAlloc { ino: u64 },
+    InodeAlloc {
+        ino: u64,
+    },
     /// `log_version`: the freed inode's last log version (the number's next owner counts on).
-    InodeFree { ino: u64, log_version: u64 },
-    BlockAlloc { start: u64, len: u64 },
-    BlockFree { start: u64, len: u64, meta: bool },
-    OrphanSet { ino: u64, slot: u32 },
-    OrphanClear { ino: u64, slot: u32 },
+    InodeFree {
+        ino: u64,
+        log_version: u64,
+    },
+    BlockAlloc {
+        start: u64,
+        len: u64,
+    },
+    BlockFree {
+        start: u64,
+        len: u64,
+        meta: bool,
+    },
+    OrphanSet {
+        ino: u64,
+        slot: u32,
+    },
+    OrphanClear {
+        ino: u64,
+        slot: u32,
+    },
 }
 
 impl AgOp {
     fn agno(&self, m: &Mount) -> u32 {
         match *self {
-            AgOp::InodeAlloc { ino } | AgOp::InodeFree { ino, .. } | AgOp::OrphanSet { ino, .. } | AgOp::OrphanClear { ino, .. } => ino_ag(ino),
+            AgOp::InodeAlloc { ino }
+            | AgOp::InodeFree { ino, .. }
+            | AgOp::OrphanSet { ino, .. }
+            | AgOp::OrphanClear { ino, .. } => ino_ag(ino),
             AgOp::BlockAlloc { start, .. } | AgOp::BlockFree { start, .. } => m.geo.block_ag(start),
         }
     }
@@ -81,7 +102,16 @@ impl<'m> Tx<'m> {
         m.check_writable()?;
         m.icache.budget().throttle();
         m.journal.throttle()?;
-        Ok(Tx { m, bufs: SmallVec::new(), inodes: SmallVec::new(), ops: SmallVec::new(), reserved: SmallVec::new(), modified: false, done: false, route: Route::Thread })
+        Ok(Tx {
+            m,
+            bufs: SmallVec::new(),
+            inodes: SmallVec::new(),
+            ops: SmallVec::new(),
+            reserved: SmallVec::new(),
+            modified: false,
+            done: false,
+            route: Route::Thread,
+        })
     }
 
     /// This transaction changes directory `dir`, whose lock the caller holds. If other
@@ -175,7 +205,13 @@ impl<'m> Tx<'m> {
             if let Some((start, len)) = self.m.ags[agno as usize].claim_blocks(goal, max_len.min(avail)) {
                 // The reservation covers the claim: data blocks of the AG that reserved them,
                 // no more than is left of it (the AG counted them out of its free space then).
-                debug_assert!(len > 0 && len <= avail && self.m.geo.block_ag(start) == agno && self.m.geo.is_data_range(start, len), "claimed {len} blocks at {start} from {avail} reserved in AG {agno}");
+                debug_assert!(
+                    len > 0
+                        && len <= avail
+                        && self.m.geo.block_ag(start) == agno
+                        && self.m.geo.is_data_range(start, len),
+                    "claimed {len} blocks at {start} from {avail} reserved in AG {agno}"
+                );
                 self.reserved[i].1 -= len;
                 self.ops.push(AgOp::BlockAlloc { start, len });
                 return Ok((start, len));
@@ -238,8 +274,17 @@ impl<'m> Tx<'m> {
     /// neither (chmod, xattrs) is rare enough not to be worth telling apart.
     pub fn log_inode(&mut self, inode: &InodeRef, di: &DiskInode, data: bool) {
         let data = data || di.is_dir();
-        debug_assert!(di.check_shape(&self.m.geo).is_ok(), "inode {} shape: {:?}", inode.ino, di.check_shape(&self.m.geo));
-        debug_assert!(!self.ops.iter().any(|o| matches!(o, AgOp::InodeFree { ino, .. } if *ino == inode.ino)), "inode {} logged after it was freed", inode.ino);
+        debug_assert!(
+            di.check_shape(&self.m.geo).is_ok(),
+            "inode {} shape: {:?}",
+            inode.ino,
+            di.check_shape(&self.m.geo)
+        );
+        debug_assert!(
+            !self.ops.iter().any(|o| matches!(o, AgOp::InodeFree { ino, .. } if *ino == inode.ino)),
+            "inode {} logged after it was freed",
+            inode.ino
+        );
         self.modified = true;
         let mut image = [0u8; INODE_SIZE];
         di.encode(inode.ino, 0, &mut image);
@@ -275,7 +320,9 @@ impl<'m> Tx<'m> {
                 })
             };
             let overlaps = earlier.iter().any(|o| match *o {
-                AgOp::BlockAlloc { start: s, len: l } | AgOp::BlockFree { start: s, len: l, .. } => s < start + len && start < s + l,
+                AgOp::BlockAlloc { start: s, len: l } | AgOp::BlockFree { start: s, len: l, .. } => {
+                    s < start + len && start < s + l
+                }
                 _ => false,
             });
             let ag = &m.ags[op.agno(m) as usize];
@@ -286,7 +333,11 @@ impl<'m> Tx<'m> {
                 ag.first_disk_free(g, start, len)
             };
             if let Some(b) = free {
-                return Err(Error::corrupt("block bitmap", ag.block_bitmap_blkno(b), format!("block {b} is being freed but is marked free")));
+                return Err(Error::corrupt(
+                    "block bitmap",
+                    ag.block_bitmap_blkno(b),
+                    format!("block {b} is being freed but is marked free"),
+                ));
             }
         }
         Ok(())
@@ -317,7 +368,10 @@ impl<'m> Tx<'m> {
             None => true,
         });
         let own = self.own_bufs(&revoked);
-        debug_assert!(own.iter().all(|b| bufs.binary_search_by_key(&b.blkno, |a| a.blkno).is_err()), "an AG block changed outside its AG's lock");
+        debug_assert!(
+            own.iter().all(|b| bufs.binary_search_by_key(&b.blkno, |a| a.blkno).is_err()),
+            "an AG block changed outside its AG's lock"
+        );
         let inodes = std::mem::take(&mut self.inodes);
         let revoked_bufs: Vec<Option<BufRef>> = revoked.iter().map(|&blkno| m.bufs.get(blkno)).collect();
         let log_block = |cil: &mut CilWriter<'_>, b: &BufRef| {

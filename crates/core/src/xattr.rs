@@ -12,7 +12,9 @@ use crate::dir::probe_hashed;
 use crate::error::{Error, Result};
 use crate::format::inode::XATTR_INLINE_SIZE;
 use crate::format::log::ALL_CHUNKS;
-use crate::format::{get_u32, header_magic, header_owner, init_header, DiskInode, BLOCK_SIZE, HDR_SIZE, MAGIC_DATA_META, XATTR_VALUE_MAX};
+use crate::format::{
+    get_u32, header_magic, header_owner, init_header, DiskInode, BLOCK_SIZE, HDR_SIZE, MAGIC_DATA_META, XATTR_VALUE_MAX,
+};
 use crate::mount::Mount;
 use crate::store::{ReadStore, TxStore};
 
@@ -46,7 +48,10 @@ const _: () = assert!(2 + XATTR_NAME_MAX + 4 + 8 * XATTR_VALUE_MAX.div_ceil(VALU
 pub enum Value<'a> {
     Local(&'a [u8]),
     /// Out of line: the value's length and its value blocks' numbers (u64 each, in order).
-    Remote { len: usize, blocks: &'a [u8] },
+    Remote {
+        len: usize,
+        blocks: &'a [u8],
+    },
 }
 
 impl Value<'_> {
@@ -190,7 +195,8 @@ pub fn get(m: &Mount, ino: u64, di: &DiskInode, name: &[u8]) -> Result<Vec<u8>> 
     if let Some((_, v)) = inline_entries(di).into_iter().find(|(n, _)| n == name) {
         return Ok(v);
     }
-    let (found, _) = probe_hashed(&mut ReadStore::new(m, ino), di.xattr_root, name, &tree_name, ino, &|_, v| Ok(v.to_vec()))?;
+    let (found, _) =
+        probe_hashed(&mut ReadStore::new(m, ino), di.xattr_root, name, &tree_name, ino, &|_, v| Ok(v.to_vec()))?;
     let rec = found.ok_or(Error::NoAttr)?;
     match decode_record(&rec).map(|r| r.value) {
         Some(Value::Local(v)) => Ok(v.to_vec()),
@@ -375,7 +381,10 @@ mod tests {
         assert!(decode_record(&[0, 0, 1, 2]).is_none(), "an empty name");
         assert!(decode_record(&[2, b'a', 0]).is_none(), "a NUL in the name");
         assert!(decode_record(&[5, b'a']).is_none(), "a name past the record");
-        assert!(decode_record(&[[1u8, b'a'].as_slice(), &[0; LOCAL_VALUE_MAX + 1]].concat()).is_none(), "a local value too long");
+        assert!(
+            decode_record(&[[1u8, b'a'].as_slice(), &[0; LOCAL_VALUE_MAX + 1]].concat()).is_none(),
+            "a local value too long"
+        );
         assert_eq!(value_blocks(LOCAL_VALUE_MAX), 0);
         assert_eq!(value_blocks(XATTR_VALUE_MAX), 17);
     }

@@ -186,7 +186,8 @@ fn xattr_values_up_to_64k() {
     let f = fs.create(ROOT, b"f", 0o644, C).unwrap();
     fs.sync().unwrap();
     let free0 = fs.statfs().bfree;
-    let sizes = [LOCAL_VALUE_MAX, LOCAL_VALUE_MAX + 1, VALUE_BLOCK_BYTES, VALUE_BLOCK_BYTES + 1, 30_000, XATTR_VALUE_MAX];
+    let sizes =
+        [LOCAL_VALUE_MAX, LOCAL_VALUE_MAX + 1, VALUE_BLOCK_BYTES, VALUE_BLOCK_BYTES + 1, 30_000, XATTR_VALUE_MAX];
     for (i, &len) in sizes.iter().enumerate() {
         fs.setxattr(f.ino, format!("user.v{len}").as_bytes(), &pattern(len, i as u8), 0).unwrap();
     }
@@ -198,7 +199,11 @@ fn xattr_values_up_to_64k() {
     let fs = remount(&dev, fs);
     fsck_clean(&dev);
     for (i, &len) in sizes.iter().enumerate() {
-        assert_eq!(fs.getxattr(f.ino, format!("user.v{len}").as_bytes()).unwrap(), pattern(len, i as u8), "{len} bytes");
+        assert_eq!(
+            fs.getxattr(f.ino, format!("user.v{len}").as_bytes()).unwrap(),
+            pattern(len, i as u8),
+            "{len} bytes"
+        );
     }
     // Replace large by large, large by small, small by large; remove one.
     fs.setxattr(f.ino, b"user.v65536", &pattern(50_000, 9), XATTR_REPLACE).unwrap();
@@ -442,7 +447,11 @@ fn a_create_burst_is_throttled_to_its_budget() {
         let journal = JournalConfig { background, ..JournalConfig::for_log(ring).within_budget(ring, LIMIT) };
         let dev = Arc::new(MemDevice::new(256 << 20));
         FileSystem::mkfs(&*dev, &mkfs).unwrap();
-        let fs = FileSystem::mount_device(dev, &MountOptions { cache: Some(budget.clone()), journal: Some(journal), ..MountOptions::default() }).unwrap();
+        let fs = FileSystem::mount_device(
+            dev,
+            &MountOptions { cache: Some(budget.clone()), journal: Some(journal), ..MountOptions::default() },
+        )
+        .unwrap();
         let dir = fs.mkdir(ROOT, b"d", 0o755, C).unwrap().ino;
         let mut peak = 0;
         for i in 0..FILES {
@@ -509,7 +518,8 @@ fn a_budget_for_the_process_leaves_room_for_the_rest_of_it() {
     let budget = CacheBudget::for_process(LIMIT);
     let dev = Arc::new(MemDevice::new(256 << 20));
     FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
-    let fs = FileSystem::mount_device(dev, &MountOptions { cache: Some(budget.clone()), ..MountOptions::default() }).unwrap();
+    let fs = FileSystem::mount_device(dev, &MountOptions { cache: Some(budget.clone()), ..MountOptions::default() })
+        .unwrap();
     assert!(ferrofs_lockstat::memory::rss_bytes() > LIMIT / 2, "the test needs a process larger than half the limit");
     let files: Vec<Vec<u8>> = (0..20_000u32).map(|i| format!("f{i}").into_bytes()).collect();
     for f in &files {
@@ -534,7 +544,8 @@ fn threads_sharing_a_directory_lose_nothing() {
     const NAMES: usize = 2000;
     let (dev, fs) = fresh(256 << 20);
     let shared = fs.mkdir(ROOT, b"shared", 0o755, C).unwrap().ino;
-    let private: Vec<u64> = (0..THREADS).map(|t| fs.mkdir(ROOT, format!("p{t}").as_bytes(), 0o755, C).unwrap().ino).collect();
+    let private: Vec<u64> =
+        (0..THREADS).map(|t| fs.mkdir(ROOT, format!("p{t}").as_bytes(), 0o755, C).unwrap().ino).collect();
     let done = std::sync::atomic::AtomicBool::new(false);
     // Released together, so that their changes to the directory meet in one CIL sequence.
     let start = std::sync::Barrier::new(THREADS);
@@ -602,7 +613,8 @@ fn remount_read_only_refuses_changes_and_leaves_the_image_clean() {
     assert_eq!(fs.read(f.ino, 0, 4).unwrap(), b"kept");
     // The image as it is on disk now: nothing left in the log, and consistent.
     let copy = Arc::new(dev.snapshot());
-    let ro = FileSystem::mount_device(copy.clone(), &MountOptions { read_only: true, ..MountOptions::default() }).unwrap();
+    let ro =
+        FileSystem::mount_device(copy.clone(), &MountOptions { read_only: true, ..MountOptions::default() }).unwrap();
     assert_eq!(ro.mount().recovery.records, 0, "the log was written home");
     let report = ferrofs::fsck::check(&*copy, &ferrofs::fsck::FsckOptions { repair: false }, &|_, _, _| {}).unwrap();
     assert!(report.is_clean(), "{:?}", report.messages);
@@ -613,6 +625,7 @@ fn remount_read_only_refuses_changes_and_leaves_the_image_clean() {
     // A read-only mount stays so.
     fs.unmount().unwrap();
     drop(fs);
-    let ro = FileSystem::mount_device(dev.clone(), &MountOptions { read_only: true, ..MountOptions::default() }).unwrap();
+    let ro =
+        FileSystem::mount_device(dev.clone(), &MountOptions { read_only: true, ..MountOptions::default() }).unwrap();
     assert!(ro.mount().remount(true).is_ok() && ro.mount().remount(false).is_err());
 }

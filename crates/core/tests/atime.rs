@@ -14,7 +14,11 @@ use common::{C, ROOT};
 const DAY: i64 = 24 * 60 * 60;
 
 fn mount(dev: &Arc<MemDevice>, atime: AtimeMode, nodiratime: bool) -> FileSystem {
-    FileSystem::mount_device(dev.clone() as Arc<dyn BlockDevice>, &MountOptions { atime, nodiratime, ..MountOptions::default() }).unwrap()
+    FileSystem::mount_device(
+        dev.clone() as Arc<dyn BlockDevice>,
+        &MountOptions { atime, nodiratime, ..MountOptions::default() },
+    )
+    .unwrap()
 }
 
 fn fresh(atime: AtimeMode, nodiratime: bool) -> (Arc<MemDevice>, FileSystem) {
@@ -52,7 +56,12 @@ fn ago(secs: i64) -> Timespec {
 
 /// Set all three times (ctime too, so that the change itself does not make atime due).
 fn set_times(fs: &FileSystem, ino: u64, a: i64, m: i64, c: i64) {
-    let sa = SetAttr { atime: Some(TimeOrNow::Time(ago(a))), mtime: Some(TimeOrNow::Time(ago(m))), ctime: Some(ago(c)), ..SetAttr::default() };
+    let sa = SetAttr {
+        atime: Some(TimeOrNow::Time(ago(a))),
+        mtime: Some(TimeOrNow::Time(ago(m))),
+        ctime: Some(ago(c)),
+        ..SetAttr::default()
+    };
     fs.setattr(ino, &sa).unwrap();
 }
 

@@ -53,7 +53,8 @@ fn copy_file_range_matches_the_model() {
     let (dev, fs) = fresh(256 << 20);
     let mut rng = StdRng::seed_from_u64(0xc0b1);
     const MAX: usize = 600_000;
-    let mut files: Vec<(u64, Vec<u8>)> = (0..4).map(|i| sparse_file(&fs, &mut rng, format!("f{i}").as_bytes(), MAX)).collect();
+    let mut files: Vec<(u64, Vec<u8>)> =
+        (0..4).map(|i| sparse_file(&fs, &mut rng, format!("f{i}").as_bytes(), MAX)).collect();
     for round in 0..300 {
         let (a, b) = (rng.gen_range(0..files.len()), rng.gen_range(0..files.len()));
         let size_in = files[a].1.len();
@@ -70,7 +71,10 @@ fn copy_file_range_matches_the_model() {
         let src = files[a].1.clone();
         let want = model_copy(&src, off_in, &mut files[b].1, off_out, len);
         assert_eq!(got.unwrap(), want as u64, "round {round}: bytes copied");
-        assert!(contents(&fs, files[b].0) == files[b].1, "round {round}: copy {a}@{off_in} -> {b}@{off_out} len {len} differs from the model");
+        assert!(
+            contents(&fs, files[b].0) == files[b].1,
+            "round {round}: copy {a}@{off_in} -> {b}@{off_out} len {len} differs from the model"
+        );
     }
     let fs = remount(&dev, fs);
     for (ino, model) in &files {
@@ -94,7 +98,11 @@ fn copy_file_range_keeps_holes_and_stops_at_the_end() {
     fs.write(full, 0, &vec![9u8; 3 << 20]).unwrap();
     assert_eq!(fs.copy_file_range(src, 4096, full, 4096, 1 << 20).unwrap(), 1 << 20);
     let back = fs.read(full, 0, 3 << 20).unwrap();
-    assert!(back[..4096].iter().all(|&b| b == 9) && back[4096..4096 + (1 << 20)].iter().all(|&b| b == 0) && back[4096 + (1 << 20)..].iter().all(|&b| b == 9));
+    assert!(
+        back[..4096].iter().all(|&b| b == 9)
+            && back[4096..4096 + (1 << 20)].iter().all(|&b| b == 0)
+            && back[4096 + (1 << 20)..].iter().all(|&b| b == 9)
+    );
     assert_eq!(fs.copy_file_range(src, (40 << 20) + 4096, dst, 0, 100).unwrap(), 0, "at the source's end");
     assert!(matches!(fs.copy_file_range(src, 0, ROOT, 0, 10), Err(Error::IsDir)));
 }

@@ -12,7 +12,9 @@
 //! must mount and be consistent (fsck clean).
 
 use ferrofs::dev::{BlockDevice, FaultDevice, MemDevice};
-use ferrofs::format::{self, inode::MAGIC_INODE, DiskInode, Fork, Geometry, BLOCK_SIZE, HDR_SIZE, INODE_SIZE, MAGIC_BTREE};
+use ferrofs::format::{
+    self, inode::MAGIC_INODE, DiskInode, Fork, Geometry, BLOCK_SIZE, HDR_SIZE, INODE_SIZE, MAGIC_BTREE,
+};
 use ferrofs::fsck::{self, FsckOptions};
 use ferrofs::journal::JournalConfig;
 use ferrofs::*;
@@ -35,7 +37,8 @@ const WATCHDOG: Duration = Duration::from_secs(60);
 type Checked = std::result::Result<(), String>;
 
 fn mount_options() -> MountOptions {
-    let mut cfg = JournalConfig::for_log(ferrofs::mkfs::plan(IMAGE_SIZE, &MkfsOptions::default()).unwrap().log_blocks - 2);
+    let mut cfg =
+        JournalConfig::for_log(ferrofs::mkfs::plan(IMAGE_SIZE, &MkfsOptions::default()).unwrap().log_blocks - 2);
     cfg.background = false;
     cfg.cil_max_bytes = u64::MAX; // nothing drains the CIL but our syncs (see crash.rs)
     MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }
@@ -90,7 +93,12 @@ fn install_panic_hook() {
             if !guarded {
                 return default(info);
             }
-            let msg = info.payload().downcast_ref::<String>().cloned().or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+            let msg = info
+                .payload()
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
             let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
             LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("panic at {at}: {msg}")));
         }));
@@ -105,7 +113,8 @@ fn guarded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> std::re
     std::thread::Builder::new()
         .name("guarded".into())
         .spawn(move || {
-            let r = catch_unwind(AssertUnwindSafe(f)).map_err(|_| LAST_PANIC.with(|p| p.borrow_mut().take()).unwrap_or_else(|| "panic".into()));
+            let r = catch_unwind(AssertUnwindSafe(f))
+                .map_err(|_| LAST_PANIC.with(|p| p.borrow_mut().take()).unwrap_or_else(|| "panic".into()));
             let _ = tx.send(r);
         })
         .unwrap();
@@ -236,7 +245,11 @@ fn tree_root_and_child(dev: &MemDevice, root: u64) -> (u64, u64) {
 
 /// The inode at `path` (a read-only mount of a copy: the image is not changed).
 fn ino_at(dev: &MemDevice, path: &str) -> u64 {
-    let fs = FileSystem::mount_device(Arc::new(dev.snapshot()), &MountOptions { read_only: true, ..MountOptions::default() }).unwrap();
+    let fs = FileSystem::mount_device(
+        Arc::new(dev.snapshot()),
+        &MountOptions { read_only: true, ..MountOptions::default() },
+    )
+    .unwrap();
     fs.resolve(path).unwrap().ino
 }
 
@@ -245,7 +258,14 @@ fn targets() -> Vec<Target> {
     let dev = &img.clean;
     let geo = ferrofs::read_superblock(dev).unwrap().geo;
     let (l0, l2) = (geo.ag_layout(0), geo.ag_layout(2));
-    let t = |name: &str, block: u64, seal: Seal| Target { name: name.into(), block, blocks: 1, seal, logged: false, redundant: false };
+    let t = |name: &str, block: u64, seal: Seal| Target {
+        name: name.into(),
+        block,
+        blocks: 1,
+        seal,
+        logged: false,
+        redundant: false,
+    };
     let mut v = vec![
         Target { redundant: true, ..t("superblock (primary)", 0, Seal::Header) },
         Target { redundant: true, ..t("superblock (backup, AG 1)", geo.ag_blocks, Seal::Header) },
@@ -275,7 +295,14 @@ fn targets() -> Vec<Target> {
     v.push(t(&format!("xattr B+tree root ({XATTRS})"), xroot, Seal::Header));
     v.push(t(&format!("xattr B+tree node ({XATTRS})"), xchild, Seal::Header));
     // The log image: its header and its first and last records.
-    let logged = |name: &str, block: u64, blocks: u64, seal: Seal| Target { name: name.into(), block, blocks, seal, logged: true, redundant: false };
+    let logged = |name: &str, block: u64, blocks: u64, seal: Seal| Target {
+        name: name.into(),
+        block,
+        blocks,
+        seal,
+        logged: true,
+        redundant: false,
+    };
     v.push(logged("log header 0 (log not empty)", l0.log, 1, Seal::Header));
     v.push(logged("log header 1 (log not empty)", l0.log + 1, 1, Seal::Header));
     let records = log_records(&img.logged, &geo);
@@ -292,14 +319,20 @@ fn log_records(dev: &MemDevice, geo: &Geometry) -> Vec<(u64, u64)> {
     use format::log::{record_head, LogHeader};
     let l0 = geo.ag_layout(0);
     let (ring_start, ring) = (l0.log + 2, geo.log_blocks - 2);
-    let header = (0..2).filter_map(|i| LogHeader::decode(&read_block(dev, l0.log + i), l0.log + i, ring).ok()).max_by_key(|h| h.gen).unwrap();
+    let header = (0..2)
+        .filter_map(|i| LogHeader::decode(&read_block(dev, l0.log + i), l0.log + i, ring).ok())
+        .max_by_key(|h| h.gen)
+        .unwrap();
     let (mut off, mut seq) = (header.tail_off, header.tail_seq);
     let mut out = Vec::new();
     loop {
-        let head = record_head(&read_block(dev, ring_start + off), ring - off).filter(|h| h.seq == seq && h.epoch == header.epoch);
+        let head = record_head(&read_block(dev, ring_start + off), ring - off)
+            .filter(|h| h.seq == seq && h.epoch == header.epoch);
         let head = match head {
             Some(h) => h,
-            None if off != 0 => match record_head(&read_block(dev, ring_start), ring).filter(|h| h.seq == seq && h.epoch == header.epoch) {
+            None if off != 0 => match record_head(&read_block(dev, ring_start), ring)
+                .filter(|h| h.seq == seq && h.epoch == header.epoch)
+            {
                 Some(h) => {
                     off = 0;
                     h
@@ -322,7 +355,10 @@ fn log_records(dev: &MemDevice, geo: &Geometry) -> Vec<(u64, u64)> {
 enum Damage {
     /// Flip `n` random bytes (half of them in the first 128 bytes of a block, where headers
     /// and inode cores live); re-seal afterwards when `reseal`.
-    Flip { n: usize, reseal: bool },
+    Flip {
+        n: usize,
+        reseal: bool,
+    },
     Zero,
 }
 
@@ -337,7 +373,11 @@ fn damaged(t: &Target, damage: Damage, rng: &mut StdRng) -> MemDevice {
         Damage::Zero => buf.fill(0),
         Damage::Flip { n, reseal } => {
             for i in 0..n {
-                let at = if i % 2 == 0 { rng.gen_range(0..128) + BLOCK_SIZE * rng.gen_range(0..t.blocks as usize) } else { rng.gen_range(0..buf.len()) };
+                let at = if i % 2 == 0 {
+                    rng.gen_range(0..128) + BLOCK_SIZE * rng.gen_range(0..t.blocks as usize)
+                } else {
+                    rng.gen_range(0..buf.len())
+                };
                 buf[at] ^= rng.gen_range(1..=255u8);
             }
             if reseal {
@@ -458,12 +498,22 @@ fn mutate(fs: &FileSystem, u: &mut Use) {
             u.mutation.push(format!("{what}: {e}"));
         }
     };
-    any("create", fs.create(ROOT, b"new", 0o644, CRED).and_then(|a| fs.write(a.ino, 0, &pattern(10_000, 9)).map(|_| ())));
+    any(
+        "create",
+        fs.create(ROOT, b"new", 0o644, CRED).and_then(|a| fs.write(a.ino, 0, &pattern(10_000, 9)).map(|_| ())),
+    );
     any("write to the fragmented file", fs.resolve(FRAG).and_then(|a| fs.write(a.ino, 5, b"xyz").map(|_| ())));
-    any("create in the big directory", fs.resolve(BIG_DIR).and_then(|a| fs.create(a.ino, b"entry-new", 0o644, CRED).map(|_| ())));
+    any(
+        "create in the big directory",
+        fs.resolve(BIG_DIR).and_then(|a| fs.create(a.ino, b"entry-new", 0o644, CRED).map(|_| ())),
+    );
     any("unlink from the big directory", fs.resolve(BIG_DIR).and_then(|a| fs.unlink(a.ino, b"entry-007")));
     any("setxattr", fs.resolve(XATTRS).and_then(|a| fs.setxattr(a.ino, b"user.new", &[5; 700], 0)));
-    any("truncate the fragmented file", fs.resolve(FRAG).and_then(|a| fs.setattr(a.ino, &SetAttr { size: Some(3 * BS), ..Default::default() }).map(|_| ())));
+    any(
+        "truncate the fragmented file",
+        fs.resolve(FRAG)
+            .and_then(|a| fs.setattr(a.ino, &SetAttr { size: Some(3 * BS), ..Default::default() }).map(|_| ())),
+    );
     any("rename", fs.resolve("/a").and_then(|a| fs.rename(a.ino, b"one", ROOT, b"one", 0)));
     any("mkdir and rmdir", fs.mkdir(ROOT, b"empty", 0o755, CRED).and_then(|_| fs.rmdir(ROOT, b"empty")));
     any("sync", fs.sync());
@@ -511,7 +561,11 @@ fn files_by_inode(dev: Arc<MemDevice>) -> Result<BTreeMap<u64, Contents>> {
     })?;
     let ends = |ino: u64, size: u64| -> Result<Contents> {
         let tail_from = size.saturating_sub(1 << 16).max(1 << 20);
-        Ok((size, fs.read(ino, 0, size.min(1 << 20) as usize)?, fs.read(ino, tail_from, size.saturating_sub(tail_from) as usize)?))
+        Ok((
+            size,
+            fs.read(ino, 0, size.min(1 << 20) as usize)?,
+            fs.read(ino, tail_from, size.saturating_sub(tail_from) as usize)?,
+        ))
     };
     files.into_iter().map(|(ino, size)| Ok((ino, ends(ino, size)?))).collect()
 }
@@ -523,7 +577,12 @@ fn damaged_files(t: &Target) -> BTreeSet<u64> {
     let clean = &images().clean;
     let geo = ferrofs::read_superblock(clean).unwrap().geo;
     let blocks = t.block..t.block + t.blocks;
-    let owners: Vec<u64> = blocks.clone().map(|b| read_block(clean, b)).filter(|b| format::header_magic(b) == MAGIC_BTREE).map(|b| format::header_owner(&b)).collect();
+    let owners: Vec<u64> = blocks
+        .clone()
+        .map(|b| read_block(clean, b))
+        .filter(|b| format::header_magic(b) == MAGIC_BTREE)
+        .map(|b| format::header_owner(&b))
+        .collect();
     let hit = |ino: &u64| t.logged || blocks.contains(&(geo.inode_offset(*ino).unwrap() / BS)) || owners.contains(ino);
     manifest().keys().copied().filter(hit).collect()
 }
@@ -531,7 +590,8 @@ fn damaged_files(t: &Target) -> BTreeSet<u64> {
 /// `fsck -y`, then `fsck -n` must be clean; returns the files of the manifest that are gone
 /// or changed (searched by inode: a reconnected file is in /lost+found).
 fn repair(dev: MemDevice) -> std::result::Result<Vec<u64>, String> {
-    let fixed = fsck::check(&dev, &FsckOptions { repair: true }, &|_, _, _| {}).map_err(|e| format!("fsck -y failed: {e}"))?;
+    let fixed =
+        fsck::check(&dev, &FsckOptions { repair: true }, &|_, _, _| {}).map_err(|e| format!("fsck -y failed: {e}"))?;
     if fixed.exit_code() & fsck::EXIT_UNCORRECTED != 0 {
         return Err(format!("fsck -y left errors (exit {}): {:?}", fixed.exit_code(), fixed.messages));
     }
@@ -571,7 +631,10 @@ fn damaged_metadata_gives_clean_errors() {
     // The undamaged images themselves are fine.
     for (name, img) in [("clean", &images().clean), ("logged", &images().logged)] {
         let u = use_image(img.snapshot());
-        assert!(u.mounted && u.errors.is_empty() && u.unclean.is_empty() && u.mutation.is_empty(), "the {name} image: {u:?}");
+        assert!(
+            u.mounted && u.errors.is_empty() && u.unclean.is_empty() && u.mutation.is_empty(),
+            "the {name} image: {u:?}"
+        );
     }
     let mut failures = Vec::new();
     let mut cases = 0;
@@ -601,11 +664,15 @@ fn damaged_metadata_gives_clean_errors() {
                         Err(e) => failures.push(format!("{what}: not repaired: {e}")),
                         Ok(lost) => {
                             tally.repaired_clean += 1;
-                            let (with, beyond): (Vec<u64>, Vec<u64>) = lost.into_iter().partition(|ino| own_damage.contains(ino));
-                            *if t.logged { &mut tally.lost_with_log } else { &mut tally.lost_with_own_blocks } += with.len();
+                            let (with, beyond): (Vec<u64>, Vec<u64>) =
+                                lost.into_iter().partition(|ino| own_damage.contains(ino));
+                            *if t.logged { &mut tally.lost_with_log } else { &mut tally.lost_with_own_blocks } +=
+                                with.len();
                             tally.lost_beyond += beyond.len();
                             if !beyond.is_empty() {
-                                failures.push(format!("{what}: files lost whose blocks were not damaged: inodes {beyond:?}"));
+                                failures.push(format!(
+                                    "{what}: files lost whose blocks were not damaged: inodes {beyond:?}"
+                                ));
                             }
                         }
                     }
@@ -615,7 +682,10 @@ fn damaged_metadata_gives_clean_errors() {
                     }
                     let reseal = matches!(damage, Damage::Flip { reseal: true, .. });
                     if t.redundant && !reseal && (!u.mounted || !u.errors.is_empty()) {
-                        failures.push(format!("{what}: a redundant copy exists, yet: mounted {}, errors {:?}", u.mounted, u.errors));
+                        failures.push(format!(
+                            "{what}: a redundant copy exists, yet: mounted {}, errors {:?}",
+                            u.mounted, u.errors
+                        ));
                     }
                 }
             }
@@ -851,7 +921,8 @@ fn with_inode_field(path: &'static str, off: usize, value: u64) -> std::result::
         if let Some(fs) = u.note("mount", mount(Arc::new(dev))) {
             u.mounted = true;
             walk(&fs, &mut u);
-            let truncated = fs.resolve(path).and_then(|a| fs.setattr(a.ino, &SetAttr { size: Some(0), ..Default::default() }));
+            let truncated =
+                fs.resolve(path).and_then(|a| fs.setattr(a.ino, &SetAttr { size: Some(0), ..Default::default() }));
             if let Err(e) = truncated {
                 u.mutation.push(format!("truncate: {e}"));
             }
@@ -894,7 +965,9 @@ fn block_bitmap_repro() -> std::result::Result<Vec<String>, String> {
     let clean = &images().clean;
     let geo = ferrofs::read_superblock(clean).unwrap().geo;
     let one = ino_at(clean, "/a/one");
-    let Fork::Extents { ext, .. } = inode_of(clean, &geo, one).fork else { panic!("/a/one should have inline extents") };
+    let Fork::Extents { ext, .. } = inode_of(clean, &geo, one).fork else {
+        panic!("/a/one should have inline extents")
+    };
     let agno = geo.block_ag(ext[0].pblk);
     let dev = with_bit_cleared(false, agno, ext[0].pblk - geo.ag_layout(agno).start);
     guarded(move || {
@@ -918,7 +991,10 @@ fn inode_bitmap_repro(bit: u64) -> std::result::Result<Vec<u64>, String> {
     let dev = with_bit_cleared(true, 0, bit);
     guarded(move || {
         let fs = mount(Arc::new(dev)).map_err(|e| e.to_string())?;
-        let inos: Vec<u64> = (0..4).filter_map(|i| fs.create(ROOT, format!("n{i}").as_bytes(), 0o644, CRED).ok()).map(|a| a.ino).collect();
+        let inos: Vec<u64> = (0..4)
+            .filter_map(|i| fs.create(ROOT, format!("n{i}").as_bytes(), 0o644, CRED).ok())
+            .map(|a| a.ino)
+            .collect();
         if inos.iter().any(|&i| i <= 1) {
             return Err(format!("handed out {inos:?}"));
         }
@@ -934,7 +1010,10 @@ fn inode_bitmap_repro(bit: u64) -> std::result::Result<Vec<u64>, String> {
 #[test]
 fn regression_block_bitmap_bit_cleared() {
     let errors = block_bitmap_repro().unwrap();
-    assert!(errors.first().is_some_and(|e| e.starts_with("unlink: corrupt block bitmap")), "the double free went unnoticed: {errors:?}");
+    assert!(
+        errors.first().is_some_and(|e| e.starts_with("unlink: corrupt block bitmap")),
+        "the double free went unnoticed: {errors:?}"
+    );
 }
 
 /// An inode bitmap that marks inode 0 (never used) or the root free: create used to hand
@@ -963,7 +1042,8 @@ fn read_only_mount_of_an_orphan_it_cannot_process() {
     });
     assert!(matches!(rw, Ok(Err(_))), "a read-write mount processed an orphan with a zeroed tree root: {rw:?}");
     let ro = guarded(move || {
-        let fs = FileSystem::mount_device(Arc::new(dev), &MountOptions { read_only: true, ..mount_options() }).map_err(|e| format!("read-only mount: {e}"))?;
+        let fs = FileSystem::mount_device(Arc::new(dev), &MountOptions { read_only: true, ..mount_options() })
+            .map_err(|e| format!("read-only mount: {e}"))?;
         let small = fs.resolve("/a/small").map_err(|e| format!("/a/small: {e}"))?;
         let data = fs.read(small.ino, 0, 100).map_err(|e| format!("reading /a/small: {e}"))?;
         match fs.create(ROOT, b"new", 0o644, CRED) {
@@ -973,4 +1053,3 @@ fn read_only_mount_of_an_orphan_it_cannot_process() {
     });
     assert_eq!(ro, Ok(Ok(100)));
 }
-

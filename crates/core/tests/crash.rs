@@ -22,7 +22,9 @@
 //!    leaks), a second crash anywhere during the recovery mount changes nothing, and a
 //!    read-only mount (log replayed in memory) shows the same tree as the recovered one.
 
-use ferrofs::dev::{crash_image_torn, crash_points, keep_sets, unflushed_epoch, BlockDevice, CrashDevice, MemDevice, Op as DevOp, Tear};
+use ferrofs::dev::{
+    crash_image_torn, crash_points, keep_sets, unflushed_epoch, BlockDevice, CrashDevice, MemDevice, Op as DevOp, Tear,
+};
 use ferrofs::format::BLOCK_SIZE;
 use ferrofs::journal::JournalConfig;
 use ferrofs::xattr::XATTR_CREATE;
@@ -195,7 +197,10 @@ fn snapshot(fs: &FileSystem, open: &[u64]) -> Result<State> {
 #[derive(Clone, Copy, Debug)]
 enum Durable {
     /// fsync (`datasync == false`) or fdatasync of one inode.
-    File { ino: u64, datasync: bool },
+    File {
+        ino: u64,
+        datasync: bool,
+    },
     Sync,
 }
 
@@ -236,11 +241,16 @@ impl Run {
     fn call<T: std::fmt::Debug>(&mut self, what: &str, f: impl FnOnce(&FileSystem) -> Result<T>) -> Result<T> {
         let start = self.dev.op_count();
         let r = f(&self.fs);
-        self.hist.calls.push(format!("[ops {start}..{}] {what} -> {}", self.dev.op_count(), match &r {
-            Ok(v) => format!("{v:?}"),
-            Err(e) => format!("error {e}"),
-        }));
-        let mut st = snapshot(&self.fs, &self.open).unwrap_or_else(|e| panic!("walking the live file system after {what}: {e}"));
+        self.hist.calls.push(format!(
+            "[ops {start}..{}] {what} -> {}",
+            self.dev.op_count(),
+            match &r {
+                Ok(v) => format!("{v:?}"),
+                Err(e) => format!("error {e}"),
+            }
+        ));
+        let mut st =
+            snapshot(&self.fs, &self.open).unwrap_or_else(|e| panic!("walking the live file system after {what}: {e}"));
         if let Some((_, prev)) = self.hist.states.last() {
             st.share_unchanged(prev);
         }
@@ -251,9 +261,17 @@ impl Run {
     fn fsync(&mut self, ino: u64, datasync: bool) {
         let start = self.dev.op_count();
         let r = self.fs.fsync(ino, datasync);
-        self.hist.calls.push(format!("[ops {start}..{}] {}({ino}) -> {r:?}", self.dev.op_count(), if datasync { "fdatasync" } else { "fsync" }));
+        self.hist.calls.push(format!(
+            "[ops {start}..{}] {}({ino}) -> {r:?}",
+            self.dev.op_count(),
+            if datasync { "fdatasync" } else { "fsync" }
+        ));
         match r {
-            Ok(()) => self.hist.durable.push((self.dev.op_count(), self.hist.states.len() - 1, Durable::File { ino, datasync })),
+            Ok(()) => self.hist.durable.push((
+                self.dev.op_count(),
+                self.hist.states.len() - 1,
+                Durable::File { ino, datasync },
+            )),
             Err(e) => self.durability_failed(e),
         }
     }
@@ -312,7 +330,8 @@ fn fresh_counts() -> (u64, u64) {
 
 /// Is `got` some state's file data, byte by byte, over the states in `window`?
 fn data_from_states(hist: &History, ino: u64, got: &[u8], window: std::ops::RangeInclusive<usize>) -> Checked {
-    let candidates: Vec<&Arc<Vec<u8>>> = hist.states[window.clone()].iter().filter_map(|(_, s)| s.data.get(&ino)).collect();
+    let candidates: Vec<&Arc<Vec<u8>>> =
+        hist.states[window.clone()].iter().filter_map(|(_, s)| s.data.get(&ino)).collect();
     for (b, byte) in got.iter().enumerate() {
         if !candidates.iter().any(|c| c.get(b) == Some(byte)) {
             let seen: Vec<Option<&u8>> = candidates.iter().map(|c| c.get(b)).collect();
@@ -326,12 +345,18 @@ fn data_from_states(hist: &History, ino: u64, got: &[u8], window: std::ops::Rang
 fn check_crash(image: MemDevice, case: &CrashCase, hist: &History, thorough: bool) -> Checked {
     let c = case.point;
     // Durability acknowledged before the crash: (state index, what).
-    let acked: Vec<(usize, Durable)> = hist.durable.iter().filter(|(done, _, _)| *done <= c).map(|&(_, i, d)| (i, d)).collect();
+    let acked: Vec<(usize, Durable)> =
+        hist.durable.iter().filter(|(done, _, _)| *done <= c).map(|&(_, i, d)| (i, d)).collect();
     // A call that started at or after the crash point issued none of the writes the image
     // holds, so the candidate states are those of calls that started before it, and any
     // state a durability call acknowledged by then (an fsync with nothing to write returns
     // without touching the device). State 0, the base image, is always one.
-    let last = hist.states.iter().rposition(|(start, _)| *start < c).unwrap_or(0).max(acked.iter().map(|(i, _)| *i).max().unwrap_or(0));
+    let last = hist
+        .states
+        .iter()
+        .rposition(|(start, _)| *start < c)
+        .unwrap_or(0)
+        .max(acked.iter().map(|(i, _)| *i).max().unwrap_or(0));
     let synced = acked.iter().filter(|(_, d)| matches!(d, Durable::Sync)).map(|(i, _)| *i).max().unwrap_or(0);
 
     fsck_clean(&image).map_err(|e| format!("before recovery: {e}"))?;
@@ -340,7 +365,10 @@ fn check_crash(image: MemDevice, case: &CrashCase, hist: &History, thorough: boo
     let fs = mount(dev.clone()).map_err(|e| format!("mount after crash failed: {e}"))?;
     let got = snapshot(&fs, &[]).map_err(|e| format!("walking the recovered tree: {e}"))?;
     if let Some(ro) = read_only.filter(|ro| *ro != got) {
-        return Err(format!("a read-only mount (log replayed in memory) sees another tree: {}", describe_diff(&ro, &got)));
+        return Err(format!(
+            "a read-only mount (log replayed in memory) sees another tree: {}",
+            describe_diff(&ro, &got)
+        ));
     }
 
     // 1. Metadata is exactly some state from the last sync on.
@@ -348,8 +376,19 @@ fn check_crash(image: MemDevice, case: &CrashCase, hist: &History, thorough: boo
     let Some(&k) = matching.iter().find(|&&k| k >= synced) else {
         let nearest = (0..=last).min_by_key(|&k| meta_distance(&hist.states[k].1, &got)).unwrap();
         let want = &hist.states[nearest].1;
-        let inos: BTreeSet<&u64> = want.meta.keys().chain(got.meta.keys()).filter(|i| want.meta.get(i) != got.meta.get(i)).collect();
-        let seen: Vec<String> = inos.iter().map(|i| format!("inode {i} as recovered is in states {:?}", (0..hist.states.len()).filter(|&j| hist.states[j].1.meta.get(i) == got.meta.get(i)).collect::<Vec<_>>())).collect();
+        let inos: BTreeSet<&u64> =
+            want.meta.keys().chain(got.meta.keys()).filter(|i| want.meta.get(i) != got.meta.get(i)).collect();
+        let seen: Vec<String> = inos
+            .iter()
+            .map(|i| {
+                format!(
+                    "inode {i} as recovered is in states {:?}",
+                    (0..hist.states.len())
+                        .filter(|&j| hist.states[j].1.meta.get(i) == got.meta.get(i))
+                        .collect::<Vec<_>>()
+                )
+            })
+            .collect();
         return Err(format!(
             "recovered metadata matches {} (need one at or after {synced}, the last sync; states 0..={last} possible); closest is state {nearest}: {}; {}",
             if matching.is_empty() { "no state".to_string() } else { format!("states {matching:?}") },
@@ -361,7 +400,9 @@ fn check_crash(image: MemDevice, case: &CrashCase, hist: &History, thorough: boo
     // 2. fsync/fdatasync durability.
     for &(i, d) in &acked {
         let Durable::File { ino, datasync } = d else { continue };
-        let view = |s: &State| s.meta.get(&ino).map(|m| if datasync { (m.kind, m.size, None) } else { (m.kind, m.size, Some(m.clone())) });
+        let view = |s: &State| {
+            s.meta.get(&ino).map(|m| if datasync { (m.kind, m.size, None) } else { (m.kind, m.size, Some(m.clone())) })
+        };
         let now = view(&got);
         if !(i..=last).any(|j| view(&hist.states[j].1) == now) {
             return Err(format!(
@@ -374,7 +415,12 @@ fn check_crash(image: MemDevice, case: &CrashCase, hist: &History, thorough: boo
 
     // 3. File data.
     for (&ino, data) in &got.data {
-        let fsynced = acked.iter().filter(|(_, d)| matches!(d, Durable::File { ino: f, .. } if *f == ino)).map(|(i, _)| *i).max().unwrap_or(0);
+        let fsynced = acked
+            .iter()
+            .filter(|(_, d)| matches!(d, Durable::File { ino: f, .. } if *f == ino))
+            .map(|(i, _)| *i)
+            .max()
+            .unwrap_or(0);
         data_from_states(hist, ino, data, k.max(fsynced)..=last)?;
     }
 
@@ -387,7 +433,12 @@ fn check_crash(image: MemDevice, case: &CrashCase, hist: &History, thorough: boo
         fs.sync().map_err(|e| format!("sync: {e}"))?;
         let s = fs.statfs();
         if (s.bfree, s.ffree) != fresh_counts() {
-            return Err(format!("after deleting everything: {} free blocks and {} free inodes, a fresh file system has {:?}", s.bfree, s.ffree, fresh_counts()));
+            return Err(format!(
+                "after deleting everything: {} free blocks and {} free inodes, a fresh file system has {:?}",
+                s.bfree,
+                s.ffree,
+                fresh_counts()
+            ));
         }
     }
     fs.unmount().map_err(|e| format!("unmount after the checks: {e}"))?;
@@ -399,7 +450,8 @@ fn check_crash(image: MemDevice, case: &CrashCase, hist: &History, thorough: boo
 /// and leaves orphans alone, which are unreachable anyway).
 fn read_only_view(image: &MemDevice) -> std::result::Result<State, String> {
     let opts = MountOptions { read_only: true, ..mount_options() };
-    let fs = FileSystem::mount_device(Arc::new(image.snapshot()), &opts).map_err(|e| format!("read-only mount after crash failed: {e}"))?;
+    let fs = FileSystem::mount_device(Arc::new(image.snapshot()), &opts)
+        .map_err(|e| format!("read-only mount after crash failed: {e}"))?;
     snapshot(&fs, &[]).map_err(|e| format!("walking the read-only mount: {e}"))
 }
 
@@ -415,10 +467,16 @@ fn check_recovery_crashes(image: &MemDevice) -> Checked {
     for c in crash_points(&ops) {
         for keep_all in [true, false] {
             let again = crash_image_torn(image, &ops, c, &|_| keep_all, None);
-            let fs = mount(Arc::new(again)).map_err(|e| format!("mount after a crash at op {c} of recovery (keep all: {keep_all}) failed: {e}"))?;
-            let got = snapshot(&fs, &[]).map_err(|e| format!("walking the tree after a crash at op {c} of recovery: {e}"))?;
+            let fs = mount(Arc::new(again))
+                .map_err(|e| format!("mount after a crash at op {c} of recovery (keep all: {keep_all}) failed: {e}"))?;
+            let got =
+                snapshot(&fs, &[]).map_err(|e| format!("walking the tree after a crash at op {c} of recovery: {e}"))?;
             if got != want {
-                return Err(format!("a crash at op {c} of {} of recovery (keep all: {keep_all}) changes the result: {}", ops.len(), describe_diff(&want, &got)));
+                return Err(format!(
+                    "a crash at op {c} of {} of recovery (keep all: {keep_all}) changes the result: {}",
+                    ops.len(),
+                    describe_diff(&want, &got)
+                ));
             }
         }
     }
@@ -427,7 +485,8 @@ fn check_recovery_crashes(image: &MemDevice) -> Checked {
 
 /// The offline checker (read-only: it replays the log into memory) finds nothing wrong.
 fn fsck_clean(dev: &dyn BlockDevice) -> Checked {
-    let report = ferrofs::fsck::check(dev, &ferrofs::fsck::FsckOptions { repair: false }, &|_, _, _| {}).map_err(|e| format!("fsck failed: {e}"))?;
+    let report = ferrofs::fsck::check(dev, &ferrofs::fsck::FsckOptions { repair: false }, &|_, _, _| {})
+        .map_err(|e| format!("fsck failed: {e}"))?;
     if report.is_clean() {
         Ok(())
     } else {
@@ -479,7 +538,13 @@ struct Budget {
 
 /// Check every crash image the budget allows for one recorded workload. Returns the number
 /// of crash states checked and the failures (with everything needed to replay them).
-fn check_all_points(base: &MemDevice, ops: &[DevOp], hist: &History, seed: u64, budget: Budget) -> (usize, Vec<String>) {
+fn check_all_points(
+    base: &MemDevice,
+    ops: &[DevOp],
+    hist: &History,
+    seed: u64,
+    budget: Budget,
+) -> (usize, Vec<String>) {
     let mut checked = 0;
     let mut failures = Vec::new();
     let mut rng = StdRng::seed_from_u64(seed);
@@ -510,7 +575,13 @@ fn check_all_points(base: &MemDevice, ops: &[DevOp], hist: &History, seed: u64, 
             .unwrap_or_else(|p| Err(format!("panic: {}", panic_message(&p))));
             checked += 1;
             if let Err(e) = r {
-                failures.push(format!("crash at op {} of {} (keep {:?}, tear {:?}): {e}", c, ops.len(), case.keep, case.tear));
+                failures.push(format!(
+                    "crash at op {} of {} (keep {:?}, tear {:?}): {e}",
+                    c,
+                    ops.len(),
+                    case.keep,
+                    case.tear
+                ));
             }
         }
     }
@@ -566,26 +637,170 @@ fn ino_of(r: &Run, path: &str) -> u64 {
 }
 
 const STEPS: &[Step] = &[
-    Step { name: "create", run: |r| { let d = ino_of(r, "/d1"); r.call("create /d1/new", |fs| fs.create(d, b"new", 0o644, CRED).map(|a| a.ino)).unwrap_or(ROOT) } },
-    Step { name: "append", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("append 5000 to /d1/f", |fs| { let size = fs.getattr(f)?.size; fs.write(f, size, &pattern(5000, 11)) }); f } },
-    Step { name: "overwrite", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("write 100 at 10 in /d1/f", |fs| fs.write(f, 10, &pattern(100, 12))); f } },
-    Step { name: "overwrite-extend", run: |r| { let f = ino_of(r, "/d2/h"); let _ = r.call("write 8192 at 0 in /d2/h", |fs| fs.write(f, 0, &pattern(8192, 13))); f } },
-    Step { name: "truncate-grow", run: |r| { let f = ino_of(r, "/d1/g"); let _ = r.call("truncate /d1/g to 20000", |fs| fs.setattr(f, &SetAttr { size: Some(20000), ..Default::default() }).map(|a| a.size)); f } },
-    Step { name: "truncate-shrink", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("truncate /d1/f to 100", |fs| fs.setattr(f, &SetAttr { size: Some(100), ..Default::default() }).map(|a| a.size)); f } },
-    Step { name: "link", run: |r| { let (f, d) = (ino_of(r, "/d1/f"), ino_of(r, "/d2")); let _ = r.call("link /d1/f /d2/f2", |fs| fs.link(f, d, b"f2").map(|a| a.nlink)); f } },
-    Step { name: "unlink", run: |r| { let d = ino_of(r, "/d1"); let _ = r.call("unlink /d1/g", |fs| fs.unlink(d, b"g")); d } },
-    Step { name: "rename", run: |r| { let (f, a, b) = (ino_of(r, "/d1/f"), ino_of(r, "/d1"), ino_of(r, "/d2")); let _ = r.call("rename /d1/f /d2/f", |fs| fs.rename(a, b"f", b, b"f", 0)); f } },
-    Step { name: "rename-replace", run: |r| { let (f, a, b) = (ino_of(r, "/d1/g"), ino_of(r, "/d1"), ino_of(r, "/d2")); let _ = r.call("rename /d1/g /d2/h", |fs| fs.rename(a, b"g", b, b"h", 0)); f } },
-    Step { name: "rename-exchange", run: |r| { let (f, a, b) = (ino_of(r, "/d1/f"), ino_of(r, "/d1"), ino_of(r, "/d2")); let _ = r.call("exchange /d1/f /d2/h", |fs| fs.rename(a, b"f", b, b"h", RENAME_EXCHANGE)); f } },
-    Step { name: "rename-dir", run: |r| { let (d, a) = (ino_of(r, "/d3"), ino_of(r, "/d1")); let _ = r.call("rename /d3 /d1/d3", |fs| fs.rename(ROOT, b"d3", a, b"d3", 0)); d } },
-    Step { name: "rename-dir-replace", run: |r| { let d = ino_of(r, "/d4"); let _ = r.call("rename /d4 /d3", |fs| fs.rename(ROOT, b"d4", ROOT, b"d3", 0)); d } },
-    Step { name: "mkdir", run: |r| { let d = ino_of(r, "/d2"); r.call("mkdir /d2/sub", |fs| fs.mkdir(d, b"sub", 0o755, CRED).map(|a| a.ino)).unwrap_or(d) } },
-    Step { name: "rmdir", run: |r| { let _ = r.call("rmdir /d3", |fs| fs.rmdir(ROOT, b"d3")); ROOT } },
-    Step { name: "symlink", run: |r| { let d = ino_of(r, "/d2"); r.call("symlink /d2/s2", |fs| fs.symlink(d, b"s2", &[b'z'; 200], CRED).map(|a| a.ino)).unwrap_or(d) } },
-    Step { name: "setxattr-tree", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("setxattr /d1/f user.big", |fs| fs.setxattr(f, b"user.big", &pattern(900, 14), XATTR_CREATE)); f } },
-    Step { name: "setxattr-inline", run: |r| { let f = ino_of(r, "/d2/h"); let _ = r.call("setxattr /d2/h user.y", |fs| fs.setxattr(f, b"user.y", b"v", 0)); f } },
-    Step { name: "setxattr-remote", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("setxattr /d1/f user.x 9000", |fs| fs.setxattr(f, b"user.x", &pattern(9000, 15), 0)); f } },
-    Step { name: "removexattr", run: |r| { let f = ino_of(r, "/d1/f"); let _ = r.call("removexattr /d1/f user.x", |fs| fs.removexattr(f, b"user.x")); f } },
+    Step {
+        name: "create",
+        run: |r| {
+            let d = ino_of(r, "/d1");
+            r.call("create /d1/new", |fs| fs.create(d, b"new", 0o644, CRED).map(|a| a.ino)).unwrap_or(ROOT)
+        },
+    },
+    Step {
+        name: "append",
+        run: |r| {
+            let f = ino_of(r, "/d1/f");
+            let _ = r.call("append 5000 to /d1/f", |fs| {
+                let size = fs.getattr(f)?.size;
+                fs.write(f, size, &pattern(5000, 11))
+            });
+            f
+        },
+    },
+    Step {
+        name: "overwrite",
+        run: |r| {
+            let f = ino_of(r, "/d1/f");
+            let _ = r.call("write 100 at 10 in /d1/f", |fs| fs.write(f, 10, &pattern(100, 12)));
+            f
+        },
+    },
+    Step {
+        name: "overwrite-extend",
+        run: |r| {
+            let f = ino_of(r, "/d2/h");
+            let _ = r.call("write 8192 at 0 in /d2/h", |fs| fs.write(f, 0, &pattern(8192, 13)));
+            f
+        },
+    },
+    Step {
+        name: "truncate-grow",
+        run: |r| {
+            let f = ino_of(r, "/d1/g");
+            let _ = r.call("truncate /d1/g to 20000", |fs| {
+                fs.setattr(f, &SetAttr { size: Some(20000), ..Default::default() }).map(|a| a.size)
+            });
+            f
+        },
+    },
+    Step {
+        name: "truncate-shrink",
+        run: |r| {
+            let f = ino_of(r, "/d1/f");
+            let _ = r.call("truncate /d1/f to 100", |fs| {
+                fs.setattr(f, &SetAttr { size: Some(100), ..Default::default() }).map(|a| a.size)
+            });
+            f
+        },
+    },
+    Step {
+        name: "link",
+        run: |r| {
+            let (f, d) = (ino_of(r, "/d1/f"), ino_of(r, "/d2"));
+            let _ = r.call("link /d1/f /d2/f2", |fs| fs.link(f, d, b"f2").map(|a| a.nlink));
+            f
+        },
+    },
+    Step {
+        name: "unlink",
+        run: |r| {
+            let d = ino_of(r, "/d1");
+            let _ = r.call("unlink /d1/g", |fs| fs.unlink(d, b"g"));
+            d
+        },
+    },
+    Step {
+        name: "rename",
+        run: |r| {
+            let (f, a, b) = (ino_of(r, "/d1/f"), ino_of(r, "/d1"), ino_of(r, "/d2"));
+            let _ = r.call("rename /d1/f /d2/f", |fs| fs.rename(a, b"f", b, b"f", 0));
+            f
+        },
+    },
+    Step {
+        name: "rename-replace",
+        run: |r| {
+            let (f, a, b) = (ino_of(r, "/d1/g"), ino_of(r, "/d1"), ino_of(r, "/d2"));
+            let _ = r.call("rename /d1/g /d2/h", |fs| fs.rename(a, b"g", b, b"h", 0));
+            f
+        },
+    },
+    Step {
+        name: "rename-exchange",
+        run: |r| {
+            let (f, a, b) = (ino_of(r, "/d1/f"), ino_of(r, "/d1"), ino_of(r, "/d2"));
+            let _ = r.call("exchange /d1/f /d2/h", |fs| fs.rename(a, b"f", b, b"h", RENAME_EXCHANGE));
+            f
+        },
+    },
+    Step {
+        name: "rename-dir",
+        run: |r| {
+            let (d, a) = (ino_of(r, "/d3"), ino_of(r, "/d1"));
+            let _ = r.call("rename /d3 /d1/d3", |fs| fs.rename(ROOT, b"d3", a, b"d3", 0));
+            d
+        },
+    },
+    Step {
+        name: "rename-dir-replace",
+        run: |r| {
+            let d = ino_of(r, "/d4");
+            let _ = r.call("rename /d4 /d3", |fs| fs.rename(ROOT, b"d4", ROOT, b"d3", 0));
+            d
+        },
+    },
+    Step {
+        name: "mkdir",
+        run: |r| {
+            let d = ino_of(r, "/d2");
+            r.call("mkdir /d2/sub", |fs| fs.mkdir(d, b"sub", 0o755, CRED).map(|a| a.ino)).unwrap_or(d)
+        },
+    },
+    Step {
+        name: "rmdir",
+        run: |r| {
+            let _ = r.call("rmdir /d3", |fs| fs.rmdir(ROOT, b"d3"));
+            ROOT
+        },
+    },
+    Step {
+        name: "symlink",
+        run: |r| {
+            let d = ino_of(r, "/d2");
+            r.call("symlink /d2/s2", |fs| fs.symlink(d, b"s2", &[b'z'; 200], CRED).map(|a| a.ino)).unwrap_or(d)
+        },
+    },
+    Step {
+        name: "setxattr-tree",
+        run: |r| {
+            let f = ino_of(r, "/d1/f");
+            let _ =
+                r.call("setxattr /d1/f user.big", |fs| fs.setxattr(f, b"user.big", &pattern(900, 14), XATTR_CREATE));
+            f
+        },
+    },
+    Step {
+        name: "setxattr-inline",
+        run: |r| {
+            let f = ino_of(r, "/d2/h");
+            let _ = r.call("setxattr /d2/h user.y", |fs| fs.setxattr(f, b"user.y", b"v", 0));
+            f
+        },
+    },
+    Step {
+        name: "setxattr-remote",
+        run: |r| {
+            let f = ino_of(r, "/d1/f");
+            let _ = r.call("setxattr /d1/f user.x 9000", |fs| fs.setxattr(f, b"user.x", &pattern(9000, 15), 0));
+            f
+        },
+    },
+    Step {
+        name: "removexattr",
+        run: |r| {
+            let f = ino_of(r, "/d1/f");
+            let _ = r.call("removexattr /d1/f user.x", |fs| fs.removexattr(f, b"user.x"));
+            f
+        },
+    },
 ];
 
 #[derive(Clone, Copy, Debug)]
@@ -622,7 +837,11 @@ fn exhaustive(len: u32, budget: Budget) {
     let (slice, slices) = std::env::var("CRASH_SLICE")
         .ok()
         .map(|v| {
-            let (k, n) = v.split_once('/').and_then(|(k, n)| Some((k.parse::<usize>().ok()?, n.parse::<usize>().ok()?))).filter(|&(k, n)| k < n).unwrap_or_else(|| panic!("CRASH_SLICE={v}: want k/n with k < n"));
+            let (k, n) = v
+                .split_once('/')
+                .and_then(|(k, n)| Some((k.parse::<usize>().ok()?, n.parse::<usize>().ok()?)))
+                .filter(|&(k, n)| k < n)
+                .unwrap_or_else(|| panic!("CRASH_SLICE={v}: want k/n with k < n"));
             (k, n)
         })
         .unwrap_or((0, 1));
@@ -638,7 +857,10 @@ fn exhaustive(len: u32, budget: Budget) {
                 if n >= total {
                     return;
                 }
-                let steps: Vec<(usize, After)> = (0..len).map(|i| (n / per.pow(i)) % per).map(|x| (x / AFTERS.len(), AFTERS[x % AFTERS.len()])).collect();
+                let steps: Vec<(usize, After)> = (0..len)
+                    .map(|i| (n / per.pow(i)) % per)
+                    .map(|x| (x / AFTERS.len(), AFTERS[x % AFTERS.len()]))
+                    .collect();
                 let (ops, hist) = run_steps(&steps);
                 let (c, f) = check_all_points(base_image(), &ops, &hist, n as u64, budget);
                 checked.fetch_add(c, Ordering::Relaxed);
@@ -652,7 +874,12 @@ fn exhaustive(len: u32, budget: Budget) {
     let failures = failures.into_inner().unwrap();
     let ran = (total + slices - 1 - slice) / slices;
     println!("{ran} of {total} workloads of {len} steps (slice {slice}/{slices}), {} crash states checked, {} workloads failed", checked.load(Ordering::Relaxed), failures.len());
-    assert!(failures.is_empty(), "{} of {ran} workloads failed; first ones:\n{}", failures.len(), failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {ran} workloads failed; first ones:\n{}",
+        failures.len(),
+        failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n")
+    );
 }
 
 #[test]
@@ -670,7 +897,13 @@ fn crash_every_sequence_of_three_steps() {
 
 /// Fail with the workload's calls and its first failures, if it has any.
 fn assert_no_failures(what: &str, failures: &[String], hist: &History) {
-    assert!(failures.is_empty(), "{what}: {} failures; calls {:#?}\nfirst: {}", failures.len(), hist.calls, failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{what}: {} failures; calls {:#?}\nfirst: {}",
+        failures.len(),
+        hist.calls,
+        failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n")
+    );
 }
 
 /// The base image plus two files of 300 one-byte extents (every other block), /d5/a and
@@ -705,7 +938,10 @@ fn crash_between_the_batches_of_a_truncate_and_of_a_reap() {
     let (d5, f, g) = (r.lookup("/d5").unwrap(), r.lookup("/d5/a").unwrap(), r.lookup("/d5/b").unwrap());
     let commits = |r: &Run| r.fs.mount().journal.commits();
     let before = commits(&r);
-    r.call("truncate /d5/a to 50, mode 600", |fs| fs.setattr(f, &SetAttr { size: Some(50), mode: Some(0o600), ..Default::default() }).map(|a| a.size)).unwrap();
+    r.call("truncate /d5/a to 50, mode 600", |fs| {
+        fs.setattr(f, &SetAttr { size: Some(50), mode: Some(0o600), ..Default::default() }).map(|a| a.size)
+    })
+    .unwrap();
     assert!(commits(&r) - before >= 2, "the truncate took one transaction: the test no longer crosses a batch");
     r.fsync(f, false);
     r.fs.open(g).unwrap();
@@ -718,7 +954,8 @@ fn crash_between_the_batches_of_a_truncate_and_of_a_reap() {
     assert!(commits(&r) - before >= 2, "the reap took one transaction: the test no longer crosses a batch");
     r.sync();
     let (ops, hist) = r.finish();
-    let (checked, failures) = check_all_points(base, &ops, &hist, 0xba7c, Budget { random: 6, singles_up_to: 64, torn: 3 });
+    let (checked, failures) =
+        check_all_points(base, &ops, &hist, 0xba7c, Budget { random: 6, singles_up_to: 64, torn: 3 });
     println!("{} device ops, {checked} crash states checked", ops.len());
     assert_no_failures("crash_between_the_batches_of_a_truncate_and_of_a_reap", &failures, &hist);
 }
@@ -748,7 +985,8 @@ fn crash_tmpfiles_and_a_rename_with_whiteout() {
     r.call("release /d2/t", |fs| fs.release(named)).unwrap();
     r.sync();
     let (ops, hist) = r.finish();
-    let (checked, failures) = check_all_points(base, &ops, &hist, 0x7e4f, Budget { random: 4, singles_up_to: 32, torn: 2 });
+    let (checked, failures) =
+        check_all_points(base, &ops, &hist, 0x7e4f, Budget { random: 4, singles_up_to: 32, torn: 2 });
     println!("{} device ops, {checked} crash states checked", ops.len());
     assert_no_failures("crash_tmpfiles_and_a_rename_with_whiteout", &failures, &hist);
 }
@@ -796,7 +1034,12 @@ fn crash_during_collapse_and_insert_range() {
     let base = fragmented_image();
     let mut r = Run::start_with(base, &checkpoint_every_transaction());
     let f = r.lookup("/d5/a").unwrap();
-    let shifts = [(FALLOC_FL_COLLAPSE_RANGE, 500, 3), (FALLOC_FL_INSERT_RANGE, 401, 2), (FALLOC_FL_COLLAPSE_RANGE, 398, 6), (FALLOC_FL_INSERT_RANGE, 450, 1)];
+    let shifts = [
+        (FALLOC_FL_COLLAPSE_RANGE, 500, 3),
+        (FALLOC_FL_INSERT_RANGE, 401, 2),
+        (FALLOC_FL_COLLAPSE_RANGE, 398, 6),
+        (FALLOC_FL_INSERT_RANGE, 450, 1),
+    ];
     for (mode, at, blocks) in shifts {
         let (off, len) = (at * 4096, blocks * 4096);
         // Counted inside the call: the harness's walk after it reads files, which sets atimes.
@@ -809,7 +1052,8 @@ fn crash_during_collapse_and_insert_range() {
         r.fsync(f, false);
     }
     let (ops, hist) = r.finish();
-    let (checked, failures) = check_all_points(base, &ops, &hist, 0x5817, Budget { random: 6, singles_up_to: 64, torn: 3 });
+    let (checked, failures) =
+        check_all_points(base, &ops, &hist, 0x5817, Budget { random: 6, singles_up_to: 64, torn: 3 });
     println!("{} device ops, {checked} crash states checked", ops.len());
     assert_no_failures("crash_during_collapse_and_insert_range", &failures, &hist);
 }
@@ -831,21 +1075,26 @@ fn random_workload(base: &MemDevice, seed: u64, calls: usize, opts: &MountOption
         let name = names[rng.gen_range(0..names.len())];
         let name2 = names[rng.gen_range(0..names.len())];
         let target = r.fs.lookup(d, name).ok().map(|a| a.ino);
-        let file = if !r.open.is_empty() && rng.gen_bool(0.4) { Some(r.open[rng.gen_range(0..r.open.len())]) } else { target };
+        let file =
+            if !r.open.is_empty() && rng.gen_bool(0.4) { Some(r.open[rng.gen_range(0..r.open.len())]) } else { target };
         let seed8 = i as u8;
         match rng.gen_range(0..16) {
             0 | 1 => drop(r.call("create", |fs| fs.create(d, name, 0o644, CRED).map(|a| a.ino))),
             2 => drop(r.call("mkdir", |fs| fs.mkdir(d, name, 0o755, CRED).map(|a| a.ino))),
             3 | 4 => {
                 if let Some(f) = file {
-                    let (off, len) = ([0u64, 100, 4096, 20000][rng.gen_range(0..4)], [10usize, 3000, 9000][rng.gen_range(0..3)]);
-                    let _ = r.call(&format!("write {len} at {off} to {f}"), |fs| fs.write(f, off, &pattern(len, seed8)));
+                    let (off, len) =
+                        ([0u64, 100, 4096, 20000][rng.gen_range(0..4)], [10usize, 3000, 9000][rng.gen_range(0..3)]);
+                    let _ =
+                        r.call(&format!("write {len} at {off} to {f}"), |fs| fs.write(f, off, &pattern(len, seed8)));
                 }
             }
             5 => {
                 if let Some(f) = file {
                     let size = [0u64, 50, 5000, 30000][rng.gen_range(0..4)];
-                    let _ = r.call(&format!("truncate {f} to {size}"), |fs| fs.setattr(f, &SetAttr { size: Some(size), ..Default::default() }).map(|a| a.size));
+                    let _ = r.call(&format!("truncate {f} to {size}"), |fs| {
+                        fs.setattr(f, &SetAttr { size: Some(size), ..Default::default() }).map(|a| a.size)
+                    });
                 }
             }
             6 => drop(r.call("unlink", |fs| fs.unlink(d, name))),
@@ -885,7 +1134,15 @@ fn random_workload(base: &MemDevice, seed: u64, calls: usize, opts: &MountOption
                     // not at all. Or collapse or insert a range.
                     let zero = FALLOC_FL_ZERO_RANGE;
                     let (collapse, insert) = (FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE);
-                    let mode = [0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, zero, zero | FALLOC_FL_KEEP_SIZE, collapse, insert][rng.gen_range(0..7)];
+                    let mode = [
+                        0,
+                        FALLOC_FL_KEEP_SIZE,
+                        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                        zero,
+                        zero | FALLOC_FL_KEEP_SIZE,
+                        collapse,
+                        insert,
+                    ][rng.gen_range(0..7)];
                     let (off, len) = if mode == collapse || mode == insert {
                         // Whole blocks; a crash must show the file shifted or not at all,
                         // which holds for a file that shifts in one transaction (up to 256
@@ -894,11 +1151,16 @@ fn random_workload(base: &MemDevice, seed: u64, calls: usize, opts: &MountOption
                         // before EOF).
                         let Some(attr) = r.fs.getattr(f).ok().filter(|a| a.blocks / 8 < 200) else { continue };
                         let inside = if mode == collapse { attr.size / 4096 } else { attr.size.div_ceil(4096) };
-                        (rng.gen_range(0..inside.max(1)) * 4096, if mode == collapse { 4096 } else { [4096u64, 8192][rng.gen_range(0..2)] })
+                        (
+                            rng.gen_range(0..inside.max(1)) * 4096,
+                            if mode == collapse { 4096 } else { [4096u64, 8192][rng.gen_range(0..2)] },
+                        )
                     } else {
                         ([0u64, 3000, 16384][rng.gen_range(0..3)], [5000u64, 40000][rng.gen_range(0..2)])
                     };
-                    let _ = r.call(&format!("fallocate {f} mode {mode} {len} at {off}"), |fs| fs.fallocate(f, off, len, mode));
+                    let _ = r.call(&format!("fallocate {f} mode {mode} {len} at {off}"), |fs| {
+                        fs.fallocate(f, off, len, mode)
+                    });
                 }
             }
             _ => {
@@ -973,7 +1235,9 @@ fn crash_random_workload_with_tiny_cache() {
         MountOptions { cache: Some(budget), ..checkpoint_every_transaction() }
     }
     random_workloads(base_image(), 0x7c_0001, tiny_cache);
-    let sum = |f: fn(&CacheBudget) -> &std::sync::atomic::AtomicU64| -> u64 { BUDGETS.lock().unwrap().iter().map(|b| f(b).load(Ordering::Relaxed)).sum() };
+    let sum = |f: fn(&CacheBudget) -> &std::sync::atomic::AtomicU64| -> u64 {
+        BUDGETS.lock().unwrap().iter().map(|b| f(b).load(Ordering::Relaxed)).sum()
+    };
     let (reclaimed, throttles) = (sum(|b| &b.stats.reclaimed_bytes), sum(|b| &b.stats.throttles));
     println!("{reclaimed} bytes reclaimed, {throttles} transactions throttled");
     assert!(reclaimed > 0, "the workloads never reclaimed anything");
@@ -991,7 +1255,8 @@ fn random_workloads(base: &MemDevice, default_seed: u64, opts: fn() -> MountOpti
                 let total = &total;
                 s.spawn(move || {
                     let (ops, hist) = random_workload(base, seed, calls as usize, &opts());
-                    let (checked, failures) = check_all_points(base, &ops, &hist, seed, Budget { random: 2, singles_up_to: 3, torn: 1 });
+                    let (checked, failures) =
+                        check_all_points(base, &ops, &hist, seed, Budget { random: 2, singles_up_to: 3, torn: 1 });
                     println!("CRASH_SEED={seed}: {} device ops, {checked} crash states checked", ops.len());
                     total.fetch_add(checked, Ordering::Relaxed);
                     assert_no_failures(&format!("CRASH_SEED={seed}"), &failures, &hist);
@@ -1033,9 +1298,6 @@ fn regression_fdatasync_of_directory_persists_entries() {
     assert!(!fdatasync_dir_repro(), "/d1/g came back after unlink + fdatasync(/d1) + crash");
 }
 
-
-
-
 /// A file shrunk by a truncate that is not durable yet, then punched past its new EOF:
 /// the punch zeroed the written tail of the EOF block in place, so a crash that undid the
 /// truncate showed zeros inside the old size (`CRASH_SEED=2046821030`, byte 3000 of a
@@ -1060,7 +1322,12 @@ fn punch_past_eof_repro() -> Vec<u64> {
 #[test]
 fn regression_punch_past_eof_after_truncate() {
     let wrong = punch_past_eof_repro();
-    assert!(wrong.is_empty(), "{} bytes of the old size changed after a crash, first at {:?}", wrong.len(), wrong.first());
+    assert!(
+        wrong.is_empty(),
+        "{} bytes of the old size changed after a crash, first at {:?}",
+        wrong.len(),
+        wrong.first()
+    );
 }
 
 /// setattr of a size used to commit the size change (the truncate's transaction) and then
@@ -1089,7 +1356,8 @@ fn log_wrap_repro() -> Checked {
     let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
     FileSystem::mkfs(&*dev, &mkfs_options()).unwrap();
     let fs = mount(dev.clone()).unwrap();
-    let dirs: Vec<u64> = (0..12).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
+    let dirs: Vec<u64> =
+        (0..12).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
     fs.sync().unwrap();
     let mut failed = Vec::new();
     for (round, k) in [3usize, 9, 2, 12, 5, 1, 11, 7, 4, 10, 6, 8].into_iter().cycle().take(24).enumerate() {
@@ -1142,7 +1410,8 @@ fn fresh_fs(tune: impl FnOnce(&mut JournalConfig)) -> FileSystem {
     FileSystem::mkfs(&*dev, &mkfs_options()).unwrap();
     let mut cfg = stock_journal();
     tune(&mut cfg);
-    FileSystem::mount_device(dev, &MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() }).unwrap()
+    FileSystem::mount_device(dev, &MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() })
+        .unwrap()
 }
 
 /// With `JournalConfig::background == false` (what tests use for determinism), the first
@@ -1153,7 +1422,8 @@ fn fresh_fs(tune: impl FnOnce(&mut JournalConfig)) -> FileSystem {
 fn regression_throttle_without_background_threads() {
     let finished = within(10, || {
         let fs = fresh_fs(|cfg| cfg.background = false);
-        let dirs: Vec<u64> = (0..16).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
+        let dirs: Vec<u64> =
+            (0..16).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
         fs.sync().unwrap();
         for d in dirs {
             fs.create(d, b"f", 0o644, CRED).unwrap();
@@ -1176,7 +1446,8 @@ fn throttled_commits_checkpoint_the_full_cil_themselves() {
             cfg.push_interval = std::time::Duration::from_secs(3600);
         });
         let bound = stock_journal().cil_max_bytes;
-        let dirs: Vec<u64> = (0..8).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
+        let dirs: Vec<u64> =
+            (0..8).map(|i| fs.mkdir(ROOT, format!("d{i}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
         let most = AtomicUsize::new(0);
         std::thread::scope(|s| {
             for &d in &dirs {
@@ -1190,12 +1461,20 @@ fn throttled_commits_checkpoint_the_full_cil_themselves() {
             }
         });
         let stats = &fs.mount().journal.stats;
-        let got = (stats.commit_throttles.load(Ordering::Relaxed), stats.checkpoints.load(Ordering::Relaxed), stats.background_checkpoints.load(Ordering::Relaxed));
+        let got = (
+            stats.commit_throttles.load(Ordering::Relaxed),
+            stats.checkpoints.load(Ordering::Relaxed),
+            stats.background_checkpoints.load(Ordering::Relaxed),
+        );
         fs.unmount().unwrap();
         (got, most.into_inner() as u64, bound)
     });
-    let ((throttles, checkpoints, background), most, bound) = finished.expect("throttled creates did not return within 60 s");
-    assert!(throttles > 0 && checkpoints > 0, "{throttles} throttles, {checkpoints} checkpoints: the bound was never reached");
+    let ((throttles, checkpoints, background), most, bound) =
+        finished.expect("throttled creates did not return within 60 s");
+    assert!(
+        throttles > 0 && checkpoints > 0,
+        "{throttles} throttles, {checkpoints} checkpoints: the bound was never reached"
+    );
     assert_eq!(background, 0, "the worker checkpointed, though never asked");
     // Each of the 8 threads may have begun a transaction just below the bound.
     assert!(most < bound + 8 * 16 * 1024, "the CIL held {most} bytes against a bound of {bound}");
@@ -1260,7 +1539,8 @@ fn shared_dir_run() -> Option<SharedDirRun> {
     let dev = Arc::new(CrashDevice::new(base_image().snapshot()));
     let fs = mount(dev.clone()).unwrap();
     let shared = fs.mkdir(ROOT, b"shared", 0o755, CRED).unwrap().ino;
-    let own: Vec<u64> = (0..THREADS).map(|t| fs.mkdir(ROOT, format!("own{t}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
+    let own: Vec<u64> =
+        (0..THREADS).map(|t| fs.mkdir(ROOT, format!("own{t}").as_bytes(), 0o755, CRED).unwrap().ino).collect();
     fs.sync().unwrap();
     let setup_ops = dev.op_count();
     // Logical time: a call that returned took a tick; a sync notes the time it began.
@@ -1300,7 +1580,13 @@ fn shared_dir_run() -> Option<SharedDirRun> {
     });
     let routed = fs.mount().journal.routed_commits();
     drop(fs);
-    (routed > 0).then(|| SharedDirRun { dev, shared, setup_ops, files: files.into_inner().unwrap(), syncs: syncs.into_inner().unwrap() })
+    (routed > 0).then(|| SharedDirRun {
+        dev,
+        shared,
+        setup_ops,
+        files: files.into_inner().unwrap(),
+        syncs: syncs.into_inner().unwrap(),
+    })
 }
 
 /// Threads taking turns on one directory, so that its commits go to its own CIL shard

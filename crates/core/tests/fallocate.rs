@@ -17,7 +17,12 @@ fn fsck_clean(dev: &MemDevice) {
 /// Compare file contents without printing megabytes: the first differing offset.
 fn same(got: Vec<u8>, want: &[u8]) {
     let first = got.iter().zip(want).position(|(a, b)| a != b);
-    assert!(got.len() == want.len() && first.is_none(), "read {} bytes, want {}; first difference at {first:?}", got.len(), want.len());
+    assert!(
+        got.len() == want.len() && first.is_none(),
+        "read {} bytes, want {}; first difference at {first:?}",
+        got.len(),
+        want.len()
+    );
 }
 
 /// Data blocks (4 KiB) an inode owns, from st_blocks (512-byte units).
@@ -436,7 +441,8 @@ fn freed_space_is_allocatable_at_once() {
         let name = format!("f{round}");
         let avail = fs.statfs().bavail * 4096;
         let f = fs.create(ROOT, name.as_bytes(), 0o644, C).unwrap().ino;
-        fs.fallocate(f, 0, avail - (1 << 20), 0).unwrap_or_else(|e| panic!("round {round}: fallocate of {avail} bytes less 1 MiB: {e}"));
+        fs.fallocate(f, 0, avail - (1 << 20), 0)
+            .unwrap_or_else(|e| panic!("round {round}: fallocate of {avail} bytes less 1 MiB: {e}"));
         fs.unlink(ROOT, name.as_bytes()).unwrap();
         assert_eq!(fs.statfs().bavail * 4096, avail, "round {round}: what the unlink freed counts as available");
     }

@@ -3,8 +3,14 @@
 //! claims (a second check is clean and the image mounts); `-n` never writes; and random damage
 //! never panics the checker.
 
-use ferrofs::dev::{crash_image, crash_image_torn, crash_points, keep_sets, unflushed_epoch, BlockDevice, CrashDevice, MemDevice, Op as DevOp, Tear};
-use ferrofs::format::{self, DiskInode, Fork, Geometry, BITMAP_BITS, BLOCK_SIZE, HDR_SIZE, INODE_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK};
+use ferrofs::dev::{
+    crash_image, crash_image_torn, crash_points, keep_sets, unflushed_epoch, BlockDevice, CrashDevice, MemDevice,
+    Op as DevOp, Tear,
+};
+use ferrofs::format::{
+    self, DiskInode, Fork, Geometry, BITMAP_BITS, BLOCK_SIZE, HDR_SIZE, INODE_SIZE, MAGIC_AGH, MAGIC_BITMAP,
+    MAGIC_BTREE, MAGIC_ORPHAN, ORPHAN_SLOTS_PER_BLOCK,
+};
 use ferrofs::fsck::{check, FsckOptions, FsckReport};
 use ferrofs::journal::JournalConfig;
 use ferrofs::*;
@@ -142,7 +148,8 @@ impl BlockDevice for WriteProtected<'_> {
 
 fn fsck(dev: &MemDevice, repair: bool) -> FsckReport {
     let opts = FsckOptions { repair };
-    let report = if repair { check(dev, &opts, &|_, _, _| {}) } else { check(&WriteProtected(dev), &opts, &|_, _, _| {}) };
+    let report =
+        if repair { check(dev, &opts, &|_, _, _| {}) } else { check(&WriteProtected(dev), &opts, &|_, _, _| {}) };
     report.unwrap()
 }
 
@@ -165,7 +172,11 @@ fn find_then_repair(dev: &Arc<MemDevice>) -> FsckReport {
     assert_eq!(dry.errors_fixed, 0);
     assert_eq!(dry.exit_code(), 4);
     let fixed = fsck(dev, true);
-    assert_eq!(fixed.errors_found, dry.errors_found, "-n and repair disagree: {:#?} vs {:#?}", dry.messages, fixed.messages);
+    assert_eq!(
+        fixed.errors_found, dry.errors_found,
+        "-n and repair disagree: {:#?} vs {:#?}",
+        dry.messages, fixed.messages
+    );
     assert_eq!(fixed.errors_fixed, fixed.errors_found, "{:#?}", fixed.messages);
     assert_eq!(fixed.exit_code(), 1);
     assert_clean(dev);
@@ -309,7 +320,10 @@ fn populated_image_is_clean_and_counts_match_statfs() {
     assert_eq!(r.inodes, st.files - st.ffree - 1, "live inodes = allocated minus the reserved inode 0");
     let pool: u64 = fs.mount().ags.iter().map(|ag| ag.pool()).sum();
     assert_eq!(r.blocks_used + pool, st.blocks - st.bfree, "statfs counts the AGs' pools as used");
-    assert_eq!(r.dirs, 11, "/, a, a/sub, b, big, big/moved-here, x, y, y/dev (was d1), y/empty (was d2), y/d4 (was d3)");
+    assert_eq!(
+        r.dirs, 11,
+        "/, a, a/sub, b, big, big/moved-here, x, y, y/dev (was d1), y/empty (was d2), y/d4 (was d3)"
+    );
     unmount(fs);
 }
 
@@ -330,11 +344,27 @@ fn statfs_counts_match_fsck_after_random_workloads() {
             match (rng.gen_range(0..8), pick) {
                 (0, _) | (_, None) => files.push((name.clone(), fs.create(ROOT, &name, 0o644, C).unwrap().ino)),
                 (1, _) => drop(fs.mkdir(ROOT, &name, 0o755, C).unwrap()),
-                (2, Some(p)) => drop(fs.write(files[p].1, rng.gen_range(0..4u64 << 20), &vec![1u8; rng.gen_range(1..300_000)]).unwrap()),
-                (3, Some(p)) => fs.fallocate(files[p].1, rng.gen_range(0..1u64 << 20), rng.gen_range(1..2u64 << 20), 0).unwrap(),
-                (4, Some(p)) => fs.fallocate(files[p].1, rng.gen_range(0..2u64 << 20), rng.gen_range(1..1u64 << 20), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE).unwrap(),
-                (5, Some(p)) => drop(fs.setattr(files[p].1, &SetAttr { size: Some(rng.gen_range(0..1u64 << 20)), ..SetAttr::default() }).unwrap()),
-                (6, Some(p)) => fs.setxattr(files[p].1, format!("user.{n}").as_bytes(), &vec![2u8; rng.gen_range(1..1000)], 0).unwrap(),
+                (2, Some(p)) => drop(
+                    fs.write(files[p].1, rng.gen_range(0..4u64 << 20), &vec![1u8; rng.gen_range(1..300_000)]).unwrap(),
+                ),
+                (3, Some(p)) => {
+                    fs.fallocate(files[p].1, rng.gen_range(0..1u64 << 20), rng.gen_range(1..2u64 << 20), 0).unwrap()
+                }
+                (4, Some(p)) => fs
+                    .fallocate(
+                        files[p].1,
+                        rng.gen_range(0..2u64 << 20),
+                        rng.gen_range(1..1u64 << 20),
+                        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    )
+                    .unwrap(),
+                (5, Some(p)) => drop(
+                    fs.setattr(files[p].1, &SetAttr { size: Some(rng.gen_range(0..1u64 << 20)), ..SetAttr::default() })
+                        .unwrap(),
+                ),
+                (6, Some(p)) => fs
+                    .setxattr(files[p].1, format!("user.{n}").as_bytes(), &vec![2u8; rng.gen_range(1..1000)], 0)
+                    .unwrap(),
                 (_, Some(p)) => fs.unlink(ROOT, &files.swap_remove(p).0).unwrap(),
             }
         }
@@ -342,7 +372,11 @@ fn statfs_counts_match_fsck_after_random_workloads() {
         let pool: u64 = fs.mount().ags.iter().map(|ag| ag.pool()).sum();
         unmount(fs);
         let r = assert_clean(&dev);
-        assert_eq!(st.blocks - st.bfree, r.blocks_used + pool, "seed {seed}: blocks in use (statfs counts the pools as used)");
+        assert_eq!(
+            st.blocks - st.bfree,
+            r.blocks_used + pool,
+            "seed {seed}: blocks in use (statfs counts the pools as used)"
+        );
         assert_eq!(st.bavail, st.bfree, "seed {seed}");
         assert_eq!(st.files - st.ffree - 1, r.inodes, "seed {seed}: live inodes (inode 0 is reserved)");
     }
@@ -378,7 +412,10 @@ fn progress_reports_every_phase() {
 /// Journal threads off: nothing reaches home locations except through explicit checkpoints
 /// and unmount, so a snapshot holds records the check must replay.
 fn manual_journal() -> MountOptions {
-    MountOptions { journal: Some(JournalConfig { background: false, ..JournalConfig::for_log(510) }), ..Default::default() }
+    MountOptions {
+        journal: Some(JournalConfig { background: false, ..JournalConfig::for_log(510) }),
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -495,14 +532,19 @@ fn cross_linked_blocks_are_copied() {
         }
     });
     let r = find_then_repair(&dev);
-    let copied = r.messages.iter().find(|m| m.contains("shares blocks with inode") && m.contains("given a copy of its own"));
+    let copied =
+        r.messages.iter().find(|m| m.contains("shares blocks with inode") && m.contains("given a copy of its own"));
     let copied = copied.unwrap_or_else(|| panic!("no copy made: {:#?}", r.messages));
     // The symlink's own block is referenced by nothing now: reported leaked, unless the copy
     // was placed in it (a block nothing claims, so the repair may take it; where it lands
     // depends on the layout, which access-time updates while the image was built can move).
     let copy_owner = if copied.starts_with(&format!("inode {long}:")) { long } else { p.linked };
     let leaked = r.messages.iter().any(|m| m.contains(&format!("block {own} used but not referenced (leaked)")));
-    assert!(leaked || first_extent_block(&dev, copy_owner) == own, "block {own} neither reported leaked nor reused: {:#?}", r.messages);
+    assert!(
+        leaked || first_extent_block(&dev, copy_owner) == own,
+        "block {own} neither reported leaked nor reused: {:#?}",
+        r.messages
+    );
     let fs = mount(&dev);
     assert_eq!(fs.read(p.linked, 0, 200_000).unwrap(), data, "/a/f keeps its contents");
     assert_eq!(fs.readlink(long).unwrap(), target, "the symlink keeps what it pointed at, in blocks of its own");
@@ -526,7 +568,15 @@ fn cross_linked_extents_of_one_tree_are_all_copied() {
         }
     });
     let r = find_then_repair(&dev);
-    assert_eq!(r.messages.iter().filter(|m| m.contains(&format!("shares blocks with inode {}; given a copy", p.sparse))).count(), 2, "{:#?}", r.messages);
+    assert_eq!(
+        r.messages
+            .iter()
+            .filter(|m| m.contains(&format!("shares blocks with inode {}; given a copy", p.sparse)))
+            .count(),
+        2,
+        "{:#?}",
+        r.messages
+    );
     let fs = mount(&dev);
     for k in 0..4 {
         assert_eq!(fs.read(p.sparse, k * 65536, 6).unwrap(), b"island");
@@ -548,7 +598,12 @@ fn extent_over_a_tree_node_gets_a_copy() {
         }
     });
     let r = find_then_repair(&dev);
-    assert!(r.messages.iter().any(|m| m.starts_with(&format!("inode {long}: extent at file block 0")) && m.contains("given a copy of its own")), "{:#?}", r.messages);
+    assert!(
+        r.messages.iter().any(|m| m.starts_with(&format!("inode {long}: extent at file block 0"))
+            && m.contains("given a copy of its own")),
+        "{:#?}",
+        r.messages
+    );
     let fs = mount(&dev);
     assert_eq!(fs.getxattr(p.linked, b"user.large").unwrap(), vec![3u8; 900], "the tree node is intact");
     fs.readlink(long).unwrap();
@@ -630,7 +685,10 @@ fn dangling_entry_is_removed() {
     dev.write_at(&[0xa5; INODE_SIZE], geo(&dev).inode_offset(target).unwrap()).unwrap();
     set_inode_bit(&dev, target, false);
     let r = find_then_repair(&dev);
-    assert_finds(&r, &format!("directory {} entry \"sub\": inode {target} is free and does not decode (bad magic or version)", p.a));
+    assert_finds(
+        &r,
+        &format!("directory {} entry \"sub\": inode {target} is free and does not decode (bad magic or version)", p.a),
+    );
     let fs = mount(&dev);
     assert!(matches!(fs.lookup(p.a, b"sub"), Err(Error::NotFound)));
     assert_eq!(fs.getattr(p.a).unwrap().nlink, 2);
@@ -645,7 +703,13 @@ fn entry_naming_a_never_written_inode_is_removed() {
     dev.write_at(&[0u8; INODE_SIZE], geo(&dev).inode_offset(p.linked).unwrap()).unwrap();
     let r = find_then_repair(&dev);
     assert_finds(&r, &format!("directory {} entry \"f\": inode {} was never written", p.a, p.linked));
-    assert_finds(&r, &format!("inode {} is allocated but neither reachable nor on an orphan list (leaked inode that does not decode", p.linked));
+    assert_finds(
+        &r,
+        &format!(
+            "inode {} is allocated but neither reachable nor on an orphan list (leaked inode that does not decode",
+            p.linked
+        ),
+    );
     assert_finds(&r, "used but not referenced (leaked)");
     let fs = mount(&dev);
     assert!(matches!(fs.lookup(p.a, b"f"), Err(Error::NotFound)));
@@ -705,7 +769,10 @@ fn directory_cycle_is_found_without_hanging_and_cut() {
     });
     let r = find_then_repair(&dev);
     assert_finds(&r, &format!("directory {sub} entry \"loop\": directory {} already has a name", p.a));
-    assert_finds(&r, &format!("inode {victim}: a regular file (nlink 1) that no name reaches; reconnected as /lost+found/#{victim}"));
+    assert_finds(
+        &r,
+        &format!("inode {victim}: a regular file (nlink 1) that no name reaches; reconnected as /lost+found/#{victim}"),
+    );
     let fs = mount(&dev);
     assert_eq!(fs.resolve(&format!("/lost+found/#{victim}")).unwrap().ino, victim);
     let mut names = 0;
@@ -871,7 +938,10 @@ fn random_root_inode_is_recreated_and_its_contents_reconnected() {
     assert_finds(&r, "recreated empty");
     let fs = mount(&dev);
     assert_eq!(fs.resolve(&format!("/lost+found/#{d}")).unwrap().ino, d, "/d is reconnected whole");
-    assert_eq!(fs.resolve(&format!("/lost+found/#{d}/file-with-a-longish-name-0007")).unwrap().kind, FileType::RegularFile);
+    assert_eq!(
+        fs.resolve(&format!("/lost+found/#{d}/file-with-a-longish-name-0007")).unwrap().kind,
+        FileType::RegularFile
+    );
     unmount(fs);
     assert_eq!(entry_count(&dev, "/"), 1, "the new root holds lost+found");
     assert_eq!(entry_count(&dev, "/lost+found"), 3, "d, t and top");
@@ -901,11 +971,17 @@ fn crash_during_repair_leaves_a_repairable_image() {
     };
     for upto in points {
         for keep in keep_sets(&ops, upto, upto as u64, 4) {
-            repair_clean(crash_image(&base, &ops, upto, &|i| keep.contains(&i)), format!("crash before op {upto} keeping {keep:?}"));
+            repair_clean(
+                crash_image(&base, &ops, upto, &|i| keep.contains(&i)),
+                format!("crash before op {upto} keeping {keep:?}"),
+            );
         }
         for op in unflushed_epoch(&ops, upto).filter(|&i| matches!(ops[i], DevOp::Write { .. })) {
             let tear = Tear { op, sectors: 0xaaaa_aaaa_aaaa_aaaa };
-            repair_clean(crash_image_torn(&base, &ops, upto, &|_| true, Some(tear)), format!("crash before op {upto}, op {op} torn"));
+            repair_clean(
+                crash_image_torn(&base, &ops, upto, &|_| true, Some(tear)),
+                format!("crash before op {upto}, op {op} torn"),
+            );
         }
     }
     assert!(images > 20, "only {images} crash images of {} writes", ops.len());
@@ -957,7 +1033,14 @@ fn orphan_slot_field_without_its_slot_is_cleared() {
     let (dev, p) = populated_image();
     edit_inode(&dev, p.linked, |d| d.orphan_slot = 4);
     let r = find_then_repair(&dev);
-    assert_finds(&r, &format!("inode {}: says it is on AG {} orphan slot 3, which does not name it", p.linked, format::ino_ag(p.linked)));
+    assert_finds(
+        &r,
+        &format!(
+            "inode {}: says it is on AG {} orphan slot 3, which does not name it",
+            p.linked,
+            format::ino_ag(p.linked)
+        ),
+    );
     assert_eq!(inode(&dev, p.linked).orphan_slot, 0);
 }
 
@@ -970,8 +1053,14 @@ fn reconnected_inode_gets_its_orphan_slot_field_checked() {
     edit_inode(&dev, long, |d| d.orphan_slot = 4);
     edit_entry(&dev, p.a, b"long", |v| v[9] = b'/');
     let r = find_then_repair(&dev);
-    assert_finds(&r, &format!("inode {long}: a symlink (nlink 1) that no name reaches; reconnected as /lost+found/#{long}"));
-    assert_finds(&r, &format!("inode {long}: says it is on AG {} orphan slot 3, which does not name it", format::ino_ag(long)));
+    assert_finds(
+        &r,
+        &format!("inode {long}: a symlink (nlink 1) that no name reaches; reconnected as /lost+found/#{long}"),
+    );
+    assert_finds(
+        &r,
+        &format!("inode {long}: says it is on AG {} orphan slot 3, which does not name it", format::ino_ag(long)),
+    );
 }
 
 // ---- static metadata and the log ------------------------------------------------------------
@@ -1090,8 +1179,14 @@ fn random_damage_never_panics_and_full_repairs_converge() {
             continue;
         }
         let again = fsck(&dev, false);
-        assert!(again.is_clean(), "case {case}: repair claimed a full fix: {:#?}\nsecond check: {:#?}", fixed.messages, again.messages);
-        let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap_or_else(|e| panic!("case {case}: {e}: {:#?}", fixed.messages));
+        assert!(
+            again.is_clean(),
+            "case {case}: repair claimed a full fix: {:#?}\nsecond check: {:#?}",
+            fixed.messages,
+            again.messages
+        );
+        let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default())
+            .unwrap_or_else(|e| panic!("case {case}: {e}: {:#?}", fixed.messages));
         fs.walk("/", &mut |_, _| {}).unwrap_or_else(|e| panic!("case {case}: {e}: {:#?}", fixed.messages));
         unmount(fs);
         assert!(fsck(&dev, false).is_clean(), "case {case}: unclean after a mount");

@@ -48,7 +48,10 @@ fn import_graph(src_dir: &Path) -> Graph {
             }
             let rel = path.strip_prefix(src_dir).unwrap();
             let module = rel.iter().next().unwrap().to_str().unwrap().trim_end_matches(".rs").to_string();
-            if path.extension().is_none_or(|e| e != "rs") || module == "lib" || rel.iter().any(|c| c == "tests.rs" || c == "tests") {
+            if path.extension().is_none_or(|e| e != "rs")
+                || module == "lib"
+                || rel.iter().any(|c| c == "tests.rs" || c == "tests")
+            {
                 continue;
             }
             let named = modules_named(&code_of(&path));
@@ -94,12 +97,13 @@ fn the_format_imports_nothing_above_it() {
 
 #[test]
 fn a_cycle_is_seen() {
-    let graph: Graph = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]
-        .iter()
-        .fold(Graph::new(), |mut g, (f, t)| {
-            g.entry(f.to_string()).or_default().insert(t.to_string());
-            g
-        });
+    let graph: Graph = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")].iter().fold(Graph::new(), |mut g, (f, t)| {
+        g.entry(f.to_string()).or_default().insert(t.to_string());
+        g
+    });
     assert_eq!(modules_in_cycles(&graph), ["a", "b", "c"].iter().map(|s| s.to_string()).collect());
-    assert_eq!(modules_named("use crate::{buf::Buf, format::{A, B}};\nlet x = crate::dev::x();"), ["buf", "dev", "format"].iter().map(|s| s.to_string()).collect());
+    assert_eq!(
+        modules_named("use crate::{buf::Buf, format::{A, B}};\nlet x = crate::dev::x();"),
+        ["buf", "dev", "format"].iter().map(|s| s.to_string()).collect()
+    );
 }

@@ -45,7 +45,24 @@ const DIRS: &[&str] = &["/", "/", "/a", "/b", "/a/b", "/b/a", "/a/b/c", "/a/..",
 const NAMES: &[&str] = &["a", "b", "c", "d"];
 const XATTR_NAMES: &[&str] = &["user.a", "user.b", "trusted.a-much-longer-attribute-name-0123"];
 const XATTR_LENS: &[usize] = &[0, 5, 40, 255, 256, 1024, 1025, 9000, 65536, 65537];
-const OFFSETS: &[u64] = &[0, 0, 1, 100, 4095, 4096, 4097, 8192, 12000, 65536, 1 << 20, (1 << 20) + 4000, (1 << 30) + 1, (1 << 40) - 7, MAX_BYTES - 1, u64::MAX - 1];
+const OFFSETS: &[u64] = &[
+    0,
+    0,
+    1,
+    100,
+    4095,
+    4096,
+    4097,
+    8192,
+    12000,
+    65536,
+    1 << 20,
+    (1 << 20) + 4000,
+    (1 << 30) + 1,
+    (1 << 40) - 7,
+    MAX_BYTES - 1,
+    u64::MAX - 1,
+];
 const WRITE_LENS: &[usize] = &[1, 10, 511, 4096, 4097, 9000, 40000];
 const READ_LENS: &[usize] = &[0, 1, 100, 4096, 10000, 70000];
 const SIZES: &[u64] = &[0, 0, 1, 100, 4095, 4096, 5000, 8192, 70000, 1 << 20, (1 << 30) + 3, MAX_BYTES, MAX_BYTES + 1];
@@ -93,28 +110,94 @@ enum Ent {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Create { at: Ent },
-    Mkdir { at: Ent },
+    Create {
+        at: Ent,
+    },
+    Mkdir {
+        at: Ent,
+    },
     /// A FIFO, or a character device when `chr`.
-    Mknod { at: Ent, chr: bool },
-    Symlink { at: Ent, len: usize },
-    Unlink { at: Ent },
-    Rmdir { at: Ent },
-    Rename { from: Ent, to: Ent, flags: u32 },
-    Link { obj: Ent, to: Ent },
-    Write { obj: Ent, off: u64, len: usize, seed: u8 },
-    Truncate { obj: Ent, size: u64 },
-    Fallocate { obj: Ent, off: u64, len: u64, mode: u32 },
-    Read { obj: Ent, off: u64, len: usize },
-    Readlink { obj: Ent },
-    Chmod { obj: Ent, perm: u16 },
-    Chown { obj: Ent, uid: u32, gid: u32 },
-    SetXattr { obj: Ent, name: &'static str, len: usize, seed: u8, flags: u32 },
-    GetXattr { obj: Ent, name: &'static str },
-    RemoveXattr { obj: Ent, name: &'static str },
-    Fsync { obj: Ent, datasync: bool },
-    Open { obj: Ent },
-    Release { h: usize },
+    Mknod {
+        at: Ent,
+        chr: bool,
+    },
+    Symlink {
+        at: Ent,
+        len: usize,
+    },
+    Unlink {
+        at: Ent,
+    },
+    Rmdir {
+        at: Ent,
+    },
+    Rename {
+        from: Ent,
+        to: Ent,
+        flags: u32,
+    },
+    Link {
+        obj: Ent,
+        to: Ent,
+    },
+    Write {
+        obj: Ent,
+        off: u64,
+        len: usize,
+        seed: u8,
+    },
+    Truncate {
+        obj: Ent,
+        size: u64,
+    },
+    Fallocate {
+        obj: Ent,
+        off: u64,
+        len: u64,
+        mode: u32,
+    },
+    Read {
+        obj: Ent,
+        off: u64,
+        len: usize,
+    },
+    Readlink {
+        obj: Ent,
+    },
+    Chmod {
+        obj: Ent,
+        perm: u16,
+    },
+    Chown {
+        obj: Ent,
+        uid: u32,
+        gid: u32,
+    },
+    SetXattr {
+        obj: Ent,
+        name: &'static str,
+        len: usize,
+        seed: u8,
+        flags: u32,
+    },
+    GetXattr {
+        obj: Ent,
+        name: &'static str,
+    },
+    RemoveXattr {
+        obj: Ent,
+        name: &'static str,
+    },
+    Fsync {
+        obj: Ent,
+        datasync: bool,
+    },
+    Open {
+        obj: Ent,
+    },
+    Release {
+        h: usize,
+    },
     Sync,
     /// Unmount and mount again; open handles are dropped (unlinked inodes freed at mount).
     Remount,
@@ -123,11 +206,19 @@ enum Op {
     CrashAfterSync,
     /// Write one byte into every other block of the first `2n` blocks: `n` extents (a
     /// multi-level extent B+tree; freeing or truncating it takes several transactions).
-    Fragment { obj: Ent, n: u64 },
+    Fragment {
+        obj: Ent,
+        n: u64,
+    },
     /// Create `n` extra entries "p000".. in a directory (multi-level directory B+tree).
-    Populate { dir: Dir, n: usize },
+    Populate {
+        dir: Dir,
+        n: usize,
+    },
     /// Unlink every "p..." entry of a directory.
-    Depopulate { dir: Dir },
+    Depopulate {
+        dir: Dir,
+    },
 }
 use Dir::*;
 use Ent::*;
@@ -227,7 +318,8 @@ impl Bytes {
         while !rest.is_empty() {
             let (pg, at) = (pos / PAGE, (pos % PAGE) as usize);
             let n = rest.len().min(PAGE as usize - at);
-            self.pages.entry(pg).or_insert_with(|| Box::new([0; PAGE as usize]))[at..at + n].copy_from_slice(&rest[..n]);
+            self.pages.entry(pg).or_insert_with(|| Box::new([0; PAGE as usize]))[at..at + n]
+                .copy_from_slice(&rest[..n]);
             self.touched.insert(pg);
             pos += n as u64;
             rest = &rest[n..];
@@ -310,7 +402,8 @@ impl Bytes {
         let mut out = vec![0u8; (end - off) as usize];
         for (&pg, data) in self.pages.range(off / PAGE..end.div_ceil(PAGE)) {
             let (lo, hi) = ((pg * PAGE).max(off), ((pg + 1) * PAGE).min(end));
-            out[(lo - off) as usize..(hi - off) as usize].copy_from_slice(&data[(lo - pg * PAGE) as usize..(hi - pg * PAGE) as usize]);
+            out[(lo - off) as usize..(hi - off) as usize]
+                .copy_from_slice(&data[(lo - pg * PAGE) as usize..(hi - pg * PAGE) as usize]);
         }
         out
     }
@@ -354,7 +447,22 @@ struct Node {
 
 impl Node {
     fn new(kind: FileType, perm: u16, parent: Mid) -> Node {
-        Node { ino: 0, kind, perm, uid: CRED.uid, gid: CRED.gid, rdev: 0, links: 1, open: 0, parent, entries: BTreeMap::new(), data: Bytes::default(), target: Vec::new(), xattrs: BTreeMap::new(), live: true }
+        Node {
+            ino: 0,
+            kind,
+            perm,
+            uid: CRED.uid,
+            gid: CRED.gid,
+            rdev: 0,
+            links: 1,
+            open: 0,
+            parent,
+            entries: BTreeMap::new(),
+            data: Bytes::default(),
+            target: Vec::new(),
+            xattrs: BTreeMap::new(),
+            live: true,
+        }
     }
     fn is_dir(&self) -> bool {
         self.kind == FileType::Directory
@@ -631,7 +739,17 @@ impl Model {
         let (collapse, insert) = (FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE);
         if mode & (collapse | insert) != 0 && mode != collapse && mode != insert {
             errs.push(libc::EINVAL);
-        } else if ![0, keep, FALLOC_FL_PUNCH_HOLE | keep, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | keep, collapse, insert].contains(&mode) {
+        } else if ![
+            0,
+            keep,
+            FALLOC_FL_PUNCH_HOLE | keep,
+            FALLOC_FL_ZERO_RANGE,
+            FALLOC_FL_ZERO_RANGE | keep,
+            collapse,
+            insert,
+        ]
+        .contains(&mode)
+        {
             errs.push(libc::EOPNOTSUPP);
         }
         let data = &mut self.nodes[m].data;
@@ -718,7 +836,9 @@ impl Model {
 
     fn all_dirs(&self) -> Vec<Mid> {
         let mut out = vec![ROOT];
-        out.extend(self.all_entries().into_iter().map(|(d, n)| self.nodes[d].entries[&n]).filter(|&c| self.nodes[c].is_dir()));
+        out.extend(
+            self.all_entries().into_iter().map(|(d, n)| self.nodes[d].entries[&n]).filter(|&c| self.nodes[c].is_dir()),
+        );
         out
     }
 }
@@ -781,7 +901,8 @@ fn counts(fs: &FileSystem) -> Counts {
 
 /// The offline checker (read-only; it replays a non-empty log in memory) finds nothing.
 fn fsck_clean(dev: &dyn BlockDevice, when: &str) {
-    let r = ferrofs::fsck::check(dev, &ferrofs::fsck::FsckOptions { repair: false }, &|_, _, _| {}).unwrap_or_else(|e| panic!("fsck {when} failed: {e}"));
+    let r = ferrofs::fsck::check(dev, &ferrofs::fsck::FsckOptions { repair: false }, &|_, _, _| {})
+        .unwrap_or_else(|e| panic!("fsck {when} failed: {e}"));
     assert!(r.is_clean(), "fsck {when}: {} errors: {:?}", r.errors_found, r.messages);
 }
 
@@ -821,7 +942,8 @@ impl Sut {
     }
 
     fn mount(&mut self) {
-        let fs = FileSystem::mount_device(self.dev.clone() as Arc<dyn BlockDevice>, &self.opts).unwrap_or_else(|e| panic!("mount failed: {e}"));
+        let fs = FileSystem::mount_device(self.dev.clone() as Arc<dyn BlockDevice>, &self.opts)
+            .unwrap_or_else(|e| panic!("mount failed: {e}"));
         self.fs = Some(fs);
     }
 
@@ -848,7 +970,9 @@ impl Sut {
     }
 
     fn resolve(&self, path: &str) -> Result<u64, i32> {
-        path.split('/').filter(|c| !c.is_empty()).try_fold(ROOT_INO, |cur, c| self.fs().lookup(cur, c.as_bytes()).map(|a| a.ino).map_err(errno))
+        path.split('/')
+            .filter(|c| !c.is_empty())
+            .try_fold(ROOT_INO, |cur, c| self.fs().lookup(cur, c.as_bytes()).map(|a| a.ino).map_err(errno))
     }
 }
 
@@ -888,11 +1012,19 @@ fn agree<T: PartialEq + Debug>(what: &dyn Debug, exp: Result<T, Errs>, got: Resu
             Some(b)
         }
         (Err(errs), Err(e)) => {
-            assert!(errs.contains(&e), "{what:?}: ferrofs failed with {}, the model expects {}", errname(e), errs.iter().map(|&e| errname(e)).collect::<Vec<_>>().join(" or "));
+            assert!(
+                errs.contains(&e),
+                "{what:?}: ferrofs failed with {}, the model expects {}",
+                errname(e),
+                errs.iter().map(|&e| errname(e)).collect::<Vec<_>>().join(" or ")
+            );
             None
         }
         (Ok(a), Err(e)) => panic!("{what:?}: ferrofs failed with {}, the model succeeds with {a:?}", errname(e)),
-        (Err(errs), Ok(b)) => panic!("{what:?}: ferrofs returned {b:?}, the model expects {}", errs.iter().map(|&e| errname(e)).collect::<Vec<_>>().join(" or ")),
+        (Err(errs), Ok(b)) => panic!(
+            "{what:?}: ferrofs returned {b:?}, the model expects {}",
+            errs.iter().map(|&e| errname(e)).collect::<Vec<_>>().join(" or ")
+        ),
     }
 }
 
@@ -937,7 +1069,17 @@ impl Harness {
     fn new(setup: Setup) -> Harness {
         let sut = Sut::new(setup);
         let fresh = counts(sut.fs());
-        Harness { model: Model::new(), sut, fresh, fs_handles: Vec::new(), step: 0, op: Sync, op_note: String::new(), times: Default::default(), must_change: Vec::new() }
+        Harness {
+            model: Model::new(),
+            sut,
+            fresh,
+            fs_handles: Vec::new(),
+            step: 0,
+            op: Sync,
+            op_note: String::new(),
+            times: Default::default(),
+            must_change: Vec::new(),
+        }
     }
 
     fn ctx(&self) -> String {
@@ -1023,7 +1165,13 @@ impl Harness {
     fn all_attrs(&self) -> Vec<Attr> {
         let mut mids = vec![ROOT];
         mids.extend(self.model.all_entries().into_iter().map(|(d, n)| self.model.nodes[d].entries[&n]));
-        mids.extend(self.model.all_dirs().into_iter().flat_map(|d| self.model.populated(d).into_iter().map(move |n| (d, n))).map(|(d, n)| self.model.nodes[d].entries[&n]));
+        mids.extend(
+            self.model
+                .all_dirs()
+                .into_iter()
+                .flat_map(|d| self.model.populated(d).into_iter().map(move |n| (d, n)))
+                .map(|(d, n)| self.model.nodes[d].entries[&n]),
+        );
         mids.sort();
         mids.dedup();
         mids.into_iter().map(|m| self.sut.fs().getattr(self.model.nodes[m].ino).unwrap()).collect()
@@ -1043,10 +1191,18 @@ impl Harness {
                 let (name, n) = (name.as_str(), name.as_bytes());
                 self.op_note = format!("{name:?} in inode {dino}");
                 let (exp, got) = match *op {
-                    Create { .. } => (self.model.make(dm, name, FileType::RegularFile, 0o644), fs.create(dino, n, 0o644, CRED)),
-                    Mkdir { .. } => (self.model.make(dm, name, FileType::Directory, 0o755), fs.mkdir(dino, n, 0o755, CRED)),
+                    Create { .. } => {
+                        (self.model.make(dm, name, FileType::RegularFile, 0o644), fs.create(dino, n, 0o644, CRED))
+                    }
+                    Mkdir { .. } => {
+                        (self.model.make(dm, name, FileType::Directory, 0o755), fs.mkdir(dino, n, 0o755, CRED))
+                    }
                     Mknod { chr, .. } => {
-                        let (kind, mode, rdev) = if chr { (FileType::CharDevice, libc::S_IFCHR as u16, 0x0801) } else { (FileType::NamedPipe, libc::S_IFIFO as u16, 0) };
+                        let (kind, mode, rdev) = if chr {
+                            (FileType::CharDevice, libc::S_IFCHR as u16, 0x0801)
+                        } else {
+                            (FileType::NamedPipe, libc::S_IFIFO as u16, 0)
+                        };
                         let exp = self.model.make(dm, name, kind, 0o600);
                         if let Ok(m) = exp {
                             self.model.nodes[m].rdev = rdev;
@@ -1079,7 +1235,8 @@ impl Harness {
                 let noop = src.is_some() && src == self.model.nodes[nm].entries.get(new.as_bytes());
                 let exp = self.model.rename(om, &old, nm, &new, flags);
                 let ctx = format!("{ctx} [{old:?} in inode {oino} -> {new:?} in inode {nino}]");
-                let ok = agree(&ctx, exp, fs.rename(oino, old.as_bytes(), nino, new.as_bytes(), flags).map_err(errno)).is_some();
+                let ok = agree(&ctx, exp, fs.rename(oino, old.as_bytes(), nino, new.as_bytes(), flags).map_err(errno))
+                    .is_some();
                 self.changed(ok && !noop, &[(om, true), (nm, true)]);
             }
             Link { obj, to } => {
@@ -1092,14 +1249,20 @@ impl Harness {
             Write { obj, off, len, seed } => {
                 let Some((m, ino)) = self.obj(obj) else { return };
                 let data = pattern(len, seed);
-                let ok = agree(&ctx, self.model.write(m, off, &data), fs.write(ino, off, &data).map_err(errno)).is_some();
+                let ok =
+                    agree(&ctx, self.model.write(m, off, &data), fs.write(ino, off, &data).map_err(errno)).is_some();
                 self.changed(ok, &[(m, true)]);
             }
             Truncate { obj, size } => {
                 let Some((m, ino)) = self.obj(obj) else { return };
                 let resized = self.model.nodes[m].data.size != size;
                 let exp = self.model.truncate(m, size).map(|_| size);
-                let ok = agree(&ctx, exp, fs.setattr(ino, &SetAttr { size: Some(size), ..Default::default() }).map(|a| a.size).map_err(errno)).is_some();
+                let ok = agree(
+                    &ctx,
+                    exp,
+                    fs.setattr(ino, &SetAttr { size: Some(size), ..Default::default() }).map(|a| a.size).map_err(errno),
+                )
+                .is_some();
                 self.changed(ok, &[(m, resized)]);
             }
             Fallocate { obj, off, len, mode } => {
@@ -1109,7 +1272,8 @@ impl Harness {
                 let grows = mode == 0 && off.saturating_add(len) > self.model.nodes[m].data.size;
                 let exp = self.model.fallocate(m, off, len, mode);
                 let ok = agree(&ctx, exp, fs.fallocate(ino, off, len, mode).map_err(errno)).is_some();
-                let rewrites = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE | FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE;
+                let rewrites =
+                    FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE | FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE;
                 self.changed(ok, &[(m, grows || mode & rewrites != 0)]);
             }
             Read { obj, off, len } => {
@@ -1129,13 +1293,18 @@ impl Harness {
             Readlink { obj } => {
                 let Some((m, ino)) = self.obj(obj) else { return };
                 let node = &self.model.nodes[m];
-                let exp = if node.kind == FileType::Symlink { Ok(node.target.clone()) } else { fail(vec![libc::EINVAL]) };
+                let exp =
+                    if node.kind == FileType::Symlink { Ok(node.target.clone()) } else { fail(vec![libc::EINVAL]) };
                 agree(&ctx, exp, fs.readlink(ino).map_err(errno));
             }
             Chmod { obj, perm } => {
                 let Some((m, ino)) = self.obj(obj) else { return };
                 self.model.nodes[m].perm = perm;
-                agree(&ctx, Ok(perm), fs.setattr(ino, &SetAttr { mode: Some(perm), ..Default::default() }).map(|a| a.perm).map_err(errno));
+                agree(
+                    &ctx,
+                    Ok(perm),
+                    fs.setattr(ino, &SetAttr { mode: Some(perm), ..Default::default() }).map(|a| a.perm).map_err(errno),
+                );
                 self.changed(true, &[(m, false)]);
             }
             Chown { obj, uid, gid } => {
@@ -1170,7 +1339,8 @@ impl Harness {
             }
             RemoveXattr { obj, name } => {
                 let Some((m, ino)) = self.obj(obj) else { return };
-                let exp = self.model.nodes[m].xattrs.remove(name.as_bytes()).map(|_| ()).ok_or_else(|| vec![libc::ENODATA]);
+                let exp =
+                    self.model.nodes[m].xattrs.remove(name.as_bytes()).map(|_| ()).ok_or_else(|| vec![libc::ENODATA]);
                 let ok = agree(&ctx, exp, fs.removexattr(ino, name.as_bytes()).map_err(errno)).is_some();
                 self.changed(ok, &[(m, false)]);
             }
@@ -1264,7 +1434,12 @@ impl Harness {
         let n = &self.model.nodes[m];
         let a = fs.getattr(n.ino).unwrap_or_else(|e| panic!("{ctx}: getattr of inode {}: {e}", n.ino));
         let exp = (n.kind, n.perm, self.model.nlink(m), self.model.size(m), n.uid, n.gid);
-        assert_eq!((a.kind, a.perm, a.nlink, a.size, a.uid, a.gid), exp, "{ctx}: inode {} (kind, perm, nlink, size, uid, gid)", n.ino);
+        assert_eq!(
+            (a.kind, a.perm, a.nlink, a.size, a.uid, a.gid),
+            exp,
+            "{ctx}: inode {} (kind, perm, nlink, size, uid, gid)",
+            n.ino
+        );
         self.check_blocks(ctx, m, &a);
         self.check_times(ctx, m, &a);
         if n.kind == FileType::CharDevice {
@@ -1273,18 +1448,28 @@ impl Harness {
         match n.kind {
             FileType::RegularFile => {
                 for (off, len) in n.data.probes() {
-                    let got = fs.read(n.ino, off, len).unwrap_or_else(|e| panic!("{ctx}: read of inode {} at {off}: {e}", n.ino));
+                    let got = fs
+                        .read(n.ino, off, len)
+                        .unwrap_or_else(|e| panic!("{ctx}: read of inode {} at {off}: {e}", n.ino));
                     same_bytes(&format!("{ctx}: inode {}", n.ino), off, &n.data.read(off, len), &got);
                 }
             }
-            FileType::Symlink => assert_eq!(fs.readlink(n.ino).ok().as_ref(), Some(&n.target), "{ctx}: symlink {} target", n.ino),
+            FileType::Symlink => {
+                assert_eq!(fs.readlink(n.ino).ok().as_ref(), Some(&n.target), "{ctx}: symlink {} target", n.ino)
+            }
             _ => {}
         }
         let mut names = fs.listxattr(n.ino).unwrap_or_else(|e| panic!("{ctx}: listxattr of inode {}: {e}", n.ino));
         names.sort();
         assert_eq!(names, n.xattrs.keys().cloned().collect::<Vec<_>>(), "{ctx}: inode {} xattr names", n.ino);
         for (k, v) in &n.xattrs {
-            assert_eq!(fs.getxattr(n.ino, k).ok().as_ref(), Some(v), "{ctx}: inode {} xattr {}", n.ino, String::from_utf8_lossy(k));
+            assert_eq!(
+                fs.getxattr(n.ino, k).ok().as_ref(),
+                Some(v),
+                "{ctx}: inode {} xattr {}",
+                n.ino,
+                String::from_utf8_lossy(k)
+            );
         }
     }
 
@@ -1302,13 +1487,21 @@ impl Harness {
                 _ => 0,
             };
         let blocks = a.blocks / (PAGE / 512);
-        assert!((data..=data + TREE_SLACK).contains(&blocks), "{ctx}: inode {} has {blocks} blocks for {data} data blocks", n.ino);
+        assert!(
+            (data..=data + TREE_SLACK).contains(&blocks),
+            "{ctx}: inode {} has {blocks} blocks for {data} data blocks",
+            n.ino
+        );
     }
 
     fn check_times(&self, ctx: &str, m: Mid, a: &Attr) {
         let now = (time(a.mtime), time(a.ctime));
         let Some(before) = self.times.borrow_mut().insert(a.ino, now) else { return };
-        assert!(now.0 >= before.0 && now.1 >= before.1, "{ctx}: inode {} times went back from {before:?} to {now:?}", a.ino);
+        assert!(
+            now.0 >= before.0 && now.1 >= before.1,
+            "{ctx}: inode {} times went back from {before:?} to {now:?}",
+            a.ino
+        );
         for &(_, mtime) in self.must_change.iter().filter(|(c, _)| *c == m) {
             assert!(now.1 > before.1, "{ctx}: inode {} ctime did not change", a.ino);
             assert!(!mtime || now.0 > before.0, "{ctx}: inode {} mtime did not change", a.ino);
@@ -1320,7 +1513,9 @@ impl Harness {
         let n = &self.model.nodes[m];
         let parent_ino = self.model.nodes[n.parent].ino;
         let all = readdir(fs, n.ino, 0).unwrap_or_else(|e| panic!("{ctx}: readdir of inode {}: {e}", n.ino));
-        let entry = |name: &[u8], ino: u64, kind: FileType| (String::from_utf8_lossy(name).into_owned(), ino, format!("{kind:?}"));
+        let entry = |name: &[u8], ino: u64, kind: FileType| {
+            (String::from_utf8_lossy(name).into_owned(), ino, format!("{kind:?}"))
+        };
         let mut got: Vec<_> = all.iter().map(|e| entry(&e.name, e.ino, e.kind)).collect();
         got.sort();
         let mut exp = vec![entry(b".", n.ino, FileType::Directory), entry(b"..", parent_ino, FileType::Directory)];
@@ -1329,7 +1524,12 @@ impl Harness {
         if got != exp {
             let g: BTreeSet<_> = got.iter().collect();
             let e: BTreeSet<_> = exp.iter().collect();
-            panic!("{ctx}: readdir of inode {}: unexpected {:?}, missing {:?}", n.ino, g.difference(&e).collect::<Vec<_>>(), e.difference(&g).collect::<Vec<_>>());
+            panic!(
+                "{ctx}: readdir of inode {}: unexpected {:?}, missing {:?}",
+                n.ino,
+                g.difference(&e).collect::<Vec<_>>(),
+                e.difference(&g).collect::<Vec<_>>()
+            );
         }
         // Resuming from an entry's cookie yields exactly the entries after it.
         for k in [0, all.len() / 2, all.len() - 1] {
@@ -1357,7 +1557,10 @@ impl Harness {
         self.sut.remount();
         assert_eq!(counts(self.sut.fs()), self.fresh, "free blocks/inodes after deleting everything and remounting");
         if let Some(budget) = &self.sut.opts.cache {
-            CACHE_RECLAIMED.fetch_add(budget.stats.reclaimed_bytes.load(std::sync::atomic::Ordering::Relaxed), std::sync::atomic::Ordering::Relaxed);
+            CACHE_RECLAIMED.fetch_add(
+                budget.stats.reclaimed_bytes.load(std::sync::atomic::Ordering::Relaxed),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
     }
 }
@@ -1482,7 +1685,6 @@ fn model_outcome_stats() {
 // Regressions: sequences proptest found, kept exactly.
 // ---------------------------------------------------------------------------------------
 
-
 /// rename(2) into a directory that was removed while open must fail with ENOENT, as
 /// Linux does (may_create: IS_DEADDIR) and as create and link there do. The engine used to
 /// let it succeed: the entry landed in the dead directory, and when its last handle went,
@@ -1519,7 +1721,6 @@ fn regression_inode_reuse_in_one_checkpoint() {
     run_ops(INODE_REUSE_IN_ONE_CHECKPOINT, Setup::Manual);
 }
 
-
 // ---------------------------------------------------------------------------------------
 // Running out of space
 // ---------------------------------------------------------------------------------------
@@ -1549,7 +1750,10 @@ fn fill_up(few_inodes: bool) {
     for i in 0.. {
         let name = format!("f{i:05}").into_bytes();
         let data = pattern(if few_inodes { 10 } else { 64 << 10 }, i as u8);
-        let Ok(a) = fs.create(d, &name, 0o644, CRED).map_err(|e| assert_eq!(e.errno(), libc::ENOSPC, "create: {e}")) else { break };
+        let Ok(a) = fs.create(d, &name, 0o644, CRED).map_err(|e| assert_eq!(e.errno(), libc::ENOSPC, "create: {e}"))
+        else {
+            break;
+        };
         if !enospc("write", fs.write(a.ino, 0, &data).map(|_| ())) {
             let got = fs.getattr(a.ino).unwrap().size;
             assert!(got == 0 || got == data.len() as u64, "a failed write left size {got}");
@@ -1562,13 +1766,29 @@ fn fill_up(few_inodes: bool) {
         }
     }
     let full = counts(&fs);
-    assert!(if few_inodes { full.ffree == 0 } else { full.bfree < 64 }, "{} files written, still {full:?} free", files.len());
+    assert!(
+        if few_inodes { full.ffree == 0 } else { full.bfree < 64 },
+        "{} files written, still {full:?} free",
+        files.len()
+    );
     // A name's own error comes before ENOSPC, as on a kernel file system (`mkdir -p` of a
     // directory that exists must see EEXIST on a full one).
     let errno_of = |r: ferrofs::Result<Attr>| r.map(drop).map_err(|e| e.errno());
-    assert_eq!(errno_of(fs.create(d, &files[0].0, 0o644, CRED)), Err(libc::EEXIST), "create of a taken name on a full file system");
-    assert_eq!(errno_of(fs.mkdir(ROOT_INO, b"d", 0o755, CRED)), Err(libc::EEXIST), "mkdir of a taken name on a full file system");
-    assert_eq!(fs.rename(d, b"missing", ROOT_INO, b"moved", 0).map_err(|e| e.errno()), Err(libc::ENOENT), "rename of a missing name on a full file system");
+    assert_eq!(
+        errno_of(fs.create(d, &files[0].0, 0o644, CRED)),
+        Err(libc::EEXIST),
+        "create of a taken name on a full file system"
+    );
+    assert_eq!(
+        errno_of(fs.mkdir(ROOT_INO, b"d", 0o755, CRED)),
+        Err(libc::EEXIST),
+        "mkdir of a taken name on a full file system"
+    );
+    assert_eq!(
+        fs.rename(d, b"missing", ROOT_INO, b"moved", 0).map_err(|e| e.errno()),
+        Err(libc::ENOENT),
+        "rename of a missing name on a full file system"
+    );
     // Everything else, on the full file system.
     let f0 = fs.lookup(d, &files[0].0).unwrap().ino;
     let attempts: Vec<(&str, ferrofs::Result<()>)> = vec![

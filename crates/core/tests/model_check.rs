@@ -11,17 +11,17 @@
 
 use ferrofs::ag::Ag;
 use ferrofs::cache::{inode_ag, AgCache, BufCache, CacheBudget, CacheOwner};
-use ferrofs::reclaim::Reclaimable;
+use ferrofs::dev::BlockDevice;
 use ferrofs::dev::MemDevice;
 use ferrofs::format::log::{ItemKey, LogHeader, ALL_CHUNKS};
 use ferrofs::format::INODE_SIZE;
-use ferrofs::dev::BlockDevice;
 use ferrofs::format::{init_header, seal_block, BLOCK_SIZE, HDR_SIZE, MAGIC_BITMAP};
 use ferrofs::journal::{recover, BusyExtent, Journal, JournalConfig, Route};
-use ferrofs_lockstat::{self as lockstat, LockClass, Mutex, RwLock, POOL_SHARDS};
 use ferrofs::mkfs::{self, MkfsOptions};
-use shuttle::sync::Mutex as CheckedMutex;
+use ferrofs::reclaim::Reclaimable;
+use ferrofs_lockstat::{self as lockstat, LockClass, Mutex, RwLock, POOL_SHARDS};
 use shuttle::scheduler::{PctScheduler, RandomScheduler};
+use shuttle::sync::Mutex as CheckedMutex;
 use shuttle::{thread, Config, Runner};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -49,7 +49,6 @@ fn check(f: impl Fn() + Send + Sync + 'static) {
     Runner::new(PctScheduler::new(3, iterations()), config).run(move || f());
 }
 
-
 /// A metadata block as the engine logs one: a sealed header (the journal verifies what it
 /// seals into the log and writes home, in debug builds), then `fill` to the end.
 fn sealed_block(blkno: u64, fill: u8) -> Vec<u8> {
@@ -72,7 +71,12 @@ fn journal() -> Arc<Journal> {
 fn journal_on(dev: Arc<MemDevice>, reuse: Box<dyn Fn(Vec<BusyExtent>) + Send + Sync>) -> Arc<Journal> {
     let opts = MkfsOptions { ag_count: Some(1), ..MkfsOptions::default() };
     let geo = mkfs::plan(DEV_BYTES, &opts).expect("geometry");
-    let cfg = JournalConfig { cil_push_bytes: u64::MAX, cil_max_bytes: u64::MAX, background: false, ..JournalConfig::for_log(geo.log_blocks) };
+    let cfg = JournalConfig {
+        cil_push_bytes: u64::MAX,
+        cil_max_bytes: u64::MAX,
+        background: false,
+        ..JournalConfig::for_log(geo.log_blocks)
+    };
     let header = LogHeader { gen: 0, epoch: 1, tail_off: 0, tail_seq: 1 };
     let log = geo.ag_layout(0).log;
     dev.write_at(&header.encode(log)[..], log * BLOCK_SIZE as u64).expect("log header");
@@ -141,11 +145,16 @@ fn cil_commit_and_switch_lose_nothing() {
                 *w = (*w).max(v);
             }
             let seqs: Vec<u64> = owner.lock().unwrap().1.iter().map(|&(_, seq)| seq).collect();
-            assert!(seqs.windows(2).all(|w| w[0] <= w[1]), "inode {ino}: a later commit returned an earlier sequence: {seqs:?}");
+            assert!(
+                seqs.windows(2).all(|w| w[0] <= w[1]),
+                "inode {ino}: a later commit returned an earlier sequence: {seqs:?}"
+            );
             for (seq, items) in &by_seq {
                 let got = items.get(&ItemKey::Inode(ino)).map(|img| img.as_deref().expect("inodes are never revoked"));
                 match want.get(seq) {
-                    Some(&v) => assert_eq!(got, Some(&image(ino, v)[..]), "inode {ino}, sequence {seq}: want version {v}"),
+                    Some(&v) => {
+                        assert_eq!(got, Some(&image(ino, v)[..]), "inode {ino}, sequence {seq}: want version {v}")
+                    }
                     None => assert!(got.is_none(), "inode {ino} in sequence {seq}, which no commit of it returned"),
                 }
             }
@@ -205,7 +214,9 @@ fn ag_cache_never_evicts_a_held_object() {
             let (cache, holders) = (Arc::clone(&cache), Arc::clone(&holders));
             threads.push(thread::spawn(move || {
                 for k in [SHARED[t], SHARED[1 - t], SHARED[t]] {
-                    let v = cache.get(k).unwrap_or_else(|| cache.get_or_insert(k, Arc::new(Obj { referenced: AtomicBool::new(false) })));
+                    let v = cache.get(k).unwrap_or_else(|| {
+                        cache.get_or_insert(k, Arc::new(Obj { referenced: AtomicBool::new(false) }))
+                    });
                     hold(&holders, k, &v);
                     thread::yield_now();
                     // Nobody removes the shared keys, so what is held must still be cached.
@@ -359,7 +370,10 @@ static MODEL_POOLED: LockClass = LockClass::new("model-pooled");
 static MODEL_OWN: LockClass = LockClass::new("model-own");
 
 fn acquisitions(class: &LockClass) -> u64 {
-    lockstat::snapshot().into_iter().find(|c| c.name == class.name()).map_or(0, |c| c.total.exclusive.acquisitions + c.total.shared.acquisitions)
+    lockstat::snapshot()
+        .into_iter()
+        .find(|c| c.name == class.name())
+        .map_or(0, |c| c.total.exclusive.acquisitions + c.total.shared.acquisitions)
 }
 
 /// More threads than a class has pool shards, so some share one, each lock a pooled mutex, a
@@ -370,7 +384,11 @@ fn lock_counters_add_up() {
     const THREADS: u64 = POOL_SHARDS as u64 + 1;
     check(|| {
         let (pooled0, own0) = (acquisitions(&MODEL_POOLED), acquisitions(&MODEL_OWN));
-        let locks = Arc::new((Mutex::new_pooled(&MODEL_POOLED, 0u64), RwLock::new_pooled(&MODEL_POOLED, 0u64), Mutex::new(&MODEL_OWN, 0u64)));
+        let locks = Arc::new((
+            Mutex::new_pooled(&MODEL_POOLED, 0u64),
+            RwLock::new_pooled(&MODEL_POOLED, 0u64),
+            Mutex::new(&MODEL_OWN, 0u64),
+        ));
         let threads: Vec<_> = (0..THREADS)
             .map(|t| {
                 let locks = Arc::clone(&locks);
@@ -435,7 +453,11 @@ fn a_freed_block_is_reused_only_after_the_writeback_that_may_hold_it() {
         j.quiesce().expect("final writeback");
         let mut home = vec![0u8; BLOCK_SIZE];
         dev.read_at(&mut home, NODE * BLOCK_SIZE as u64).unwrap();
-        assert!(home.iter().all(|&b| b == DATA), "the data written into the reused block was overwritten (first byte {:#x})", home[0]);
+        assert!(
+            home.iter().all(|&b| b == DATA),
+            "the data written into the reused block was overwritten (first byte {:#x})",
+            home[0]
+        );
         for b in NODE + 1..=NODE + OTHERS {
             dev.read_at(&mut home, b * BLOCK_SIZE as u64).unwrap();
             // Past the header, which sealing fills in (crc, lsn).
@@ -466,14 +488,19 @@ fn a_forced_change_survives_a_crash_while_other_checkpoints_are_in_flight() {
                 thread::spawn(move || {
                     let blkno = FIRST + t;
                     let fill = t as u8 + 1;
-                    let seq = j.commit(Route::Thread, |w| w.log(ItemKey::Block(blkno), 1, &sealed_block(blkno, fill), ALL_CHUNKS));
+                    let seq = j.commit(Route::Thread, |w| {
+                        w.log(ItemKey::Block(blkno), 1, &sealed_block(blkno, fill), ALL_CHUNKS)
+                    });
                     j.force(seq).expect("force");
                     let crashed = dev.snapshot();
                     recover(&crashed, &geo, true).expect("recovery");
                     let mut home = vec![0u8; BLOCK_SIZE];
                     crashed.read_at(&mut home, blkno * BLOCK_SIZE as u64).unwrap();
                     // Past the common header, which the checkpoint seals.
-                    assert!(home[64..].iter().all(|&b| b == fill), "thread {t}: a crash right after its force lost block {blkno}");
+                    assert!(
+                        home[64..].iter().all(|&b| b == fill),
+                        "thread {t}: a crash right after its force lost block {blkno}"
+                    );
                 })
             })
             .collect();

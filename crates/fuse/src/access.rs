@@ -134,7 +134,9 @@ impl Caller {
     /// privilege (setuid, or setgid with group execute).
     pub fn may_link(&self, a: &Attr) -> Result<(), Errno> {
         let privileged_file = a.perm & S_ISUID != 0 || a.perm & (S_ISGID | 0o010) == S_ISGID | 0o010;
-        if self.owns_or_privileged(a) || (a.kind == FileType::RegularFile && !privileged_file && self.permits(a, MAY_READ | MAY_WRITE)) {
+        if self.owns_or_privileged(a)
+            || (a.kind == FileType::RegularFile && !privileged_file && self.permits(a, MAY_READ | MAY_WRITE))
+        {
             Ok(())
         } else {
             Err(Errno::EPERM)
@@ -205,7 +207,9 @@ impl Caller {
         }
         match a.kind {
             FileType::RegularFile => {}
-            FileType::Directory if write && a.perm & S_ISVTX != 0 && !self.owns_or_privileged(a) => return Err(Errno::EPERM),
+            FileType::Directory if write && a.perm & S_ISVTX != 0 && !self.owns_or_privileged(a) => {
+                return Err(Errno::EPERM)
+            }
             FileType::Directory => {}
             _ => return Err(refused),
         }
@@ -220,7 +224,10 @@ fn supplementary_groups(pid: u32) -> Vec<u32> {
 }
 
 fn parse_groups(status: &str) -> Vec<u32> {
-    status.lines().find_map(|l| l.strip_prefix("Groups:")).map_or_else(Vec::new, |g| g.split_whitespace().filter_map(|n| n.parse().ok()).collect())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map_or_else(Vec::new, |g| g.split_whitespace().filter_map(|n| n.parse().ok()).collect())
 }
 
 /// Whether every class may search a directory of this mode: if not, the kernel must not
@@ -236,7 +243,23 @@ mod tests {
 
     fn attr(kind: FileType, perm: u16, uid: u32, gid: u32) -> Attr {
         let t = Timespec { sec: 0, nsec: 0 };
-        Attr { ino: 2, size: 0, blocks: 0, atime: t, mtime: t, ctime: t, btime: t, kind, perm, nlink: 1, uid, gid, rdev: 0, generation: 0, blksize: 4096 }
+        Attr {
+            ino: 2,
+            size: 0,
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            btime: t,
+            kind,
+            perm,
+            nlink: 1,
+            uid,
+            gid,
+            rdev: 0,
+            generation: 0,
+            blksize: 4096,
+        }
     }
 
     fn file(perm: u16) -> Attr {
@@ -337,7 +360,11 @@ mod tests {
 
     #[test]
     fn chmod_and_chown() {
-        let (owner, other, root) = (Caller::with_groups(1000, 1000, &[3000]), Caller::with_groups(5000, 5000, &[]), Caller::with_groups(0, 0, &[]));
+        let (owner, other, root) = (
+            Caller::with_groups(1000, 1000, &[3000]),
+            Caller::with_groups(5000, 5000, &[]),
+            Caller::with_groups(0, 0, &[]),
+        );
         let f = file(0o644);
         let mode = |m| SetAttr { mode: Some(m), ..SetAttr::default() };
         assert_eq!(setattr(&owner, &f, mode(0o600), false).unwrap().mode, Some(0o600));
@@ -349,10 +376,17 @@ mod tests {
         assert_eq!(setattr(&owner, &f, g, false).unwrap().mode, Some(0o2755));
         // The kernel clearing setuid/setgid after a non-owner's write.
         let suid = file(0o6775);
-        assert_eq!(setattr(&Caller::with_groups(3000, 2000, &[]), &suid, mode(0o775), false).unwrap().mode, Some(0o775));
+        assert_eq!(
+            setattr(&Caller::with_groups(3000, 2000, &[]), &suid, mode(0o775), false).unwrap().mode,
+            Some(0o775)
+        );
         assert_eq!(setattr(&other, &suid, mode(0o775), false), Err(Errno::EPERM), "no write permission");
         assert_eq!(setattr(&other, &suid, mode(0o775), true).unwrap().mode, Some(0o775));
-        assert_eq!(setattr(&Caller::with_groups(3000, 2000, &[]), &suid, mode(0o777), false), Err(Errno::EPERM), "not only clearing");
+        assert_eq!(
+            setattr(&Caller::with_groups(3000, 2000, &[]), &suid, mode(0o777), false),
+            Err(Errno::EPERM),
+            "not only clearing"
+        );
         // chown: privileged only; chgrp: the owner, to its own groups.
         let own = |uid, gid| SetAttr { uid, gid, ..SetAttr::default() };
         assert_eq!(setattr(&owner, &f, own(Some(1001), None), false), Err(Errno::EPERM));

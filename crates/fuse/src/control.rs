@@ -39,7 +39,9 @@ pub fn socket_path(mountpoint: &Path) -> io::Result<PathBuf> {
     let dir = runtime_dir();
     // A hash keeps the name short and free of slashes; the canonical path makes it unique.
     let crc = crc32c::crc32c(canon.as_os_str().as_encoded_bytes());
-    let base = canon.file_name().map_or("root".into(), |n| n.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
+    let base = canon
+        .file_name()
+        .map_or("root".into(), |n| n.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
     Ok(dir.join(format!("{base}-{crc:08x}.sock")))
 }
 
@@ -51,7 +53,11 @@ pub(crate) struct ControlServer {
 }
 
 impl ControlServer {
-    pub(crate) fn start(mountpoint: &Path, engine: Weak<FileSystem>, workers: Arc<Workers>) -> io::Result<ControlServer> {
+    pub(crate) fn start(
+        mountpoint: &Path,
+        engine: Weak<FileSystem>,
+        workers: Arc<Workers>,
+    ) -> io::Result<ControlServer> {
         let path = socket_path(mountpoint)?;
         let dir = path.parent().expect("socket path has a directory");
         std::fs::create_dir_all(dir)?;
@@ -165,7 +171,16 @@ fn named_fields(counters: serde_json::Result<serde_json::Value>, prefix: &str) -
 /// Send one command to the mount on `mountpoint` and return its answer.
 pub fn request(mountpoint: &Path, command: &str) -> io::Result<String> {
     let path = socket_path(mountpoint)?;
-    let mut conn = UnixStream::connect(&path).map_err(|e| io::Error::new(e.kind(), format!("no ferrofs mount answers at {} ({e}); is {} a ferrofs mount?", path.display(), mountpoint.display())))?;
+    let mut conn = UnixStream::connect(&path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "no ferrofs mount answers at {} ({e}); is {} a ferrofs mount?",
+                path.display(),
+                mountpoint.display()
+            ),
+        )
+    })?;
     writeln!(conn, "{command}")?;
     conn.shutdown(std::net::Shutdown::Write)?;
     let mut out = String::new();
@@ -200,13 +215,15 @@ mod tests {
         FileSystem::mkfs(&*dev, &ferrofs::MkfsOptions::default()).unwrap();
         let fs = Arc::new(FileSystem::mount_device(dev, &ferrofs::MountOptions::default()).unwrap());
         fs.create(1, b"f", 0o644, ferrofs::Cred { uid: 0, gid: 0 }).unwrap();
-        let j: serde_json::Value = serde_json::from_str(&answer("journal", &Arc::downgrade(&fs), &Workers::new(5))).unwrap();
+        let j: serde_json::Value =
+            serde_json::from_str(&answer("journal", &Arc::downgrade(&fs), &Workers::new(5))).unwrap();
         let commits = fs.stats().journal.commits;
         assert!(commits >= 1);
         assert_eq!(j["commits"].as_u64(), Some(commits));
         assert_eq!(j["cache_throttles"].as_u64(), Some(0), "the cache budget's counters are there too");
         assert_eq!(j["workers_total"].as_u64(), Some(5), "and the FUSE workers'");
-        let m: serde_json::Value = serde_json::from_str(&answer("memory", &Arc::downgrade(&fs), &Workers::new(5))).unwrap();
+        let m: serde_json::Value =
+            serde_json::from_str(&answer("memory", &Arc::downgrade(&fs), &Workers::new(5))).unwrap();
         assert_eq!(m["cache_limit_bytes"].as_u64(), Some(fs.cache_budget().limit()));
         assert!(m["cache_used_bytes"].as_u64().unwrap() > 0 && m["peak_rss_bytes"].as_u64().unwrap() > 0);
     }

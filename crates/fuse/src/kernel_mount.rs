@@ -55,7 +55,8 @@ const VFS_FLAGS: [(&str, MsFlags, bool); 21] = [
 /// Options the kernel takes in a FUSE mount's option string that a user may give: FUSE's own
 /// (the others, `fd=`, `rootmode=`, `user_id=`, `group_id=`, are the mount's) and the security
 /// modules' contexts.
-const FUSE_OPTIONS: [&str; 8] = ["default_permissions", "allow_other", "max_read", "subtype", "context", "fscontext", "defcontext", "rootcontext"];
+const FUSE_OPTIONS: [&str; 8] =
+    ["default_permissions", "allow_other", "max_read", "subtype", "context", "fscontext", "defcontext", "rootcontext"];
 
 /// A mount's options as mount(2) takes them, and as fusermount3 does.
 #[derive(Clone, Debug, PartialEq)]
@@ -73,7 +74,12 @@ impl KernelOptions {
     /// Sort `options` into flags and FUSE options. Unknown options are refused by name here,
     /// before anything is mounted. Without `suid` and `dev` the mount is `nosuid,nodev`.
     pub(crate) fn new(options: &[MountOption], acl: SessionACL) -> Result<KernelOptions, String> {
-        let mut k = KernelOptions { source: "ferrofs".into(), flags: MsFlags::MS_NOSUID | MsFlags::MS_NODEV, fuse: Vec::new(), all: Vec::new() };
+        let mut k = KernelOptions {
+            source: "ferrofs".into(),
+            flags: MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            fuse: Vec::new(),
+            all: Vec::new(),
+        };
         for o in options {
             let name = match o {
                 MountOption::FSName(name) => {
@@ -131,7 +137,9 @@ pub(crate) fn check_mountpoint(mountpoint: &Path) -> Result<(), String> {
     match std::fs::metadata(mountpoint) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => Err(format!("mount point {} is not a directory", mountpoint.display())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(format!("mount point {} does not exist", mountpoint.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            Err(format!("mount point {} does not exist", mountpoint.display()))
+        }
         Err(e) => Err(format!("mount point {}: {e}", mountpoint.display())),
     }
 }
@@ -209,9 +217,14 @@ impl KernelMount {
         // mount could be stacked here. It refuses to unmount what is not a FUSE mount of ours,
         // which narrows this to our own user's mounts.
         drop(path);
-        let out = Command::new(FUSERMOUNT).args(["-u", "-z", "--"]).arg(&self.mountpoint).stdin(Stdio::null()).output()?;
+        let out =
+            Command::new(FUSERMOUNT).args(["-u", "-z", "--"]).arg(&self.mountpoint).stdin(Stdio::null()).output()?;
         if !out.status.success() {
-            return Err(io::Error::other(format!("{FUSERMOUNT} -u -z {}: {}", self.mountpoint.display(), String::from_utf8_lossy(&out.stderr).trim())));
+            return Err(io::Error::other(format!(
+                "{FUSERMOUNT} -u -z {}: {}",
+                self.mountpoint.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
         }
         Ok(Detach::Detached)
     }
@@ -220,7 +233,8 @@ impl KernelMount {
     fn gone_or_covered(&self) -> Detach {
         let (major, minor) = (libc::major(self.dev), libc::minor(self.dev));
         let ours = format!(" {major}:{minor} ");
-        let listed = std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|info| info.lines().any(|l| l.contains(&ours)));
+        let listed =
+            std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|info| info.lines().any(|l| l.contains(&ours)));
         if listed {
             Detach::Covered
         } else {
@@ -301,7 +315,9 @@ fn mount_fusermount(mountpoint: &Path, opts: &KernelOptions) -> io::Result<Owned
     let out = child.wait_with_output()?;
     match received {
         Ok(fd) => Ok(fd),
-        Err(_) if !out.status.success() => Err(io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string())),
+        Err(_) if !out.status.success() => {
+            Err(io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()))
+        }
         Err(e) => Err(e),
     }
 }
@@ -369,7 +385,10 @@ mod tests {
     fn flags_default_to_nosuid_nodev_and_the_last_word_wins() {
         assert_eq!(opts(&[]).unwrap().flags, MsFlags::MS_NOSUID | MsFlags::MS_NODEV);
         assert_eq!(opts(&["suid", "dev"]).unwrap().flags, MsFlags::empty());
-        assert_eq!(opts(&["ro", "noatime", "rw"]).unwrap().flags, MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME);
+        assert_eq!(
+            opts(&["ro", "noatime", "rw"]).unwrap().flags,
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME
+        );
         let k = opts(&["fsname=/i.img", "subtype=ferrofs", "max_read=131072", "default_permissions"]).unwrap();
         assert_eq!(k.source, "/i.img");
         assert_eq!(k.fuse, ["subtype=ferrofs", "max_read=131072", "default_permissions"]);
@@ -392,7 +411,11 @@ mod tests {
         let (_, dev, mount_root) = look_at(&dir).unwrap();
         assert!(mount_root && fuse.as_raw_fd() > 2);
         let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let line = info.lines().find(|l| l.contains(&format!(" {}:{} ", libc::major(dev), libc::minor(dev)))).unwrap().to_string();
+        let line = info
+            .lines()
+            .find(|l| l.contains(&format!(" {}:{} ", libc::major(dev), libc::minor(dev))))
+            .unwrap()
+            .to_string();
         let mount = KernelMount { mountpoint: dir.canonicalize().unwrap(), dev };
         assert_eq!(mount.detach().unwrap(), Detach::Detached);
         drop(fuse);

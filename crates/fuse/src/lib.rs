@@ -128,8 +128,8 @@ mod options;
 mod sync_pool;
 mod workers;
 
-use ferrofs::CacheBudget;
 use ferrofs::dev::FileDevice;
+use ferrofs::CacheBudget;
 use ferrofs::{FileSystem, MountOptions};
 use fuser::{Config, MountOption, Session, SessionACL};
 use kernel_mount::{Detach, KernelMount, KernelOptions};
@@ -298,7 +298,9 @@ impl MountError {
     /// The errno behind the failure, when there is one (e.g. EPERM or ENODEV from mount(2)).
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            MountError::Image { source, .. } | MountError::Fuse { source, .. } | MountError::Session { source, .. } => source.raw_os_error(),
+            MountError::Image { source, .. } | MountError::Fuse { source, .. } | MountError::Session { source, .. } => {
+                source.raw_os_error()
+            }
             MountError::Engine { source, .. } | MountError::Unmount { source, .. } => Some(source.errno()),
             MountError::ImageInUse { .. } => Some(libc::EWOULDBLOCK),
             MountError::Config(_) | MountError::Refused(_) => Some(libc::EINVAL),
@@ -353,11 +355,13 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
         }
         err
     };
-    let adapter = ops::FerroFuse::new(fs.clone(), opts).map_err(|source| abandon(MountError::Session { path: opts.mountpoint.clone(), source }))?;
+    let adapter = ops::FerroFuse::new(fs.clone(), opts)
+        .map_err(|source| abandon(MountError::Session { path: opts.mountpoint.clone(), source }))?;
     let notifier = adapter.notifier_slot();
     let name_epoch = adapter.name_epoch();
     let workers = adapter.workers();
-    let (fuse, kernel) = KernelMount::mount(&opts.mountpoint, &kernel_options).map_err(|source| abandon(MountError::Fuse { path: opts.mountpoint.clone(), source }))?;
+    let (fuse, kernel) = KernelMount::mount(&opts.mountpoint, &kernel_options)
+        .map_err(|source| abandon(MountError::Fuse { path: opts.mountpoint.clone(), source }))?;
     let session = Session::from_fd(adapter, fuse, config.acl, config).map_err(|source| {
         if let Err(e) = kernel.detach() {
             log::error!("detaching the failed mount on {}: {e}", opts.mountpoint.display());
@@ -368,12 +372,18 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     let _ = notifier.set(session.notifier());
     match session.as_fd().try_clone_to_owned() {
         Ok(conn) => name_epoch.attach(conn),
-        Err(e) => log::warn!("cannot expire cached names on {} at once (they are invalidated one by one): {e}", opts.mountpoint.display()),
+        Err(e) => log::warn!(
+            "cannot expire cached names on {} at once (they are invalidated one by one): {e}",
+            opts.mountpoint.display()
+        ),
     }
     // Without it a parked worker could not tell that the connection has ended, so none parks.
     match session.as_fd().try_clone_to_owned() {
         Ok(conn) => workers.attach(conn),
-        Err(e) => log::warn!("cannot watch the connection of {} (its extra workers will not park): {e}", opts.mountpoint.display()),
+        Err(e) => log::warn!(
+            "cannot watch the connection of {} (its extra workers will not park): {e}",
+            opts.mountpoint.display()
+        ),
     }
     let mountpoint = opts.mountpoint.clone();
     // Weak: the handle reads the cache usage while the session lives, but must not keep the
@@ -381,7 +391,9 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     let engine = Arc::downgrade(&fs);
     // Statistics are a diagnostic: a mount without its control socket still serves files.
     let control = control::ControlServer::start(&opts.mountpoint, engine.clone(), workers)
-        .inspect_err(|e| log::warn!("no control socket for {} (ferrofs lockstat will not reach it): {e}", opts.mountpoint.display()))
+        .inspect_err(|e| {
+            log::warn!("no control socket for {} (ferrofs lockstat will not reach it): {e}", opts.mountpoint.display())
+        })
         .ok();
     let thread = std::thread::Builder::new()
         .name("ferrofs-session".into())
@@ -390,7 +402,13 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
             serve(session, fs, mountpoint)
         })
         .map_err(|source| MountError::Session { path: opts.mountpoint.clone(), source })?;
-    Ok(MountHandle { mountpoint: opts.mountpoint.clone(), image: opts.image.clone(), engine, kernel: Arc::new(kernel), thread: Some(thread) })
+    Ok(MountHandle {
+        mountpoint: opts.mountpoint.clone(),
+        image: opts.image.clone(),
+        engine,
+        kernel: Arc::new(kernel),
+        thread: Some(thread),
+    })
 }
 
 /// Remount the ferrofs mount on `mountpoint` read-only or read-write, as `mount -o
@@ -403,9 +421,13 @@ pub fn remount(mountpoint: &Path, read_only: bool) -> io::Result<()> {
     // The control socket is named after the mount point, so with mounts stacked there it
     // reaches the daemon of one of them only, not necessarily the top one the kernel remounts.
     if kernel_mount::mounts_on(mountpoint)? > 1 {
-        return Err(io::Error::other(format!("several mounts are stacked on {}: unmount the others first", mountpoint.display())));
+        return Err(io::Error::other(format!(
+            "several mounts are stacked on {}: unmount the others first",
+            mountpoint.display()
+        )));
     }
-    let tell_daemon = |read_only: bool| control::request(mountpoint, if read_only { "remount ro" } else { "remount rw" }).map(drop);
+    let tell_daemon =
+        |read_only: bool| control::request(mountpoint, if read_only { "remount ro" } else { "remount rw" }).map(drop);
     if read_only {
         kernel_mount::remount_kernel(mountpoint, true)?;
         return tell_daemon(true);
@@ -413,7 +435,10 @@ pub fn remount(mountpoint: &Path, read_only: bool) -> io::Result<()> {
     tell_daemon(false)?;
     kernel_mount::remount_kernel(mountpoint, false).inspect_err(|_| {
         if let Err(e) = tell_daemon(true) {
-            log::error!("{} stays read-only in the kernel, but its daemon could not go back to read-only: {e}", mountpoint.display());
+            log::error!(
+                "{} stays read-only in the kernel, but its daemon could not go back to read-only: {e}",
+                mountpoint.display()
+            );
         }
     })
 }
@@ -440,7 +465,11 @@ fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
     let path = opts.image.clone();
     let dev = FileDevice::open(&opts.image, opts.read_only).or_else(|e| match e.kind() {
         io::ErrorKind::WouldBlock if !opts.lock_timeout.is_zero() => {
-            eprintln!("ferrofs: {} is locked by another process; waiting up to {} s for it to let go", path.display(), opts.lock_timeout.as_secs());
+            eprintln!(
+                "ferrofs: {} is locked by another process; waiting up to {} s for it to let go",
+                path.display(),
+                opts.lock_timeout.as_secs()
+            );
             FileDevice::open_wait(&opts.image, opts.read_only, opts.lock_timeout)
         }
         _ => Err(e),
@@ -543,7 +572,12 @@ impl MountHandle {
 
     fn wait(&mut self) -> Result<(), MountError> {
         match self.thread.take() {
-            Some(t) => t.join().unwrap_or_else(|_| Err(MountError::Session { path: self.mountpoint.clone(), source: io::Error::other("session thread panicked") })),
+            Some(t) => t.join().unwrap_or_else(|_| {
+                Err(MountError::Session {
+                    path: self.mountpoint.clone(),
+                    source: io::Error::other("session thread panicked"),
+                })
+            }),
             None => Ok(()),
         }
     }

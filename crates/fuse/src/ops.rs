@@ -23,8 +23,9 @@ use crate::{MountConfig, MAX_WRITE};
 use attr::{file_attr, negative_attr, request_time, time_or_now};
 use ferrofs::{Attr, Cred, FileSystem, SetAttr};
 use fuser::{
-    AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, Notifier, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -120,7 +121,12 @@ fn caller(req: &Request) -> Caller {
 /// Call the engine. An error becomes its errno; a panic (an engine bug) is contained:
 /// the engine is shut down — no further changes, so nothing half-done reaches the disk —
 /// and the request fails with EIO. The calling thread lives on.
-fn call_engine<T>(fs: &FileSystem, image: &str, op: &'static str, f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>) -> Res<T> {
+fn call_engine<T>(
+    fs: &FileSystem,
+    image: &str,
+    op: &'static str,
+    f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>,
+) -> Res<T> {
     match catch_unwind(AssertUnwindSafe(|| f(fs))) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
@@ -130,7 +136,11 @@ fn call_engine<T>(fs: &FileSystem, image: &str, op: &'static str, f: impl FnOnce
             Err(Errno::from_i32(e.errno()))
         }
         Err(panic) => {
-            let msg = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
             fs.shut_down(&format!("engine panicked in {}: {}", op, msg));
             Err(Errno::EIO)
         }
@@ -149,7 +159,6 @@ fn reply_empty(reply: ReplyEmpty, res: Res<()>) {
 fn masked(mode: u32, umask: u32) -> u16 {
     ((mode & libc::S_IFMT) | (mode & 0o7777 & !umask)) as u16
 }
-
 
 impl fuser::Filesystem for FerroFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -182,7 +191,9 @@ impl fuser::Filesystem for FerroFuse {
             Err(e) => return reply.error(e),
         };
         match self.call("lookup", |fs| fs.lookup(parent.0, name.as_bytes())) {
-            Err(Errno::ENOENT) if !ttl.is_zero() => reply.entry_with_ttls(&Duration::ZERO, &ttl, &negative_attr(), Generation(0)),
+            Err(Errno::ENOENT) if !ttl.is_zero() => {
+                reply.entry_with_ttls(&Duration::ZERO, &ttl, &negative_attr(), Generation(0))
+            }
             res => self.reply_entry(reply, ttl, res),
         }
     }
@@ -236,35 +247,56 @@ impl fuser::Filesystem for FerroFuse {
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         let _serving = self.workers.serving(req.pid());
-        self.make_entry(req, "mknod", parent.0, reply, |fs| fs.mknod(parent.0, name.as_bytes(), masked(mode, umask), rdev as u64, cred(req)));
+        self.make_entry(req, "mknod", parent.0, reply, |fs| {
+            fs.mknod(parent.0, name.as_bytes(), masked(mode, umask), rdev as u64, cred(req))
+        });
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let _serving = self.workers.serving(req.pid());
-        self.make_entry(req, "mkdir", parent.0, reply, |fs| fs.mkdir(parent.0, name.as_bytes(), masked(mode & 0o7777, umask), cred(req)));
+        self.make_entry(req, "mkdir", parent.0, reply, |fs| {
+            fs.mkdir(parent.0, name.as_bytes(), masked(mode & 0o7777, umask), cred(req))
+        });
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _serving = self.workers.serving(req.pid());
-        let res = self.may_remove(req, "unlink", parent.0, name.as_bytes()).and_then(|()| self.call("unlink", |fs| fs.unlink(parent.0, name.as_bytes())));
+        let res = self
+            .may_remove(req, "unlink", parent.0, name.as_bytes())
+            .and_then(|()| self.call("unlink", |fs| fs.unlink(parent.0, name.as_bytes())));
         reply_empty(reply, res);
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _serving = self.workers.serving(req.pid());
-        let res = self.may_remove(req, "rmdir", parent.0, name.as_bytes()).and_then(|()| self.call("rmdir", |fs| fs.rmdir(parent.0, name.as_bytes())));
+        let res = self
+            .may_remove(req, "rmdir", parent.0, name.as_bytes())
+            .and_then(|()| self.call("rmdir", |fs| fs.rmdir(parent.0, name.as_bytes())));
         reply_empty(reply, res);
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let _serving = self.workers.serving(req.pid());
-        self.make_entry(req, "symlink", parent.0, reply, |fs| fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), cred(req)));
+        self.make_entry(req, "symlink", parent.0, reply, |fs| {
+            fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), cred(req))
+        });
     }
 
-    fn rename(&self, req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
         let _serving = self.workers.serving(req.pid());
         let (from, to) = ((parent.0, name.as_bytes()), (newparent.0, newname.as_bytes()));
-        let res = self.may_rename(req, from, to, flags.bits()).and_then(|()| self.call("rename", |fs| fs.rename_as(from.0, from.1, to.0, to.1, flags.bits(), cred(req))));
+        let res = self
+            .may_rename(req, from, to, flags.bits())
+            .and_then(|()| self.call("rename", |fs| fs.rename_as(from.0, from.1, to.0, to.1, flags.bits(), cred(req))));
         reply_empty(reply, res);
     }
 
@@ -291,13 +323,25 @@ impl fuser::Filesystem for FerroFuse {
         // cache is dropped so that the next read comes to `read`, and the kernel then asks
         // for atime again (fuse_invalidate_atime).
         match self.call("open", |fs| fs.open(ino.0)) {
-            Ok(a) if flags.0 & libc::O_ACCMODE != libc::O_WRONLY && self.fs.atime_update_due(&a) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(a) if flags.0 & libc::O_ACCMODE != libc::O_WRONLY && self.fs.atime_update_due(&a) => {
+                reply.opened(FileHandle(0), FopenFlags::empty())
+            }
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(e),
         }
     }
 
-    fn read(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, reply: ReplyData) {
+    fn read(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
         let _serving = self.workers.serving(req.pid());
         match self.call("read", |fs| fs.read(ino.0, offset, size as usize)) {
             Ok(d) => reply.data(&d),
@@ -335,7 +379,16 @@ impl fuser::Filesystem for FerroFuse {
         reply.error(Errno::ENOSYS);
     }
 
-    fn release(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, _flush: bool, reply: ReplyEmpty) {
+    fn release(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
         let _serving = self.workers.serving(req.pid());
         match self.call("release", |fs| fs.release(ino.0)) {
             Ok(()) => reply.ok(),
@@ -392,10 +445,20 @@ impl fuser::Filesystem for FerroFuse {
         }
     }
 
-    fn setxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
         let _serving = self.workers.serving(req.pid());
         let name = name.as_bytes();
-        let res = self.call_xattr(req, "setxattr", ino.0, name, MAY_WRITE, |fs| fs.setxattr(ino.0, name, value, flags as u32));
+        let res = self
+            .call_xattr(req, "setxattr", ino.0, name, MAY_WRITE, |fs| fs.setxattr(ino.0, name, value, flags as u32));
         reply_empty(reply, res);
     }
 
@@ -421,14 +484,25 @@ impl fuser::Filesystem for FerroFuse {
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let _serving = self.workers.serving(req.pid());
         // F_OK: the inode exists, or the kernel would not have asked.
-        let res = self.getattr("access", ino.0).and_then(|a| match (mask & (AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK)).bits() {
-            0 => Ok(()),
-            m => caller(req).check(&a, m as u32),
+        let res = self.getattr("access", ino.0).and_then(|a| {
+            match (mask & (AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK)).bits() {
+                0 => Ok(()),
+                m => caller(req).check(&a, m as u32),
+            }
         });
         reply_empty(reply, res);
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
         let _serving = self.workers.serving(req.pid());
         let ttl = match self.enter_dir(req, "create", parent.0, MAY_WRITE | MAY_EXEC) {
             Ok(ttl) => ttl,
@@ -438,17 +512,33 @@ impl fuser::Filesystem for FerroFuse {
             .call("create", |fs| match fs.create(parent.0, name.as_bytes(), masked(mode, umask), cred(req)) {
                 Ok(a) => Ok((a, true)),
                 // Without O_EXCL an existing regular file is opened (another creator won).
-                Err(ferrofs::Error::Exists) if flags & libc::O_EXCL == 0 => match fs.lookup(parent.0, name.as_bytes())? {
-                    a if a.kind == ferrofs::FileType::RegularFile => Ok((a, false)),
-                    _ => Err(ferrofs::Error::Exists),
-                },
+                Err(ferrofs::Error::Exists) if flags & libc::O_EXCL == 0 => {
+                    match fs.lookup(parent.0, name.as_bytes())? {
+                        a if a.kind == ferrofs::FileType::RegularFile => Ok((a, false)),
+                        _ => Err(ferrofs::Error::Exists),
+                    }
+                }
                 Err(e) => Err(e),
             })
             // A file the caller did not create opens only as its mode allows.
-            .and_then(|(a, created)| if created || !self.checks { Ok(a) } else { caller(req).may_open(&a, flags).map(|()| a) })
+            .and_then(
+                |(a, created)| {
+                    if created || !self.checks {
+                        Ok(a)
+                    } else {
+                        caller(req).may_open(&a, flags).map(|()| a)
+                    }
+                },
+            )
             .and_then(|a| self.call("create", |fs| fs.open(a.ino)));
         match res {
-            Ok(a) => reply.created(&ttl, &file_attr(&a), Generation(a.generation as u64), FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(a) => reply.created(
+                &ttl,
+                &file_attr(&a),
+                Generation(a.generation as u64),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Err(e) => reply.error(e),
         }
     }
@@ -475,7 +565,16 @@ impl fuser::Filesystem for FerroFuse {
         self.copy_range((ino_in.0, offset_in), (ino_out.0, offset_out), len, reply);
     }
 
-    fn fallocate(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         let _serving = self.workers.serving(req.pid());
         // The kernel has checked the arguments (EINVAL, EFBIG, file type); the engine refuses
         // the modes it does not implement with EOPNOTSUPP. Linux's mode bits are the engine's.

@@ -54,7 +54,12 @@ impl SyncPool {
     pub fn start(threads: usize, capacity: usize) -> io::Result<SyncPool> {
         debug_assert!(threads > 0 && capacity > 0);
         let queue = Queue { jobs: VecDeque::with_capacity(capacity), closed: false };
-        let shared = Arc::new(Shared { queue: Mutex::new(&SYNC_QUEUE, queue), queued: Condvar::new(), room: Condvar::new(), capacity });
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(&SYNC_QUEUE, queue),
+            queued: Condvar::new(),
+            room: Condvar::new(),
+            capacity,
+        });
         let mut pool = SyncPool { shared, threads: Vec::with_capacity(threads) };
         for _ in 0..threads {
             let shared = Arc::clone(&pool.shared);

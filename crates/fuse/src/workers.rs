@@ -198,7 +198,9 @@ impl Workers {
                 slot.store(now, Relaxed);
             }
             let counted = self.counted.load(Relaxed);
-            if now >= counted + RECOUNT.as_millis() as u64 && self.counted.compare_exchange(counted, now, Relaxed, Relaxed).is_ok() {
+            if now >= counted + RECOUNT.as_millis() as u64
+                && self.counted.compare_exchange(counted, now, Relaxed, Relaxed).is_ok()
+            {
                 self.recount(now);
             }
         }
@@ -211,7 +213,8 @@ impl Workers {
     #[cold]
     fn recount(&self, now: u64) {
         let window = CLIENT_WINDOW.as_millis() as u64;
-        let clients = self.seen.iter().map(|s| s.load(Relaxed)).filter(|&seen| seen != 0 && now - seen.min(now) < window).count();
+        let clients =
+            self.seen.iter().map(|s| s.load(Relaxed)).filter(|&seen| seen != 0 && now - seen.min(now) < window).count();
         let wanted = if clients > CLIENTS_PER_CORE * self.core { clients.min(self.total) } else { self.core };
         self.wanted.store(wanted, Relaxed);
         let reading = self.total - self.parked_now.load(Relaxed);
@@ -223,7 +226,8 @@ impl Workers {
     /// The calling thread's role, from its name; a core worker pins itself.
     #[cold]
     fn introduce(&self) -> Role {
-        let index = std::thread::current().name().and_then(|n| n.strip_prefix("fuser-")).and_then(|i| i.parse::<usize>().ok());
+        let index =
+            std::thread::current().name().and_then(|n| n.strip_prefix("fuser-")).and_then(|i| i.parse::<usize>().ok());
         match index {
             None => Role::Other,
             Some(i) if i < self.core => {
@@ -400,7 +404,9 @@ mod tests {
         let w = Arc::new(Workers::new(THREADS_FOR_CORE));
         let (Some(cpus), core) = (w.cpus.clone(), w.core) else { return };
         let before = allowed_cpus();
-        for (index, want) in [(0, Some(vec![cpus[0]])), (core - 1, Some(vec![cpus[(core - 1) % cpus.len()]])), (core, before.clone())] {
+        for (index, want) in
+            [(0, Some(vec![cpus[0]])), (core - 1, Some(vec![cpus[(core - 1) % cpus.len()]])), (core, before.clone())]
+        {
             let w = w.clone();
             let got = as_worker(index, move || {
                 drop(w.serving(1));
@@ -423,7 +429,14 @@ mod tests {
         let w = pool(extras, conn);
         let core = w.core;
         // One client: the extras each serve a request, then park.
-        let parked: Vec<_> = (0..extras).map(|i| as_worker(core + i, { let w = w.clone(); move || drop(w.serving(1)) })).collect();
+        let parked: Vec<_> = (0..extras)
+            .map(|i| {
+                as_worker(core + i, {
+                    let w = w.clone();
+                    move || drop(w.serving(1))
+                })
+            })
+            .collect();
         wait_until("the extras park", || w.stats().parked == extras);
         // A client per core worker and more: still too few to wake anyone.
         requests_from(&w, CLIENTS_PER_CORE * core, 5);
@@ -439,7 +452,14 @@ mod tests {
         // and each extra parks as its next request ends.
         std::thread::sleep(CLIENT_WINDOW + RECOUNT);
         requests_from(&w, 1, 2);
-        let parked: Vec<_> = (0..extras).map(|i| as_worker(core + i, { let w = w.clone(); move || drop(w.serving(1)) })).collect();
+        let parked: Vec<_> = (0..extras)
+            .map(|i| {
+                as_worker(core + i, {
+                    let w = w.clone();
+                    move || drop(w.serving(1))
+                })
+            })
+            .collect();
         wait_until("the extras park again", || w.stats().parked == extras);
         assert_eq!(w.stats().parks, 2 * extras as u64);
         // The connection ends: parked extras notice, without a request, and return.
@@ -448,10 +468,19 @@ mod tests {
         for t in parked {
             t.join().unwrap();
         }
-        assert!(start.elapsed() < Duration::from_secs(5), "parked extras took {:?} to see the connection end", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "parked extras took {:?} to see the connection end",
+            start.elapsed()
+        );
         assert_eq!(w.stats().parked, 0);
         // Once it has ended nobody parks any more.
-        as_worker(core, { let w = w.clone(); move || drop(w.serving(1)) }).join().unwrap();
+        as_worker(core, {
+            let w = w.clone();
+            move || drop(w.serving(1))
+        })
+        .join()
+        .unwrap();
         assert_eq!(w.stats().parks, 2 * extras as u64);
     }
 
@@ -459,7 +488,12 @@ mod tests {
     fn without_the_session_descriptor_nobody_parks() {
         let w = Arc::new(Workers::new(Workers::new(THREADS_FOR_CORE).core + 1));
         let core = w.core;
-        as_worker(core, { let w = w.clone(); move || drop(w.serving(1)) }).join().unwrap();
+        as_worker(core, {
+            let w = w.clone();
+            move || drop(w.serving(1))
+        })
+        .join()
+        .unwrap();
         assert_eq!(w.stats().parked, 0);
         assert_eq!(w.stats().parks, 0);
     }

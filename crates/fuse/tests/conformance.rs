@@ -75,10 +75,20 @@ fn drop_effective_capabilities() {
     let mut h = Header { version: VERSION_3, pid: 0 };
     let mut d = [Data::default(); 2];
     unsafe {
-        assert_eq!(libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()), 0, "capget: {}", io::Error::last_os_error());
+        assert_eq!(
+            libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()),
+            0,
+            "capget: {}",
+            io::Error::last_os_error()
+        );
         d[0].effective = 0;
         d[1].effective = 0;
-        assert_eq!(libc::syscall(libc::SYS_capset, &mut h as *mut Header, d.as_ptr()), 0, "capset: {}", io::Error::last_os_error());
+        assert_eq!(
+            libc::syscall(libc::SYS_capset, &mut h as *mut Header, d.as_ptr()),
+            0,
+            "capset: {}",
+            io::Error::last_os_error()
+        );
     }
 }
 
@@ -113,7 +123,8 @@ fn access(p: &Path, how: i32) -> io::Result<i32> {
 fn renameat2(from: &Path, to: &Path, flags: u32) -> io::Result<i32> {
     let (f, t) = (cpath(from), cpath(to));
     // Through syscall(2): the libc wrapper may be missing on older C libraries.
-    let rc = unsafe { libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), flags) };
+    let rc =
+        unsafe { libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), flags) };
     check(rc as i32)
 }
 
@@ -131,7 +142,8 @@ fn setxattr(p: &Path, name: &str, value: &[u8], flags: i32) -> io::Result<i32> {
 fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
     let n = CString::new(name).unwrap();
     let mut buf = vec![0u8; 4096];
-    let len = check_size(unsafe { libc::lgetxattr(cpath(p).as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
+    let len =
+        check_size(unsafe { libc::lgetxattr(cpath(p).as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
     buf.truncate(len);
     Ok(buf)
 }
@@ -144,7 +156,11 @@ fn removexattr(p: &Path, name: &str) -> io::Result<i32> {
 fn listxattr(p: &Path) -> Vec<String> {
     let mut buf = vec![0u8; 8192];
     let len = check_size(unsafe { libc::llistxattr(cpath(p).as_ptr(), buf.as_mut_ptr().cast(), buf.len()) }).unwrap();
-    let mut v: Vec<String> = buf[..len].split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8(s.to_vec()).unwrap()).collect();
+    let mut v: Vec<String> = buf[..len]
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8(s.to_vec()).unwrap())
+        .collect();
     v.sort();
     v
 }
@@ -559,7 +575,8 @@ fn hard_links_and_link_counts() {
     assert_eq!((nlink(""), nlink("a"), nlink("a/b"), nlink("c")), (4, 3, 2, 2));
     fs::write(fx.path("a/f"), b"data").unwrap();
     assert_eq!(nlink("a"), 3, "files do not count");
-    let ctime0 = fs::metadata(fx.path("a/f")).unwrap().ctime_nsec() as i128 + fs::metadata(fx.path("a/f")).unwrap().ctime() as i128 * 1_000_000_000;
+    let ctime0 = fs::metadata(fx.path("a/f")).unwrap().ctime_nsec() as i128
+        + fs::metadata(fx.path("a/f")).unwrap().ctime() as i128 * 1_000_000_000;
     std::thread::sleep(Duration::from_millis(20));
     fs::hard_link(fx.path("a/f"), fx.path("c/g")).unwrap();
     fs::hard_link(fx.path("a/f"), fx.path("a/b/h")).unwrap();
@@ -627,7 +644,11 @@ fn symlinks() {
     // Removing or renaming a link leaves its target alone.
     fs::rename(fx.path("lf"), fx.path("dir/lf2")).unwrap();
     assert_eq!(fs::read_link(fx.path("dir/lf2")).unwrap().to_str().unwrap(), "dir/file");
-    assert_eq!(errno(fs::read(fx.path("dir/lf2"))), libc::ENOENT, "a relative target resolves from the link's new directory");
+    assert_eq!(
+        errno(fs::read(fx.path("dir/lf2"))),
+        libc::ENOENT,
+        "a relative target resolves from the link's new directory"
+    );
     fs::remove_file(fx.path("dir/lf2")).unwrap();
     fs::remove_file(fx.path("ld")).unwrap();
     assert_eq!(fs::read(fx.path("dir/file")).unwrap(), b"through");
@@ -811,7 +832,10 @@ fn atime_relatime_by_default_and_as_an_option() {
         let (before, _) = atime_mtime(&f);
         assert_eq!(fs::read(&f).unwrap(), ATIME_DATA);
         let (read, mtime) = atime_mtime(&f);
-        assert!(read > mtime && read > before, "-o {options:?}: a read after a write sets atime ({read:?}, mtime {mtime:?})");
+        assert!(
+            read > mtime && read > before,
+            "-o {options:?}: a read after a write sets atime ({read:?}, mtime {mtime:?})"
+        );
         std::thread::sleep(Duration::from_millis(20));
         fs::read(&f).unwrap();
         assert_eq!(atime_mtime(&f).0, read, "-o {options:?}: a second read leaves atime");
@@ -917,7 +941,11 @@ fn xattr_namespaces() {
         assert_eq!(errno(removexattr(&f, "user.u")), libc::EACCES);
         assert_eq!(errno(setxattr(&f, "trusted.t", b"x", 0)), libc::EPERM);
         assert_eq!(errno(getxattr(&f, "trusted.t")), libc::ENODATA, "trusted.* is invisible without CAP_SYS_ADMIN");
-        assert_eq!(listxattr(&f), ["security.s", "user.U", "user.empty", "user.u"], "trusted.* is not listed without CAP_SYS_ADMIN");
+        assert_eq!(
+            listxattr(&f),
+            ["security.s", "user.U", "user.empty", "user.u"],
+            "trusted.* is not listed without CAP_SYS_ADMIN"
+        );
         assert_eq!(errno(setxattr(&f, "security.s", b"x", 0)), libc::EPERM);
     });
     chmod(&f, 0o666);
@@ -1056,7 +1084,12 @@ fn statfs_and_open_unlinked_files() {
         if (now.f_bfree, now.f_ffree) == (base.f_bfree, base.f_ffree) {
             break;
         }
-        assert!(Instant::now() < deadline, "space not returned after last close: {} of {} blocks", now.f_bfree, base.f_bfree);
+        assert!(
+            Instant::now() < deadline,
+            "space not returned after last close: {} of {} blocks",
+            now.f_bfree,
+            base.f_bfree
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     // And it stays returned across a remount (nothing left on the orphan table).
@@ -1076,23 +1109,37 @@ fn freed_space_is_allocatable_at_once() {
     let len = (base.f_bavail * 4096 - (1 << 20)) as i64;
     for round in 0..3 {
         let f = File::create(fx.path("big")).unwrap();
-        check(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) }).unwrap_or_else(|e| panic!("round {round}: fallocate of {len} bytes: {e}"));
+        check(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) })
+            .unwrap_or_else(|e| panic!("round {round}: fallocate of {len} bytes: {e}"));
         drop(f);
         fs::remove_file(fx.path("big")).unwrap();
     }
     // The last close's release may still be on its way: the space comes back within moments.
     let deadline = Instant::now() + Duration::from_secs(5);
     while statvfs(&fx.mnt).f_bavail != base.f_bavail {
-        assert!(Instant::now() < deadline, "freed space not reported available: {} of {} blocks", statvfs(&fx.mnt).f_bavail, base.f_bavail);
+        assert!(
+            Instant::now() < deadline,
+            "freed space not reported available: {} of {} blocks",
+            statvfs(&fx.mnt).f_bavail,
+            base.f_bavail
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let end = statvfs(&fx.mnt);
     fx.unmount();
     let report = assert_fsck_clean(&fx.image);
     let dev = ferrofs::dev::FileDevice::open(&fx.image, true).unwrap();
-    let engine = ferrofs::FileSystem::mount_device(std::sync::Arc::new(dev), &ferrofs::MountOptions { read_only: true, ..Default::default() }).unwrap();
+    let engine = ferrofs::FileSystem::mount_device(
+        std::sync::Arc::new(dev),
+        &ferrofs::MountOptions { read_only: true, ..Default::default() },
+    )
+    .unwrap();
     let pool: u64 = engine.info().ags.iter().map(|ag| ag.pool_blocks).sum();
-    assert_eq!(end.f_blocks - end.f_bfree, report.blocks_used + pool, "blocks in use: statfs (the pools counted used) against fsck");
+    assert_eq!(
+        end.f_blocks - end.f_bfree,
+        report.blocks_used + pool,
+        "blocks in use: statfs (the pools counted used) against fsck"
+    );
     assert_eq!(end.f_files - end.f_ffree - 1, report.inodes, "inodes in use: statfs against fsck");
 }
 
@@ -1102,7 +1149,9 @@ fn files_over_4_gib() {
     let path = fx.path("huge");
     let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
     let fd = f.as_raw_fd();
-    let pwrite = |data: &[u8], off: u64| check_size(unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), off as i64) }).unwrap();
+    let pwrite = |data: &[u8], off: u64| {
+        check_size(unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), off as i64) }).unwrap()
+    };
     let pread = |len: usize, off: u64| {
         let mut b = vec![0xeeu8; len];
         let n = check_size(unsafe { libc::pread(fd, b.as_mut_ptr().cast(), len, off as i64) }).unwrap();
@@ -1269,7 +1318,14 @@ fn mmap_reads_and_writes() {
     let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
     unsafe {
         // A shared read-write mapping: reads see the file, writes reach it.
-        let p = libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
         assert_ne!(p, libc::MAP_FAILED, "{}", io::Error::last_os_error());
         let map = std::slice::from_raw_parts_mut(p.cast::<u8>(), LEN);
         assert_eq!(&map[..], &initial[..]);
@@ -1282,7 +1338,14 @@ fn mmap_reads_and_writes() {
         assert_eq!(&map[5000..5007], b"WRITTEN");
         check(libc::munmap(p, LEN)).unwrap();
         // A private mapping's writes stay private.
-        let q = libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE, f.as_raw_fd(), 0);
+        let q = libc::mmap(
+            std::ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE,
+            f.as_raw_fd(),
+            0,
+        );
         assert_ne!(q, libc::MAP_FAILED);
         std::slice::from_raw_parts_mut(q.cast::<u8>(), LEN)[0..7].copy_from_slice(b"PRIVATE");
         check(libc::munmap(q, LEN)).unwrap();
@@ -1297,7 +1360,14 @@ fn mmap_reads_and_writes() {
     // Grow with ftruncate, then write the new pages through a fresh mapping.
     f.set_len(8 * 4096).unwrap();
     unsafe {
-        let p = libc::mmap(std::ptr::null_mut(), 8 * 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            8 * 4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
         assert_ne!(p, libc::MAP_FAILED);
         let map = std::slice::from_raw_parts_mut(p.cast::<u8>(), 8 * 4096);
         assert!(map[LEN..].iter().all(|&b| b == 0), "the grown part reads as zeros");
@@ -1361,7 +1431,12 @@ fn access_chdir_and_exec_follow_the_mode() {
     fs::write(&f, b"#!/bin/sh\nexit 0\n").unwrap();
     chown(&f, 1000, 2000).unwrap();
     chmod(&f, 0o654);
-    for (uid, gid, groups, want) in [(1000, 1, &[][..], [true, true, false]), (3000, 2000, &[], [true, false, true]), (3000, 3000, &[2000], [true, false, true]), (3000, 3000, &[], [true, false, false])] {
+    for (uid, gid, groups, want) in [
+        (1000, 1, &[][..], [true, true, false]),
+        (3000, 2000, &[], [true, false, true]),
+        (3000, 3000, &[2000], [true, false, true]),
+        (3000, 3000, &[], [true, false, false]),
+    ] {
         as_user(uid, gid, groups, || {
             for (how, ok) in [libc::R_OK, libc::W_OK, libc::X_OK].into_iter().zip(want) {
                 assert_eq!(access(&f, how).is_ok(), ok, "uid {uid} groups {groups:?} access {how}");
@@ -1471,7 +1546,11 @@ fn search_permission_taken_away_holds_when_chmod_returns() {
             chown(&f, u32::MAX, 2000).unwrap();
             chmod(&dir, 0o644);
             let refused = chown(&f, u32::MAX, 3000).map_err(|e| e.raw_os_error());
-            assert_eq!(refused, Err(Some(libc::EACCES)), "round {round}: chown through a directory without search permission");
+            assert_eq!(
+                refused,
+                Err(Some(libc::EACCES)),
+                "round {round}: chown through a directory without search permission"
+            );
         }
     });
 }
@@ -1494,14 +1573,28 @@ fn special_files_open_by_the_mode_under_the_default_options() {
     check(unsafe { libc::mkfifo(cpath(&fifo).as_ptr(), 0o600) }).unwrap();
     let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     chmod(&sock, 0o600);
-    let open_fifo = |flags: i32| check(unsafe { libc::open(cpath(&fifo).as_ptr(), flags | libc::O_NONBLOCK) }).map(|fd| {
-        unsafe { libc::close(fd) };
-    });
+    let open_fifo = |flags: i32| {
+        check(unsafe { libc::open(cpath(&fifo).as_ptr(), flags | libc::O_NONBLOCK) }).map(|fd| {
+            unsafe { libc::close(fd) };
+        })
+    };
     let os_errno = |r: io::Result<()>| r.map_err(|e| e.raw_os_error());
     as_user(1000, 1000, &[], || {
-        assert_eq!(os_errno(open_fifo(libc::O_RDONLY)), Err(Some(libc::EACCES)), "FIFO 0600 opened for reading by another user");
-        assert_eq!(os_errno(open_fifo(libc::O_WRONLY)), Err(Some(libc::EACCES)), "FIFO 0600 opened for writing by another user");
-        assert_eq!(os_errno(std::os::unix::net::UnixStream::connect(&sock).map(drop)), Err(Some(libc::EACCES)), "socket 0600 connected to by another user");
+        assert_eq!(
+            os_errno(open_fifo(libc::O_RDONLY)),
+            Err(Some(libc::EACCES)),
+            "FIFO 0600 opened for reading by another user"
+        );
+        assert_eq!(
+            os_errno(open_fifo(libc::O_WRONLY)),
+            Err(Some(libc::EACCES)),
+            "FIFO 0600 opened for writing by another user"
+        );
+        assert_eq!(
+            os_errno(std::os::unix::net::UnixStream::connect(&sock).map(drop)),
+            Err(Some(libc::EACCES)),
+            "socket 0600 connected to by another user"
+        );
     });
     // With the permission, the same opens work (a FIFO's writer needs a reader: ENXIO).
     chmod(&fifo, 0o606);

@@ -43,7 +43,8 @@ const SLOTS: usize = 4;
 /// Whether `tool` is found on PATH (or the sbin directories, which root's PATH may lack).
 fn tool_missing(tool: &str) -> bool {
     let path = std::env::var("PATH").unwrap_or_default();
-    let found = path.split(':').chain(["/sbin", "/usr/sbin"]).any(|d| !d.is_empty() && Path::new(d).join(tool).is_file());
+    let found =
+        path.split(':').chain(["/sbin", "/usr/sbin"]).any(|d| !d.is_empty() && Path::new(d).join(tool).is_file());
     !found
 }
 
@@ -187,7 +188,8 @@ impl Side {
                 if let Some(fd) = self.fds[*slot].take() {
                     unsafe { libc::close(fd) };
                 }
-                let fd = errno_of(check(unsafe { libc::open(self.c(path).as_ptr(), *flags | libc::O_CLOEXEC, *mode) }))?;
+                let fd =
+                    errno_of(check(unsafe { libc::open(self.c(path).as_ptr(), *flags | libc::O_CLOEXEC, *mode) }))?;
                 self.fds[*slot] = Some(fd);
                 Ok("opened".into())
             }
@@ -198,7 +200,8 @@ impl Side {
             }
             Op::Pwrite { slot, off, data } => {
                 let fd = self.fd(*slot)?;
-                errno_of(check_size(unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), *off as i64) })).map(|n| n.to_string())
+                errno_of(check_size(unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), *off as i64) }))
+                    .map(|n| n.to_string())
             }
             Op::Pread { slot, off, len } => {
                 let fd = self.fd(*slot)?;
@@ -208,11 +211,15 @@ impl Side {
             }
             Op::CopyFileRange { from, off_in, to, off_out, len } => {
                 let (mut off_in, mut off_out) = (*off_in as i64, *off_out as i64);
-                let n = unsafe { libc::copy_file_range(self.fd(*from)?, &mut off_in, self.fd(*to)?, &mut off_out, *len, 0) };
+                let n = unsafe {
+                    libc::copy_file_range(self.fd(*from)?, &mut off_in, self.fd(*to)?, &mut off_out, *len, 0)
+                };
                 errno_of(check_size(n)).map(|n| n.to_string())
             }
             Op::Ftruncate { slot, len } => rc(unsafe { libc::ftruncate(self.fd(*slot)?, *len as i64) }),
-            Op::Fallocate { slot, mode, off, len } => rc(unsafe { libc::fallocate(self.fd(*slot)?, *mode, *off as i64, *len as i64) }),
+            Op::Fallocate { slot, mode, off, len } => {
+                rc(unsafe { libc::fallocate(self.fd(*slot)?, *mode, *off as i64, *len as i64) })
+            }
             Op::Fstat { slot } => {
                 let mut st: libc::stat = unsafe { std::mem::zeroed() };
                 check(unsafe { libc::fstat(self.fd(*slot)?, &mut st) }).map_err(|e| e.raw_os_error().unwrap())?;
@@ -220,18 +227,32 @@ impl Side {
                 Ok(format!("mode={:o} nlink={} size={}", st.st_mode, st.st_nlink, if is_dir { -1 } else { st.st_size }))
             }
             Op::WriteFile { path, off, data } => {
-                let fd = errno_of(check(unsafe { libc::open(self.c(path).as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC, 0o644) }))?;
-                let r = errno_of(check_size(unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), *off as i64) }));
+                let fd = errno_of(check(unsafe {
+                    libc::open(self.c(path).as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC, 0o644)
+                }))?;
+                let r =
+                    errno_of(check_size(unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), *off as i64) }));
                 unsafe { libc::close(fd) };
                 r.map(|n| n.to_string())
             }
             Op::Truncate { path, len } => rc(unsafe { libc::truncate(self.c(path).as_ptr(), *len as i64) }),
-            Op::ReadFile { path } => errno_of(fs::read(self.root.join(path))).map(|d| format!("{} bytes {:?}", d.len(), digest(&d))),
+            Op::ReadFile { path } => {
+                errno_of(fs::read(self.root.join(path))).map(|d| format!("{} bytes {:?}", d.len(), digest(&d)))
+            }
             Op::Mkdir { path, mode } => rc(unsafe { libc::mkdir(self.c(path).as_ptr(), *mode) }),
             Op::Rmdir { path } => rc(unsafe { libc::rmdir(self.c(path).as_ptr()) }),
             Op::Unlink { path } => rc(unsafe { libc::unlink(self.c(path).as_ptr()) }),
             Op::Rename { from, to, flags } => {
-                let r = unsafe { libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, self.c(from).as_ptr(), libc::AT_FDCWD, self.c(to).as_ptr(), *flags) };
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_renameat2,
+                        libc::AT_FDCWD,
+                        self.c(from).as_ptr(),
+                        libc::AT_FDCWD,
+                        self.c(to).as_ptr(),
+                        *flags,
+                    )
+                };
                 rc(r as i32)
             }
             Op::Link { from, to } => rc(unsafe { libc::link(self.c(from).as_ptr(), self.c(to).as_ptr()) }),
@@ -243,12 +264,16 @@ impl Side {
             Op::Chmod { path, mode } => rc(unsafe { libc::chmod(self.c(path).as_ptr(), *mode) }),
             Op::Setxattr { path, name, value, flags } => {
                 let n = CString::new(name.as_str()).unwrap();
-                rc(unsafe { libc::lsetxattr(self.c(path).as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), *flags) })
+                rc(unsafe {
+                    libc::lsetxattr(self.c(path).as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), *flags)
+                })
             }
             Op::Getxattr { path, name } => {
                 let n = CString::new(name.as_str()).unwrap();
                 let mut buf = vec![0u8; 1024];
-                let len = errno_of(check_size(unsafe { libc::lgetxattr(self.c(path).as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) }))?;
+                let len = errno_of(check_size(unsafe {
+                    libc::lgetxattr(self.c(path).as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+                }))?;
                 Ok(format!("{:?}", &buf[..len]))
             }
             Op::Removexattr { path, name } => {
@@ -257,7 +282,9 @@ impl Side {
             }
             Op::Listxattr { path } => errno_of(list_xattrs(&self.root.join(path))).map(|v| format!("{v:?}")),
             Op::Readdir { path } => {
-                let mut names: Vec<String> = errno_of(fs::read_dir(self.root.join(path)))?.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+                let mut names: Vec<String> = errno_of(fs::read_dir(self.root.join(path)))?
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect();
                 // Order is unspecified by POSIX: compare the set.
                 names.sort();
                 Ok(names.join(","))
@@ -364,13 +391,24 @@ impl Gen {
 
     fn op(&mut self) -> Op {
         let open: Vec<usize> = (0..SLOTS).filter(|&s| self.open[s]).collect();
-        let slot = if !open.is_empty() && self.rng.gen_bool(0.9) { open[self.rng.gen_range(0..open.len())] } else { self.rng.gen_range(0..SLOTS) };
+        let slot = if !open.is_empty() && self.rng.gen_bool(0.9) {
+            open[self.rng.gen_range(0..open.len())]
+        } else {
+            self.rng.gen_range(0..SLOTS)
+        };
         let r = &mut self.rng;
         match r.gen_range(0..104) {
             0..=9 => {
                 let acc = [libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR][r.gen_range(0..3)];
                 let mut flags = acc;
-                for (f, p) in [(libc::O_CREAT, 0.8), (libc::O_EXCL, 0.1), (libc::O_TRUNC, 0.1), (libc::O_APPEND, 0.2), (libc::O_DIRECTORY, 0.03), (libc::O_NOFOLLOW, 0.03)] {
+                for (f, p) in [
+                    (libc::O_CREAT, 0.8),
+                    (libc::O_EXCL, 0.1),
+                    (libc::O_TRUNC, 0.1),
+                    (libc::O_APPEND, 0.2),
+                    (libc::O_DIRECTORY, 0.03),
+                    (libc::O_NOFOLLOW, 0.03),
+                ] {
                     if r.gen_bool(p) {
                         flags |= f;
                     }
@@ -384,9 +422,19 @@ impl Gen {
             30..=32 => {
                 // Between two open descriptors, sometimes one (overlapping ranges: EINVAL);
                 // from near the start, where most files have data.
-                let to = if self.rng.gen_bool(0.2) || open.is_empty() { slot } else { open[self.rng.gen_range(0..open.len())] };
+                let to = if self.rng.gen_bool(0.2) || open.is_empty() {
+                    slot
+                } else {
+                    open[self.rng.gen_range(0..open.len())]
+                };
                 let off_in = self.rng.gen_range(0..20_000);
-                Op::CopyFileRange { from: slot, off_in, to, off_out: self.offset(), len: self.rng.gen_range(1..100_000) }
+                Op::CopyFileRange {
+                    from: slot,
+                    off_in,
+                    to,
+                    off_out: self.offset(),
+                    len: self.rng.gen_range(1..100_000),
+                }
             }
             33..=34 => Op::Ftruncate { slot, len: self.offset() },
             35..=36 => Op::Fstat { slot },
@@ -460,7 +508,10 @@ fn ext4_and_ferrofs_agree() {
     let mut total = 0;
     for &seed in &seeds {
         let sub = format!("seed-{seed}");
-        let mut sides = [Side { root: ext4.mnt.join(&sub), fds: [None; SLOTS] }, Side { root: fx.mnt.join(&sub), fds: [None; SLOTS] }];
+        let mut sides = [
+            Side { root: ext4.mnt.join(&sub), fds: [None; SLOTS] },
+            Side { root: fx.mnt.join(&sub), fds: [None; SLOTS] },
+        ];
         for s in &sides {
             fs::create_dir(&s.root).unwrap();
         }
@@ -479,19 +530,38 @@ fn ext4_and_ferrofs_agree() {
             }
             if want.is_ok() {
                 match &op {
-                    Op::Open { path, .. } | Op::WriteFile { path, .. } | Op::Mkdir { path, .. } | Op::Symlink { path, .. } => g.known.push(path.clone()),
+                    Op::Open { path, .. }
+                    | Op::WriteFile { path, .. }
+                    | Op::Mkdir { path, .. }
+                    | Op::Symlink { path, .. } => g.known.push(path.clone()),
                     Op::Rename { to, .. } | Op::Link { to, .. } => g.known.push(to.clone()),
                     _ => {}
                 }
             }
             log.push(format!("{step}: {op:?} -> {want:?}"));
-            let recent = || log[log.len().saturating_sub(15)..].iter().map(|l| l.chars().take(300).collect::<String>()).collect::<Vec<_>>().join("\n");
-            assert_eq!(got, want, "seed {seed} step {step}: {op:?}\next4 returned {want:?}, ferrofs {got:?}\nlast operations:\n{}", recent());
+            let recent = || {
+                log[log.len().saturating_sub(15)..]
+                    .iter()
+                    .map(|l| l.chars().take(300).collect::<String>())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
+            assert_eq!(
+                got,
+                want,
+                "seed {seed} step {step}: {op:?}\next4 returned {want:?}, ferrofs {got:?}\nlast operations:\n{}",
+                recent()
+            );
             // After every change, the names it touched look the same on both sides.
             if let Op::Rename { from: a, to: b, .. } | Op::Link { from: a, to: b } = &op {
                 for p in [a, b] {
                     let l = Op::Lstat { path: p.clone() };
-                    assert_eq!(sides[1].apply(&l), sides[0].apply(&l), "seed {seed} step {step}: {op:?}: lstat {p}\n{}", recent());
+                    assert_eq!(
+                        sides[1].apply(&l),
+                        sides[0].apply(&l),
+                        "seed {seed} step {step}: {op:?}: lstat {p}\n{}",
+                        recent()
+                    );
                 }
             }
         }
@@ -502,8 +572,16 @@ fn ext4_and_ferrofs_agree() {
         for (path, desc) in &a {
             assert_eq!(b.get(path), Some(desc), "seed {seed}: {path} differs at the end (ext4: {desc})");
         }
-        assert_eq!(a.len(), b.len(), "seed {seed}: ferrofs has extra entries: {:?}", b.keys().filter(|k| !a.contains_key(*k)).collect::<Vec<_>>());
-        eprintln!("{NAME}: seed {seed}: {ops} operations ({succeeded} succeeded), {} names at the end, trees identical", a.len());
+        assert_eq!(
+            a.len(),
+            b.len(),
+            "seed {seed}: ferrofs has extra entries: {:?}",
+            b.keys().filter(|k| !a.contains_key(*k)).collect::<Vec<_>>()
+        );
+        eprintln!(
+            "{NAME}: seed {seed}: {ops} operations ({succeeded} succeeded), {} names at the end, trees identical",
+            a.len()
+        );
         // A sequence in which almost everything fails would compare only error paths. (Many
         // failures are intended: names collide on purpose, so EEXIST, ENOTDIR, EISDIR,
         // ENOTEMPTY and EBADF cases come up all the time; about 30% succeed.)
@@ -527,15 +605,20 @@ fn value_pattern(len: usize, seed: u8) -> Vec<u8> {
 
 fn set_xattr(p: &Path, name: &str, value: &[u8]) -> Outcome {
     let (c, n) = (cpath(p), CString::new(name).unwrap());
-    errno_of(check(unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) })).map(|v| v.to_string())
+    errno_of(check(unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) }))
+        .map(|v| v.to_string())
 }
 
 /// getxattr with a buffer of XATTR_SIZE_MAX: the value's length and a digest of its bytes.
 fn get_xattr(p: &Path, name: &str) -> Outcome {
     let (c, n) = (cpath(p), CString::new(name).unwrap());
     let mut buf = vec![0u8; 65536];
-    let len = errno_of(check_size(unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) }))?;
-    let sum = buf[..len].iter().enumerate().fold(0u64, |h, (i, &b)| h.wrapping_mul(1_000_003).wrapping_add(b as u64 ^ i as u64));
+    let len =
+        errno_of(check_size(unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) }))?;
+    let sum = buf[..len]
+        .iter()
+        .enumerate()
+        .fold(0u64, |h, (i, &b)| h.wrapping_mul(1_000_003).wrapping_add(b as u64 ^ i as u64));
     Ok(format!("{len} bytes, digest {sum:x}"))
 }
 
@@ -546,8 +629,18 @@ type Listing = Result<(usize, Vec<String>), i32>;
 fn list_xattr_names(p: &Path, size: usize) -> Listing {
     let c = cpath(p);
     let mut buf = vec![0u8; size.max(1)];
-    let len = errno_of(check_size(unsafe { libc::llistxattr(c.as_ptr(), if size == 0 { std::ptr::null_mut() } else { buf.as_mut_ptr().cast() }, size) }))?;
-    let mut names: Vec<String> = if size == 0 { Vec::new() } else { buf[..len].split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect() };
+    let len = errno_of(check_size(unsafe {
+        libc::llistxattr(c.as_ptr(), if size == 0 { std::ptr::null_mut() } else { buf.as_mut_ptr().cast() }, size)
+    }))?;
+    let mut names: Vec<String> = if size == 0 {
+        Vec::new()
+    } else {
+        buf[..len]
+            .split(|&b| b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect()
+    };
     names.sort();
     Ok((len, names))
 }
@@ -603,7 +696,10 @@ fn xattr_limits_agree_with_ext4_and_xfs() {
             return skip(TEST, &format!("{tool} is not installed"));
         }
     }
-    let (ext4, xfs) = match (LoopMount::new("ext4", &["mkfs.ext4", "-q", "-F", "-O", "ea_inode"], 256 << 20), LoopMount::new("xfs", &["mkfs.xfs", "-q", "-f"], 512 << 20)) {
+    let (ext4, xfs) = match (
+        LoopMount::new("ext4", &["mkfs.ext4", "-q", "-F", "-O", "ea_inode"], 256 << 20),
+        LoopMount::new("xfs", &["mkfs.xfs", "-q", "-f"], 512 << 20),
+    ) {
         (Ok(e), Ok(x)) => (e, x),
         (Err(e), _) | (_, Err(e)) => return skip(TEST, &format!("cannot set up the kernel loop mounts: {e}")),
     };
@@ -618,15 +714,31 @@ fn xattr_limits_agree_with_ext4_and_xfs() {
     let (stored, lists) = many_names_calls(&fx.mnt, "many", 5000, long);
     assert_eq!(stored, 5000);
     assert_eq!(lists, [Err(libc::E2BIG), Err(libc::E2BIG)], "75,000 bytes of names are more than XATTR_LIST_MAX");
-    assert_eq!((stored, lists), many_names_calls(&xfs.mnt, "many", 5000, long), "XFS and ferrofs differ on 5,000 names");
+    assert_eq!(
+        (stored, lists),
+        many_names_calls(&xfs.mnt, "many", 5000, long),
+        "XFS and ferrofs differ on 5,000 names"
+    );
     assert!(many_names_calls(&ext4.mnt, "many", 5000, long).0 < 5000, "ext4 stores fewer (one block of names)");
     assert_eq!(list_xattr_names(&xfs.mnt.join("many"), 0).map(|r| r.0), Ok(75_000));
-    assert_eq!(list_xattr_names(&fx.mnt.join("many"), 0).map(|r| r.0), Ok(65_536), "the FUSE client caps the size query");
+    assert_eq!(
+        list_xattr_names(&fx.mnt.join("many"), 0).map(|r| r.0),
+        Ok(65_536),
+        "the FUSE client caps the size query"
+    );
 
     let short = |i: usize| format!("user.a{i:04}");
     let (stored, lists) = many_names_calls(&fx.mnt, "short", 5000, short);
     assert_eq!(stored, 5000);
-    assert_eq!(lists[0].as_ref().map(|(len, names)| (*len, names.len())), Ok((55_000, 5000)), "55,000 bytes of names are listed whole");
-    assert_eq!((stored, lists), many_names_calls(&xfs.mnt, "short", 5000, short), "XFS and ferrofs differ on 5,000 short names");
+    assert_eq!(
+        lists[0].as_ref().map(|(len, names)| (*len, names.len())),
+        Ok((55_000, 5000)),
+        "55,000 bytes of names are listed whole"
+    );
+    assert_eq!(
+        (stored, lists),
+        many_names_calls(&xfs.mnt, "short", 5000, short),
+        "XFS and ferrofs differ on 5,000 short names"
+    );
     eprintln!("{TEST}: 64 KiB values agree with ext4 (ea_inode) and XFS; 5,000 names with XFS");
 }

@@ -24,7 +24,17 @@ const REMOUNT_EVERY: usize = 1500;
 const MAX_SIZE: u64 = 6 << 20;
 
 fn open_all(fx: &Fixture) -> Vec<File> {
-    (0..FILES).map(|i| OpenOptions::new().read(true).write(true).create(true).truncate(false).open(fx.path(&format!("f{i}"))).unwrap()).collect()
+    (0..FILES)
+        .map(|i| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(fx.path(&format!("f{i}")))
+                .unwrap()
+        })
+        .collect()
 }
 
 /// Compare a whole file with its model, reporting the first differing byte.
@@ -71,7 +81,9 @@ fn random_writes_truncates_and_remounts() {
                 }
                 // Recognisable bytes: the step number mixed with the position.
                 let tag = step as u32;
-                let data: Vec<u8> = (0..n as u32).map(|k| (tag.wrapping_mul(31).wrapping_add(k.wrapping_mul(7)) % 251) as u8 + 1).collect();
+                let data: Vec<u8> = (0..n as u32)
+                    .map(|k| (tag.wrapping_mul(31).wrapping_add(k.wrapping_mul(7)) % 251) as u8 + 1)
+                    .collect();
                 f.write_all_at(&data, off).unwrap();
                 let end = off as usize + n;
                 if m.len() < end {
@@ -101,7 +113,12 @@ fn random_writes_truncates_and_remounts() {
                 assert_eq!(got, want.len(), "step {step}: read of {n} at {off} of f{i} (size {len})");
                 if &buf[..got] != want {
                     let at = buf.iter().zip(want).position(|(a, b)| a != b).unwrap();
-                    panic!("step {step}: f{i} byte {} is {:#04x}, expected {:#04x}", off as usize + at, buf[at], want[at]);
+                    panic!(
+                        "step {step}: f{i} byte {} is {:#04x}, expected {:#04x}",
+                        off as usize + at,
+                        buf[at],
+                        want[at]
+                    );
                 }
                 reads += 1;
             }
@@ -137,5 +154,8 @@ fn random_writes_truncates_and_remounts() {
         verify(f, m, &format!("after the final remount, f{k}"));
     }
     assert!(remounts >= 3 || ops < 3 * REMOUNT_EVERY, "the run must cross remounts");
-    eprintln!("{NAME}: {writes} writes, {truncs} truncates, {reads} verified reads, {remounts} remounts in {:?}", started.elapsed());
+    eprintln!(
+        "{NAME}: {writes} writes, {truncs} truncates, {reads} verified reads, {remounts} remounts in {:?}",
+        started.elapsed()
+    );
 }

@@ -57,7 +57,8 @@ fn full_file_system_returns_enospc_and_stays_consistent() {
     let freed = written.len().div_ceil(2);
     for j in 0..freed - 1 {
         let i = 1000 + j;
-        write_file(&fx.path(&format!("f{i}")), i, LEN).unwrap_or_else(|e| panic!("rewrite {j} of {freed} after freeing: {e}"));
+        write_file(&fx.path(&format!("f{i}")), i, LEN)
+            .unwrap_or_else(|e| panic!("rewrite {j} of {freed} after freeing: {e}"));
     }
     fx.unmount();
     assert_fsck_clean(&fx.image);
@@ -87,7 +88,8 @@ fn directory_with_many_entries() {
     for i in 0..n {
         // mknod: one request per file (create + release would be three).
         let p = cpath(&dir.join(name(i)));
-        check(unsafe { libc::mknod(p.as_ptr(), libc::S_IFREG | 0o644, 0) }).unwrap_or_else(|e| panic!("mknod {}: {e}", name(i)));
+        check(unsafe { libc::mknod(p.as_ptr(), libc::S_IFREG | 0o644, 0) })
+            .unwrap_or_else(|e| panic!("mknod {}: {e}", name(i)));
     }
     let created = t.elapsed();
     // readdir returns every entry exactly once.

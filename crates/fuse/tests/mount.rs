@@ -210,7 +210,8 @@ fn readdir_of_10000_entries() {
     }
     let created = t.elapsed();
     let t = Instant::now();
-    let listed: Vec<String> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let listed: Vec<String> =
+        fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     let listing = t.elapsed();
     assert_eq!(listed.len(), names.len(), "every entry exactly once");
     let set: HashSet<&String> = listed.iter().collect();
@@ -410,10 +411,14 @@ fn remount_keeps_everything() {
     assert_eq!(fs::metadata(fx.path("a/b/hard")).unwrap().nlink(), 2);
     assert_eq!(fs::metadata(fx.path("a/f2")).unwrap().mode() & 0o777, 0o600);
     let mut v = [0u8; 4];
-    let n = check_size(unsafe { libc::getxattr(cpath(&fx.path("a")).as_ptr(), x.as_ptr(), v.as_mut_ptr().cast(), 4) }).unwrap();
+    let n = check_size(unsafe { libc::getxattr(cpath(&fx.path("a")).as_ptr(), x.as_ptr(), v.as_mut_ptr().cast(), 4) })
+        .unwrap();
     assert_eq!(&v[..n], b"v");
     let after = fs::metadata(fx.path("a/b/c/data")).unwrap();
-    assert_eq!((after.ino(), after.mtime(), after.mtime_nsec(), after.len()), (before.ino(), before.mtime(), before.mtime_nsec(), before.len()));
+    assert_eq!(
+        (after.ino(), after.mtime(), after.mtime_nsec(), after.len()),
+        (before.ino(), before.mtime(), before.mtime_nsec(), before.len())
+    );
     assert_eq!(fs::read_dir(fx.path("a")).unwrap().count(), 502, "b, f0..f499, sym");
 }
 
@@ -475,7 +480,8 @@ fn fallocate_preallocates() {
     check(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 1 << 20) }).unwrap();
     let m = f.metadata().unwrap();
     assert_eq!((m.len(), m.blocks()), (1 << 20, 2048));
-    check(unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, 4096) }).unwrap();
+    check(unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, 4096) })
+        .unwrap();
     assert_eq!(f.metadata().unwrap().blocks(), 2040);
     let rc = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096) };
     assert_eq!(errno(check(rc)), libc::EOPNOTSUPP);
@@ -499,7 +505,11 @@ fn parallel_clients() {
                 }
                 // A shared directory too: parallel dirops on one parent.
                 for i in 0..200 {
-                    fs::write(d.parent().unwrap().join(format!("shared-{}-{i}", d.file_name().unwrap().to_str().unwrap())), b"").unwrap();
+                    fs::write(
+                        d.parent().unwrap().join(format!("shared-{}-{i}", d.file_name().unwrap().to_str().unwrap())),
+                        b"",
+                    )
+                    .unwrap();
                 }
             });
         }
@@ -540,7 +550,10 @@ fn mixed_operations_under_concurrency() {
                     rng % n
                 };
                 while Instant::now() < deadline {
-                    let (a, b) = (fx.path(&format!("d{}/n{}", next(4), next(40))), fx.path(&format!("d{}/n{}", next(4), next(40))));
+                    let (a, b) = (
+                        fx.path(&format!("d{}/n{}", next(4), next(40))),
+                        fx.path(&format!("d{}/n{}", next(4), next(40))),
+                    );
                     // Errors are expected (a name raced away, a target is a directory, ...);
                     // only hangs, crashes and corruption are failures.
                     let res = match next(9) {
@@ -590,7 +603,10 @@ fn writeback_cache_mount() {
 
 #[test]
 fn mount_options_reach_the_kernel() {
-    let Some(fx) = Fixture::new("options", |c| c.options = vec!["noatime,fsname=ferro-test".into(), "nodev".into()]) else { return };
+    let Some(fx) = Fixture::new("options", |c| c.options = vec!["noatime,fsname=ferro-test".into(), "nodev".into()])
+    else {
+        return;
+    };
     let canon = fx.mnt.canonicalize().unwrap();
     let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
     let line = info.lines().find(|l| l.split(' ').nth(4).is_some_and(|m| std::path::Path::new(m) == canon)).unwrap();
@@ -628,7 +644,8 @@ fn workers_keep_to_one_cpu_each() {
             continue;
         }
         let status = fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or("").trim().to_string();
+        let allowed =
+            status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or("").trim().to_string();
         if !allowed.is_empty() && !allowed.contains([',', '-']) {
             pinned += 1;
         }
@@ -750,7 +767,7 @@ fn hostile_requests_get_errors_not_crashes() {
     assert_eq!(errno(check(rc)), libc::E2BIG, "one byte past XATTR_SIZE_MAX");
     let flags_bad = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), b"v".as_ptr().cast(), 1, 0x40) };
     let _ = check(flags_bad); // any answer but a crash
-    // Symlink targets at and past PATH_MAX; device nodes (nodev keeps them unopenable).
+                              // Symlink targets at and past PATH_MAX; device nodes (nodev keeps them unopenable).
     symlink("t".repeat(4095), fx.path("maxlink")).unwrap();
     assert_eq!(fs::read_link(fx.path("maxlink")).unwrap().as_os_str().len(), 4095);
     assert_eq!(errno(symlink("t".repeat(4096), fx.path("toolong"))), libc::ENAMETOOLONG);
@@ -827,7 +844,11 @@ fn sigterm_unmounts_and_checkpoints() {
     assert!(status.success(), "child: {status}");
     assert_eq!(replayed_records(&image), 0, "SIGTERM must leave a clean log");
     let dev = ferrofs::dev::FileDevice::open(&image, true).unwrap();
-    let fs = ferrofs::FileSystem::mount_device(std::sync::Arc::new(dev), &ferrofs::MountOptions { read_only: true, ..Default::default() }).unwrap();
+    let fs = ferrofs::FileSystem::mount_device(
+        std::sync::Arc::new(dev),
+        &ferrofs::MountOptions { read_only: true, ..Default::default() },
+    )
+    .unwrap();
     let a = fs.lookup(1, b"before-signal").unwrap();
     assert_eq!(fs.read(a.ino, 0, 100).unwrap(), b"kept");
 }

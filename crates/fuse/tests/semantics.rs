@@ -16,7 +16,8 @@ use std::path::Path;
 fn renameat2(from: &Path, to: &Path, flags: u32) -> io::Result<i32> {
     let (f, t) = (cpath(from), cpath(to));
     // Through syscall(2): the libc wrapper may be missing on older C libraries.
-    let rc = unsafe { libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), flags) };
+    let rc =
+        unsafe { libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), flags) };
     check(rc as i32)
 }
 
@@ -43,7 +44,10 @@ fn rename_whiteout() {
     renameat2(&p("dir/sub"), &p("sub2"), libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE).unwrap();
     assert!(is_whiteout(&p("dir/sub")) && p("sub2").is_dir());
     assert_eq!(fs::metadata(p("dir")).unwrap().nlink(), 2, "the moved directory's link left with it");
-    assert_eq!(errno(renameat2(&p("dir/g"), &p("other"), libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE)), libc::EEXIST);
+    assert_eq!(
+        errno(renameat2(&p("dir/g"), &p("other"), libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE)),
+        libc::EEXIST
+    );
     assert_eq!(errno(renameat2(&p("dir/g"), &p("other"), libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE)), libc::EINVAL);
     fx.remount();
     assert!(is_whiteout(&p("f")) && is_whiteout(&p("dir/sub")));
@@ -68,7 +72,9 @@ fn link_open_file(f: &File, to: &Path, empty_path: bool) -> io::Result<i32> {
         unsafe { libc::linkat(f.as_raw_fd(), c"".as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_EMPTY_PATH) }
     } else {
         let proc_path = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
-        unsafe { libc::linkat(libc::AT_FDCWD, proc_path.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW) }
+        unsafe {
+            libc::linkat(libc::AT_FDCWD, proc_path.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+        }
     };
     check(rc)
 }
@@ -136,7 +142,12 @@ impl Overlay {
         fs::create_dir_all(merged)?;
         // redirect_dir=on: a lower directory renames in place (the kernel records where it
         // came from in trusted.overlay.redirect) instead of failing with EXDEV.
-        let opts = format!("lowerdir={},upperdir={},workdir={},redirect_dir=on", lower.display(), upper.display(), work.display());
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={},redirect_dir=on",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
         let (src, target, kind, data) = (c"overlay", cpath(merged), c"overlay", CString::new(opts).unwrap());
         check(unsafe { libc::mount(src.as_ptr(), target.as_ptr(), kind.as_ptr(), 0, data.as_ptr().cast()) })?;
         Ok(Overlay { merged: merged.to_path_buf() })
@@ -185,7 +196,8 @@ fn overlayfs_with_upper_and_work_on_ferrofs() {
     let merged = fx.dir.join("merged");
     let m = |s: &str| merged.join(s);
     let before = overlayfs_messages();
-    let ov = Overlay::mount(&p("lower"), &p("upper"), &p("work"), &merged).unwrap_or_else(|e| panic!("overlayfs refused ferrofs: {e}; kernel log: {:?}", overlayfs_messages()));
+    let ov = Overlay::mount(&p("lower"), &p("upper"), &p("work"), &merged)
+        .unwrap_or_else(|e| panic!("overlayfs refused ferrofs: {e}; kernel log: {:?}", overlayfs_messages()));
     let complaints: Vec<String> = overlayfs_messages().into_iter().filter(|l| !before.contains(l)).collect();
     assert!(complaints.is_empty(), "overlayfs complained: {complaints:?}");
 
@@ -199,7 +211,8 @@ fn overlayfs_with_upper_and_work_on_ferrofs() {
         assert_eq!(errno(fs::metadata(m("gone"))), libc::ENOENT);
         assert_eq!(errno(fs::metadata(m("ldir"))), libc::ENOENT);
         assert_eq!(fs::read(m("moved/sub/deep")).unwrap(), b"deep");
-        let mut names: Vec<String> = fs::read_dir(&merged).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        let mut names: Vec<String> =
+            fs::read_dir(&merged).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         names.sort();
         assert_eq!(names, ["grow", "moved", "new"]);
     };
@@ -213,8 +226,20 @@ fn overlayfs_with_upper_and_work_on_ferrofs() {
     // overlayfs's own records are trusted.* xattrs on ferrofs: where the moved directory
     // came from.
     let mut redirect = [0u8; 256];
-    let n = check_size(unsafe { libc::lgetxattr(cpath(&p("upper/moved")).as_ptr(), c"trusted.overlay.redirect".as_ptr(), redirect.as_mut_ptr().cast(), redirect.len()) }).unwrap();
-    assert!(redirect[..n].ends_with(b"ldir"), "trusted.overlay.redirect is {:?}", String::from_utf8_lossy(&redirect[..n]));
+    let n = check_size(unsafe {
+        libc::lgetxattr(
+            cpath(&p("upper/moved")).as_ptr(),
+            c"trusted.overlay.redirect".as_ptr(),
+            redirect.as_mut_ptr().cast(),
+            redirect.len(),
+        )
+    })
+    .unwrap();
+    assert!(
+        redirect[..n].ends_with(b"ldir"),
+        "trusted.overlay.redirect is {:?}",
+        String::from_utf8_lossy(&redirect[..n])
+    );
     assert_eq!(fs::read(p("lower/gone")).unwrap(), b"deleted through the overlay");
     assert_eq!(fs::read(p("lower/grow")).unwrap(), b"lower ");
 
@@ -237,7 +262,9 @@ fn copy_range(from: &File, off_in: u64, to: &File, off_out: u64, len: usize) -> 
     let (mut off_in, mut off_out) = (off_in as i64, off_out as i64);
     let mut total = 0;
     while total < len {
-        let n = check_size(unsafe { libc::copy_file_range(from.as_raw_fd(), &mut off_in, to.as_raw_fd(), &mut off_out, len - total, 0) })?;
+        let n = check_size(unsafe {
+            libc::copy_file_range(from.as_raw_fd(), &mut off_in, to.as_raw_fd(), &mut off_out, len - total, 0)
+        })?;
         if n == 0 {
             break;
         }
@@ -270,14 +297,23 @@ fn copy_file_range_in_the_engine() {
     assert_eq!(md.len(), size as u64);
     assert!(md.blocks() * 512 < 1 << 20, "the 64 MiB hole was written: {} blocks", md.blocks());
     let back = fs::read(p("dst")).unwrap();
-    assert!(back[..300_000] == pattern[..] && back[300_000..64 << 20].iter().all(|&b| b == 0) && back[64 << 20..] == pattern[..5000]);
+    assert!(
+        back[..300_000] == pattern[..]
+            && back[300_000..64 << 20].iter().all(|&b| b == 0)
+            && back[64 << 20..] == pattern[..5000]
+    );
     // Over the destination's data: the source's hole becomes zeros there; past the source's
     // end nothing is copied.
     let over = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(p("over")).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&over, &[0xee; 400_000], 0).unwrap();
     assert_eq!(copy_range(&src, 290_000, &over, 10, 100_000).unwrap(), 100_000);
     let back = fs::read(p("over")).unwrap();
-    assert!(back[..10].iter().all(|&b| b == 0xee) && back[10..10_010] == pattern[290_000..] && back[10_010..100_010].iter().all(|&b| b == 0) && back[100_010..].iter().all(|&b| b == 0xee));
+    assert!(
+        back[..10].iter().all(|&b| b == 0xee)
+            && back[10..10_010] == pattern[290_000..]
+            && back[10_010..100_010].iter().all(|&b| b == 0)
+            && back[100_010..].iter().all(|&b| b == 0xee)
+    );
     assert_eq!(copy_range(&src, size as u64, &over, 0, 100).unwrap(), 0);
     // Within one file: apart, copied; overlapping, EINVAL.
     let same = fs::OpenOptions::new().read(true).write(true).open(p("over")).unwrap();

@@ -76,18 +76,8 @@ impl LockClass {
     }
 
     const fn build(name: &'static str, rank: Option<u32>) -> Self {
-        let registry = Registry {
-            live: Vec::new(),
-            prune_at: MIN_PRUNE,
-            listed: false,
-        };
-        Self {
-            name,
-            rank,
-            registry: parking_lot::const_mutex(registry),
-            retired: Sides::new(),
-            pool: OnceLock::new(),
-        }
+        let registry = Registry { live: Vec::new(), prune_at: MIN_PRUNE, listed: false };
+        Self { name, rank, registry: parking_lot::const_mutex(registry), retired: Sides::new(), pool: OnceLock::new() }
     }
 
     /// The class name used in reports and lock-order panics.
@@ -132,12 +122,7 @@ impl LockClass {
     fn new_pool(&'static self) -> Box<Pool> {
         self.list(&mut self.registry.lock());
         let shards: Box<[CachePadded<Shard>]> = (0..POOL_SHARDS)
-            .map(|_| {
-                CachePadded::new(Shard {
-                    sides: Sides::new(),
-                    live: AtomicU64::new(0),
-                })
-            })
+            .map(|_| CachePadded::new(Shard { sides: Sides::new(), live: AtomicU64::new(0) }))
             .collect();
         shards.try_into().unwrap_or_else(|_| unreachable!())
     }
@@ -173,13 +158,7 @@ impl LockClass {
             live_instances += usize::try_from(pooled).unwrap_or(usize::MAX);
         }
         let per_instance = per_index.into_iter().collect();
-        ClassStats {
-            name: self.name,
-            rank: self.rank,
-            live_instances,
-            total,
-            per_instance,
-        }
+        ClassStats { name: self.name, rank: self.rank, live_instances, total, per_instance }
     }
 
     pub(crate) fn reset(&self) {

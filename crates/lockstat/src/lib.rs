@@ -83,9 +83,7 @@ mod stats;
 pub use class::{LockClass, POOL_SHARDS, UNNAMED};
 pub use lock::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use meter::{counting, set_counting, set_timing, timing};
-pub use stats::{
-    read_counters, report_table, reset, snapshot, top_by_wait, ClassStats, SideStats, Stats,
-};
+pub use stats::{read_counters, report_table, reset, snapshot, top_by_wait, ClassStats, SideStats, Stats};
 
 #[cfg(test)]
 mod tests;

@@ -20,46 +20,31 @@ pub struct Mutex<T> {
 impl<T> Mutex<T> {
     /// A lock of `class`, counted in the class totals only.
     pub fn new(class: &'static LockClass, value: T) -> Self {
-        Self {
-            meter: Meter::own(class.register(None)),
-            raw: raw::Mutex::new(value),
-        }
+        Self { meter: Meter::own(class.register(None)), raw: raw::Mutex::new(value) }
     }
 
     /// A lock of `class` that is also reported under index `idx` (e.g. the
     /// AG number) and ordered by it against its siblings.
     pub fn new_indexed(class: &'static LockClass, idx: u64, value: T) -> Self {
-        Self {
-            meter: Meter::own(class.register(Some(idx))),
-            raw: raw::Mutex::new(value),
-        }
+        Self { meter: Meter::own(class.register(Some(idx))), raw: raw::Mutex::new(value) }
     }
 
     /// A lock of `class` with no counters of its own: see
     /// [`RwLock::new_pooled`]. For per-object locks there are millions of.
     pub fn new_pooled(class: &'static LockClass, value: T) -> Self {
-        Self {
-            meter: Meter::pooled(class),
-            raw: raw::Mutex::new(value),
-        }
+        Self { meter: Meter::pooled(class), raw: raw::Mutex::new(value) }
     }
 
     /// Blocks until the lock is held, counting contention and wait time.
     pub fn lock(&self) -> MutexGuard<'_, T> {
-        let (raw, hold) = self.meter.acquire(
-            Access::Exclusive,
-            || self.raw.try_lock(),
-            || self.raw.lock(),
-        );
+        let (raw, hold) = self.meter.acquire(Access::Exclusive, || self.raw.try_lock(), || self.raw.lock());
         MutexGuard { hold, raw }
     }
 
     /// Takes the lock if it is free; a failure is not a contention since
     /// nobody waited.
     pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-        let (raw, hold) = self
-            .meter
-            .try_acquire(Access::Exclusive, || self.raw.try_lock())?;
+        let (raw, hold) = self.meter.try_acquire(Access::Exclusive, || self.raw.try_lock())?;
         Some(MutexGuard { hold, raw })
     }
 
@@ -188,35 +173,25 @@ impl<T, R: RawRwLock<Target = T>> RwLock<T, R> {
 
     /// Blocks for shared access, counted on the shared side.
     pub fn read(&self) -> RwLockReadGuard<'_, T, R> {
-        let (raw, hold) =
-            self.meter
-                .acquire(Access::Shared, || self.raw.try_read(), || self.raw.read());
+        let (raw, hold) = self.meter.acquire(Access::Shared, || self.raw.try_read(), || self.raw.read());
         RwLockReadGuard { _hold: hold, raw }
     }
 
     /// Blocks for exclusive access, counted on the exclusive side.
     pub fn write(&self) -> RwLockWriteGuard<'_, T, R> {
-        let (raw, hold) = self.meter.acquire(
-            Access::Exclusive,
-            || self.raw.try_write(),
-            || self.raw.write(),
-        );
+        let (raw, hold) = self.meter.acquire(Access::Exclusive, || self.raw.try_write(), || self.raw.write());
         RwLockWriteGuard { _hold: hold, raw }
     }
 
     /// Shared access if immediately available.
     pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T, R>> {
-        let (raw, hold) = self
-            .meter
-            .try_acquire(Access::Shared, || self.raw.try_read())?;
+        let (raw, hold) = self.meter.try_acquire(Access::Shared, || self.raw.try_read())?;
         Some(RwLockReadGuard { _hold: hold, raw })
     }
 
     /// Exclusive access if immediately available.
     pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, T, R>> {
-        let (raw, hold) = self
-            .meter
-            .try_acquire(Access::Exclusive, || self.raw.try_write())?;
+        let (raw, hold) = self.meter.try_acquire(Access::Exclusive, || self.raw.try_write())?;
         Some(RwLockWriteGuard { _hold: hold, raw })
     }
 
@@ -314,9 +289,7 @@ pub struct Condvar {
 impl Condvar {
     /// A condition variable with no waiters; const so it can be a static.
     pub const fn new() -> Self {
-        Self {
-            raw: raw::Condvar::new(),
-        }
+        Self { raw: raw::Condvar::new() }
     }
 
     /// Releases the guard's lock, sleeps until notified, and re-locks.
@@ -327,11 +300,7 @@ impl Condvar {
     }
 
     /// Like [`Condvar::wait`], but gives up after `timeout`.
-    pub fn wait_for<T>(
-        &self,
-        guard: &mut MutexGuard<'_, T>,
-        timeout: Duration,
-    ) -> raw::WaitTimeoutResult {
+    pub fn wait_for<T>(&self, guard: &mut MutexGuard<'_, T>, timeout: Duration) -> raw::WaitTimeoutResult {
         guard.hold.pause();
         let result = self.raw.wait_for(&mut guard.raw, timeout);
         guard.hold.resume();

@@ -131,14 +131,9 @@ impl Side {
     }
 
     fn reset(&self) {
-        for counter in [
-            &self.acquisitions,
-            &self.contentions,
-            &self.wait_total,
-            &self.wait_max,
-            &self.hold_total,
-            &self.hold_max,
-        ] {
+        for counter in
+            [&self.acquisitions, &self.contentions, &self.wait_total, &self.wait_max, &self.hold_total, &self.hold_max]
+        {
             counter.store(0, Relaxed);
         }
     }
@@ -165,10 +160,7 @@ pub(crate) struct Sides {
 
 impl Sides {
     pub(crate) const fn new() -> Self {
-        Self {
-            exclusive: Side::new(),
-            shared: Side::new(),
-        }
+        Self { exclusive: Side::new(), shared: Side::new() }
     }
 
     #[inline]
@@ -180,10 +172,7 @@ impl Sides {
     }
 
     pub(crate) fn load(&self) -> Stats {
-        Stats {
-            exclusive: self.exclusive.load(),
-            shared: self.shared.load(),
-        }
+        Stats { exclusive: self.exclusive.load(), shared: self.shared.load() }
     }
 
     pub(crate) fn absorb(&self, s: &Stats) {
@@ -216,7 +205,8 @@ impl Counters {
 
     pub(crate) fn load(&self) -> Stats {
         let mut stats = self.sides.load();
-        let sum = |side: Access| self.acquired.iter().map(|a| a[side as usize].load(Relaxed)).fold(0u64, u64::wrapping_add);
+        let sum =
+            |side: Access| self.acquired.iter().map(|a| a[side as usize].load(Relaxed)).fold(0u64, u64::wrapping_add);
         stats.exclusive = SideStats { acquisitions: sum(Access::Exclusive), ..stats.exclusive }.derive();
         stats.shared = SideStats { acquisitions: sum(Access::Shared), ..stats.shared }.derive();
         stats
@@ -364,11 +354,7 @@ impl Meter {
     /// Non-blocking acquisition; exempt from the order check since a
     /// failed `try` cannot deadlock.
     #[inline]
-    pub(crate) fn try_acquire<G>(
-        &self,
-        access: Access,
-        fast: impl FnOnce() -> Option<G>,
-    ) -> Option<(G, Hold<'_>)> {
+    pub(crate) fn try_acquire<G>(&self, access: Access, fast: impl FnOnce() -> Option<G>) -> Option<(G, Hold<'_>)> {
         let guard = fast()?;
         let mode = MODE.load(Relaxed);
         if mode & COUNTING == 0 {
@@ -394,22 +380,14 @@ impl Meter {
     fn hold(&self, access: Access, start: Option<Instant>) -> Hold<'_> {
         let side = self.count_acquisition(access);
         order::push(self);
-        Hold {
-            meter: self,
-            side: Some(side),
-            start,
-        }
+        Hold { meter: self, side: Some(side), start }
     }
 
     /// A hold that records nothing (counting is off).
     #[inline]
     fn uncounted(&self) -> Hold<'_> {
         order::push(self);
-        Hold {
-            meter: self,
-            side: None,
-            start: None,
-        }
+        Hold { meter: self, side: None, start: None }
     }
 }
 

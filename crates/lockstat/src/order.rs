@@ -63,10 +63,7 @@ pub(super) fn check(m: &Meter) {
         .ok()
         .flatten();
     if let Some(held) = clash {
-        panic!(
-            "lock order violation: acquiring {} (rank {rank}) while holding {held}",
-            label(m.class(), m.idx())
-        );
+        panic!("lock order violation: acquiring {} (rank {rank}) while holding {held}", label(m.class(), m.idx()));
     }
 }
 
@@ -75,12 +72,7 @@ pub(super) fn push(m: &Meter) {
     let Some(rank) = rank(m) else {
         return;
     };
-    let entry = Held {
-        key: key(m),
-        rank,
-        class: m.class(),
-        idx: m.idx(),
-    };
+    let entry = Held { key: key(m), rank, class: m.class(), idx: m.idx() };
     // Fails only during thread teardown, when there is nothing to check.
     let _ = HELD.try_with(|held| held.borrow_mut().push(entry));
 }

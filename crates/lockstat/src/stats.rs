@@ -137,35 +137,15 @@ pub fn report_table(stats: &[ClassStats], top: usize) -> String {
         "hold-avg",
     ]);
     let rows = top_by_wait(stats, top).into_iter().map(class_row);
-    std::iter::once(header)
-        .chain(rows)
-        .map(|row| row + "\n")
-        .collect()
+    std::iter::once(header).chain(rows).map(|row| row + "\n").collect()
 }
 
 fn class_row(c: &ClassStats) -> String {
     let s = c.total.combined();
-    let times = [
-        s.wait_total_ns,
-        s.wait_max_ns,
-        s.wait_avg_ns,
-        s.hold_total_ns,
-        s.hold_max_ns,
-        s.hold_avg_ns,
-    ]
-    .map(fmt_ns);
+    let times =
+        [s.wait_total_ns, s.wait_max_ns, s.wait_avg_ns, s.hold_total_ns, s.hold_max_ns, s.hold_avg_ns].map(fmt_ns);
     let [wt, wm, wa, ht, hm, ha] = times;
-    table_row([
-        c.name.to_string(),
-        s.acquisitions.to_string(),
-        s.contentions.to_string(),
-        wt,
-        wm,
-        wa,
-        ht,
-        hm,
-        ha,
-    ])
+    table_row([c.name.to_string(), s.acquisitions.to_string(), s.contentions.to_string(), wt, wm, wa, ht, hm, ha])
 }
 
 fn table_row<S: fmt::Display>(cols: [S; 9]) -> String {

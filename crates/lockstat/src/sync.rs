@@ -25,16 +25,16 @@
 //! Shuttle treats every atomic as `SeqCst`, so it cannot find a missing `Acquire`/`Release`:
 //! the orderings stay a matter for review.
 
-pub use unpoisoned::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
-pub use striped::StripedRwLock;
-#[cfg(not(feature = "shuttle"))]
-pub use std::sync::atomic;
-#[cfg(not(feature = "shuttle"))]
-pub use std::thread_local;
 #[cfg(feature = "shuttle")]
 pub use shuttle::sync::atomic;
 #[cfg(feature = "shuttle")]
 pub use shuttle::thread_local;
+#[cfg(not(feature = "shuttle"))]
+pub use std::sync::atomic;
+#[cfg(not(feature = "shuttle"))]
+pub use std::thread_local;
+pub use striped::StripedRwLock;
+pub use unpoisoned::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
 
 /// Which of `shards` (at most 64) holds `key`: the top six bits of a Fibonacci hash, so that
 /// consecutive numbers (inodes, blocks, directories) land on different shards.
@@ -123,7 +123,10 @@ mod striped {
             StripedReadGuard { _stripe: stripe, value: unsafe { &*self.value.get() } }
         }
 
-        fn write_guard<'a>(&'a self, stripes: SmallVec<[RwLockWriteGuard<'a, ()>; MAX_STRIPES]>) -> StripedWriteGuard<'a, T> {
+        fn write_guard<'a>(
+            &'a self,
+            stripes: SmallVec<[RwLockWriteGuard<'a, ()>; MAX_STRIPES]>,
+        ) -> StripedWriteGuard<'a, T> {
             debug_assert_eq!(stripes.len(), self.stripes.len(), "a writer holds every stripe");
             // SAFETY: every stripe's write lock is held: no reader, no other writer.
             StripedWriteGuard { _stripes: stripes, value: unsafe { &mut *self.value.get() } }
@@ -142,7 +145,10 @@ mod striped {
             T: 'a;
 
         fn new(value: T) -> Self {
-            StripedRwLock { stripes: (0..stripes()).map(|_| CachePadded::new(RwLock::new(()))).collect(), value: UnsafeCell::new(value) }
+            StripedRwLock {
+                stripes: (0..stripes()).map(|_| CachePadded::new(RwLock::new(()))).collect(),
+                value: UnsafeCell::new(value),
+            }
         }
         fn read(&self) -> StripedReadGuard<'_, T> {
             self.read_guard(self.stripe().read())
@@ -222,12 +228,12 @@ fn cpu() -> usize {
 /// `lockstat` uses: no poisoning, `try_*` returning `Option`, a condition variable that waits
 /// on `&mut` guards.
 mod unpoisoned {
-    #[cfg(not(feature = "shuttle"))]
-    use std::sync as s;
     #[cfg(feature = "shuttle")]
     use shuttle::sync as s;
     use std::fmt;
     use std::ops::{Deref, DerefMut};
+    #[cfg(not(feature = "shuttle"))]
+    use std::sync as s;
     use std::sync::{PoisonError, TryLockError, TryLockResult};
     use std::time::Duration;
 

@@ -31,10 +31,7 @@ impl Drop for Timing {
 }
 
 fn class_stats(name: &str) -> ClassStats {
-    snapshot()
-        .into_iter()
-        .find(|c| c.name == name)
-        .expect("class listed")
+    snapshot().into_iter().find(|c| c.name == name).expect("class listed")
 }
 
 #[test]
@@ -133,10 +130,7 @@ fn timing_off_keeps_counts_but_no_times() {
     drop(timing);
     let stats = lock.stats();
     assert_eq!(stats.combined().acquisitions, 200);
-    assert_eq!(
-        (stats.combined().hold_total_ns, stats.combined().hold_max_ns),
-        (0, 0)
-    );
+    assert_eq!((stats.combined().hold_total_ns, stats.combined().hold_max_ns), (0, 0));
 }
 
 #[test]
@@ -210,17 +204,9 @@ fn pooled_locks_cost_one_word() {
     use std::mem::size_of;
     fn check<T>() {
         let bare = size_of::<raw::RwLock<T>>();
-        assert!(
-            size_of::<RwLock<T>>() <= bare + 8,
-            "RwLock<{}>",
-            std::any::type_name::<T>()
-        );
+        assert!(size_of::<RwLock<T>>() <= bare + 8, "RwLock<{}>", std::any::type_name::<T>());
         let bare = size_of::<raw::Mutex<T>>();
-        assert!(
-            size_of::<Mutex<T>>() <= bare + 8,
-            "Mutex<{}>",
-            std::any::type_name::<T>()
-        );
+        assert!(size_of::<Mutex<T>>() <= bare + 8, "Mutex<{}>", std::any::type_name::<T>());
     }
     check::<()>();
     check::<u8>();
@@ -331,19 +317,14 @@ fn dropped_instances_stay_in_class_totals() {
     drop(lock.lock());
     assert_eq!(lock.into_inner(), 7);
     let stats = class_stats("test-retired");
-    assert_eq!(
-        (stats.live_instances, stats.total.exclusive.acquisitions),
-        (0, 1)
-    );
+    assert_eq!((stats.live_instances, stats.total.exclusive.acquisitions), (0, 1));
 }
 
 #[test]
 fn indexed_instances_are_reported_per_index() {
     static CLASS: LockClass = LockClass::ranked("test-ag", 10);
     let _serial = SERIAL.lock();
-    let ags: Vec<_> = (0..4)
-        .map(|agno| Mutex::new_indexed(&CLASS, agno, agno))
-        .collect();
+    let ags: Vec<_> = (0..4).map(|agno| Mutex::new_indexed(&CLASS, agno, agno)).collect();
     (0..3).for_each(|_| drop(ags[2].lock()));
     let stats = class_stats("test-ag");
     assert_eq!(stats.rank, Some(10));
@@ -363,10 +344,7 @@ fn many_instances_register_linearly_and_prune() {
         assert_eq!(class_stats("test-many").live_instances, locks.len());
     }
     let registered = CLASS.registry.lock().live.len();
-    assert!(
-        registered <= 200_000,
-        "dead entries not pruned: {registered}"
-    );
+    assert!(registered <= 200_000, "dead entries not pruned: {registered}");
 }
 
 #[test]
@@ -395,42 +373,25 @@ fn condvar_waits_on_instrumented_guard() {
         }
     });
     let mut guard = pair.0.lock();
-    assert!(pair
-        .1
-        .wait_for(&mut guard, Duration::from_millis(1))
-        .timed_out());
+    assert!(pair.1.wait_for(&mut guard, Duration::from_millis(1)).timed_out());
     drop(guard);
     assert!(pair.0.stats().exclusive.acquisitions >= 3);
 }
 
 #[test]
 fn report_sorts_by_wait() {
-    let quiet = ClassStats {
-        name: "quiet",
-        rank: None,
-        live_instances: 1,
-        total: Stats::default(),
-        per_instance: vec![],
-    };
+    let quiet =
+        ClassStats { name: "quiet", rank: None, live_instances: 1, total: Stats::default(), per_instance: vec![] };
     let mut busy = quiet.clone();
     busy.name = "busy";
-    busy.total.shared = SideStats {
-        acquisitions: 9,
-        contentions: 2,
-        wait_total_ns: 3_500_000,
-        ..SideStats::default()
-    }
-    .derive();
+    busy.total.shared =
+        SideStats { acquisitions: 9, contentions: 2, wait_total_ns: 3_500_000, ..SideStats::default() }.derive();
     let stats = [quiet, busy];
     assert_eq!(top_by_wait(&stats, 1)[0].name, "busy");
     let table = report_table(&stats, 2);
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 3);
-    assert!(
-        lines[0].starts_with("class")
-            && lines[1].starts_with("busy")
-            && lines[2].starts_with("quiet")
-    );
+    assert!(lines[0].starts_with("class") && lines[1].starts_with("busy") && lines[2].starts_with("quiet"));
     assert!(lines[1].contains("3.5ms") && lines[1].contains("1.7ms"));
     assert!(lines.iter().all(|l| l.len() == lines[0].len()));
 }
@@ -452,14 +413,8 @@ fn ordered_acquisition_is_allowed() {
     static LOW: LockClass = LockClass::ranked("test-order-low", 1);
     static HIGH: LockClass = LockClass::ranked("test-order-high", 2);
     static FREE: LockClass = LockClass::new("test-order-free");
-    let (low, high, free) = (
-        Mutex::new(&LOW, ()),
-        RwLock::new(&HIGH, ()),
-        Mutex::new(&FREE, ()),
-    );
-    let ags: Vec<_> = (0..3)
-        .map(|agno| Mutex::new_indexed(&LOW, agno, ()))
-        .collect();
+    let (low, high, free) = (Mutex::new(&LOW, ()), RwLock::new(&HIGH, ()), Mutex::new(&FREE, ()));
+    let ags: Vec<_> = (0..3).map(|agno| Mutex::new_indexed(&LOW, agno, ())).collect();
     let _free = free.lock();
     let l = low.lock();
     let h = high.read();
@@ -474,9 +429,7 @@ fn ordered_acquisition_is_allowed() {
 
 #[cfg(debug_assertions)]
 #[test]
-#[should_panic(
-    expected = "acquiring test-inv-low (rank 1) while holding test-inv-high (rank 2)"
-)]
+#[should_panic(expected = "acquiring test-inv-low (rank 1) while holding test-inv-high (rank 2)")]
 fn inverted_ranks_panic() {
     static LOW: LockClass = LockClass::ranked("test-inv-low", 1);
     static HIGH: LockClass = LockClass::ranked("test-inv-high", 2);
@@ -487,14 +440,10 @@ fn inverted_ranks_panic() {
 
 #[cfg(debug_assertions)]
 #[test]
-#[should_panic(
-    expected = "acquiring test-inv-ag[1] (rank 5) while holding test-inv-ag[2] (rank 5)"
-)]
+#[should_panic(expected = "acquiring test-inv-ag[1] (rank 5) while holding test-inv-ag[2] (rank 5)")]
 fn descending_indices_panic() {
     static AG: LockClass = LockClass::ranked("test-inv-ag", 5);
-    let ags: Vec<_> = (0..3)
-        .map(|agno| RwLock::new_indexed(&AG, agno, ()))
-        .collect();
+    let ags: Vec<_> = (0..3).map(|agno| RwLock::new_indexed(&AG, agno, ())).collect();
     let _two = ags[2].write();
     let _one = ags[1].write();
 }
@@ -515,9 +464,7 @@ fn pooled_locks_are_ordered_by_rank() {
 
 #[cfg(debug_assertions)]
 #[test]
-#[should_panic(
-    expected = "acquiring test-pooled-inv-low (rank 1) while holding test-pooled-inv-high (rank 2)"
-)]
+#[should_panic(expected = "acquiring test-pooled-inv-low (rank 1) while holding test-pooled-inv-high (rank 2)")]
 fn pooled_inverted_ranks_panic() {
     static LOW: LockClass = LockClass::ranked("test-pooled-inv-low", 1);
     static HIGH: LockClass = LockClass::ranked("test-pooled-inv-high", 2);

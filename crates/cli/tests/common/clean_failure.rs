@@ -9,8 +9,5 @@ pub fn assert_clean_failure(o: &Output, why: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.starts_with("ferrofs: "), "{err}");
     assert!(err.contains(why), "{err}");
-    assert!(
-        !err.contains("panicked") && !err.contains("internal error"),
-        "{err}"
-    );
+    assert!(!err.contains("panicked") && !err.contains("internal error"), "{err}");
 }

@@ -29,12 +29,20 @@ pub fn unavailable() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root".into());
     }
-    std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").err().map(|e| format!("/dev/fuse cannot be opened ({e})"))
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .err()
+        .map(|e| format!("/dev/fuse cannot be opened ({e})"))
 }
 
 pub fn is_mounted(dir: &Path) -> bool {
     let canon = dir.canonicalize().unwrap();
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(m) == canon))
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(m) == canon))
 }
 
 /// The daemon (any other process) holding `image` open (found through /proc, as `fuser` would).
@@ -43,7 +51,9 @@ pub fn daemon_pid(image: &Path) -> i32 {
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
         let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else { continue };
-        if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == canon)) && pid != std::process::id() as i32 {
+        if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == canon))
+            && pid != std::process::id() as i32
+        {
             return pid;
         }
     }

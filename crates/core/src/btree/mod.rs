@@ -171,7 +171,13 @@ pub fn insert(store: &mut dyn NodeStore, root: &mut u64, key: u64, value: &[u8])
     })?;
     if fits {
         let leaf = path.leaf();
-        leaf.buf.change(|b| if replace { leaf_replace(b, leaf.nkeys, pos, value) } else { leaf_put(b, leaf.nkeys, pos, key, value) });
+        leaf.buf.change(|b| {
+            if replace {
+                leaf_replace(b, leaf.nkeys, pos, value)
+            } else {
+                leaf_put(b, leaf.nkeys, pos, key, value)
+            }
+        });
         finish(store, &leaf.buf, 0, leaf.bounds);
     } else {
         insert_splitting(store, root, &path, Placement { pos, replace, key, value })?;
@@ -287,7 +293,11 @@ pub fn salvage(store: &mut dyn NodeStore, root: u64, f: &mut dyn FnMut(u64, &[u8
         } else {
             // Pushed last to first, so the leftmost child is taken next: keys come in order.
             for i in (0..step.nkeys).rev() {
-                todo.push((interior_child(&b[..], i), Some(step.level - 1), child_bounds(&b[..], step.nkeys, i, step.bounds)));
+                todo.push((
+                    interior_child(&b[..], i),
+                    Some(step.level - 1),
+                    child_bounds(&b[..], step.nkeys, i, step.bounds),
+                ));
             }
         }
     }

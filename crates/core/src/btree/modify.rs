@@ -154,7 +154,12 @@ pub(super) fn balanced_cut(len: usize, size: impl Fn(usize) -> usize) -> usize {
 
 /// Add `(sep, child)` right after the child `parent` routed through. Returns what the parent's
 /// own parent must add if `parent` had to split.
-pub(super) fn add_child(store: &mut dyn NodeStore, parent: &Step, carry: (u64, u64), fresh: &mut Fresh) -> Option<(u64, u64)> {
+pub(super) fn add_child(
+    store: &mut dyn NodeStore,
+    parent: &Step,
+    carry: (u64, u64),
+    fresh: &mut Fresh,
+) -> Option<(u64, u64)> {
     let (n, at) = (parent.nkeys, parent.idx + 1);
     if n < INTERIOR_MAX_CHILDREN {
         parent.buf.change(|b| interior_insert(b, n, at, carry));

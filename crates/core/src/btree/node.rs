@@ -50,7 +50,14 @@ pub(super) fn corrupt(blkno: u64, detail: impl Into<String>) -> Error {
 /// The checks of a node read at `buf.blkno`, before any other code here looks at it: its own
 /// structure if the buffer is not marked verified yet (or `full`), then marks it; its place in
 /// the tree every time. Returns (level, nkeys).
-pub(super) fn check_node(buf: &BufRef, b: &[u8], owner: u64, level: Option<u8>, bounds: Bounds, full: bool) -> Result<(u8, usize)> {
+pub(super) fn check_node(
+    buf: &BufRef,
+    b: &[u8],
+    owner: u64,
+    level: Option<u8>,
+    bounds: Bounds,
+    full: bool,
+) -> Result<(u8, usize)> {
     check_header(b, buf.blkno, owner)?;
     if full || !buf.is_verified() {
         check_structure(b, buf.blkno).map_err(|detail| corrupt(buf.blkno, detail))?;

@@ -745,7 +745,10 @@ fn placement_is_checked_on_every_access() {
             assert!(matches!(lookup(&mut store, root, key), Err(Error::Corrupt { .. })), "{what}: lookup");
             assert!(matches!(floor(&mut store, root, key), Err(Error::Corrupt { .. })), "{what}: floor");
             assert!(matches!(collect_range(&mut store, root, key, 1), Err(Error::Corrupt { .. })), "{what}: range");
-            assert!(matches!(insert(&mut store, &mut { root }, key, b"x"), Err(Error::Corrupt { .. })), "{what}: insert");
+            assert!(
+                matches!(insert(&mut store, &mut { root }, key, b"x"), Err(Error::Corrupt { .. })),
+                "{what}: insert"
+            );
             assert!(matches!(remove(&mut store, &mut { root }, key), Err(Error::Corrupt { .. })), "{what}: remove");
         }
     }

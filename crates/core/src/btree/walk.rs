@@ -148,7 +148,13 @@ pub(super) fn descend<R>(
 }
 
 /// Read and check a node without routing through it.
-pub(super) fn load(store: &mut dyn NodeStore, blkno: u64, level: Option<u8>, bounds: Bounds, full: bool) -> Result<Step> {
+pub(super) fn load(
+    store: &mut dyn NodeStore,
+    blkno: u64,
+    level: Option<u8>,
+    bounds: Bounds,
+    full: bool,
+) -> Result<Step> {
     let owner = store.owner();
     let buf = store.read_node(blkno)?;
     let (level, nkeys) = check_node(&buf, &buf.read()[..], owner, level, bounds, full)?;
@@ -179,7 +185,12 @@ pub(super) fn leaf_entry(b: &[u8], i: usize) -> (u64, Vec<u8>) {
 // ---------------------------------------------------------------------------------------------
 // Whole-tree walks
 
-pub(super) fn walk_tree(store: &mut dyn NodeStore, root: u64, full: bool, visit_block: &mut dyn FnMut(u64)) -> Result<CheckStats> {
+pub(super) fn walk_tree(
+    store: &mut dyn NodeStore,
+    root: u64,
+    full: bool,
+    visit_block: &mut dyn FnMut(u64),
+) -> Result<CheckStats> {
     let mut stats = CheckStats::default();
     if root == 0 {
         return Ok(stats);

@@ -50,14 +50,7 @@ impl CrashDevice {
     /// Record on top of `base`, the durable image at the start of the workload.
     pub fn new(base: MemDevice) -> Self {
         let current = base.snapshot();
-        Self {
-            base,
-            current,
-            log: Mutex::new(Log {
-                ops: Vec::new(),
-                cut: None,
-            }),
-        }
+        Self { base, current, log: Mutex::new(Log { ops: Vec::new(), cut: None }) }
     }
 
     /// A copy of the operation log.
@@ -102,10 +95,7 @@ impl BlockDevice for CrashDevice {
         }
         // Applied under the log lock, so log order is the order `current` saw the writes.
         self.current.write_at(buf, off)?;
-        log.ops.push(Op::Write {
-            off,
-            data: buf.to_vec(),
-        });
+        log.ops.push(Op::Write { off, data: buf.to_vec() });
         Ok(())
     }
 
@@ -137,27 +127,15 @@ pub struct Tear {
 /// Op indices of the unflushed epoch of a crash before op `upto`: the writes after the last
 /// Flush that precedes `upto`. Everything before that Flush is durable.
 pub fn unflushed_epoch(ops: &[Op], upto: usize) -> Range<usize> {
-    assert!(
-        upto <= ops.len(),
-        "crash point {upto} is past the end of {} ops",
-        ops.len()
-    );
-    let start = ops[..upto]
-        .iter()
-        .rposition(|op| *op == Op::Flush)
-        .map_or(0, |f| f + 1);
+    assert!(upto <= ops.len(), "crash point {upto} is past the end of {} ops", ops.len());
+    let start = ops[..upto].iter().rposition(|op| *op == Op::Flush).map_or(0, |f| f + 1);
     start..upto
 }
 
 /// The media image after a crash just before op `upto`: every op up to the last Flush before
 /// `upto` is applied; of the unflushed epoch only the writes `i` with `keep(i)` persisted
 /// (applied in log order, so the newer of two overlapping kept writes wins).
-pub fn crash_image(
-    base: &MemDevice,
-    ops: &[Op],
-    upto: usize,
-    keep: &dyn Fn(usize) -> bool,
-) -> MemDevice {
+pub fn crash_image(base: &MemDevice, ops: &[Op], upto: usize, keep: &dyn Fn(usize) -> bool) -> MemDevice {
     crash_image_torn(base, ops, upto, keep, None)
 }
 
@@ -174,10 +152,7 @@ pub fn crash_image_torn(
     let epoch = unflushed_epoch(ops, upto);
     if let Some(t) = tear {
         let is_write = matches!(ops.get(t.op), Some(Op::Write { .. }));
-        assert!(
-            is_write && epoch.contains(&t.op),
-            "{t:?} is not a write of epoch {epoch:?}"
-        );
+        assert!(is_write && epoch.contains(&t.op), "{t:?} is not a write of epoch {epoch:?}");
     }
     let image = base.snapshot();
     for (i, op) in ops[..upto].iter().enumerate() {
@@ -194,9 +169,7 @@ pub fn crash_image_torn(
 }
 
 fn apply(image: &MemDevice, off: u64, data: &[u8]) {
-    image
-        .write_at(data, off)
-        .expect("logged write lies outside the base image");
+    image.write_at(data, off).expect("logged write lies outside the base image");
 }
 
 fn apply_torn(image: &MemDevice, off: u64, data: &[u8], sectors: u64) {
@@ -211,11 +184,7 @@ fn apply_torn(image: &MemDevice, off: u64, data: &[u8], sectors: u64) {
 /// in flight, so any subset of its epoch may have persisted; every earlier point of the epoch
 /// is one of those subsets, and keep-all is the state right after the flush) plus the end.
 pub fn crash_points(ops: &[Op]) -> Vec<usize> {
-    let flushes = ops
-        .iter()
-        .enumerate()
-        .filter(|(_, op)| **op == Op::Flush)
-        .map(|(i, _)| i);
+    let flushes = ops.iter().enumerate().filter(|(_, op)| **op == Op::Flush).map(|(i, _)| i);
     flushes.chain([ops.len()]).collect()
 }
 
@@ -229,15 +198,9 @@ pub fn keep_sets(ops: &[Op], upto: usize, seed: u64, random: usize) -> Vec<BTree
     let mut rng = SplitMix64(seed);
     let fixed = [epoch.clone().collect(), BTreeSet::new()].into_iter();
     let singles = epoch.clone().map(|i| BTreeSet::from([i]));
-    let randoms = (0..random)
-        .map(|_| random_subset(&mut rng, epoch.clone()))
-        .collect::<Vec<_>>();
+    let randoms = (0..random).map(|_| random_subset(&mut rng, epoch.clone())).collect::<Vec<_>>();
     let mut seen = HashSet::new();
-    fixed
-        .chain(singles)
-        .chain(randoms)
-        .filter(|set| seen.insert(set.clone()))
-        .collect()
+    fixed.chain(singles).chain(randoms).filter(|set| seen.insert(set.clone())).collect()
 }
 
 fn random_subset(rng: &mut SplitMix64, epoch: Range<usize>) -> BTreeSet<usize> {

@@ -31,10 +31,7 @@ struct FaultState {
 impl<D: BlockDevice> FaultDevice<D> {
     /// Wrap `inner` with no faults armed.
     pub fn new(inner: D) -> Self {
-        Self {
-            inner,
-            state: Mutex::new(FaultState::default()),
-        }
+        Self { inner, state: Mutex::new(FaultState::default()) }
     }
 
     /// The wrapped device (reads and writes through it bypass fault injection).
@@ -63,11 +60,7 @@ impl<D: BlockDevice> FaultDevice<D> {
     /// Disarm every fault; the counters keep counting.
     pub fn clear(&self) {
         let mut state = self.state.lock();
-        *state = FaultState {
-            writes: state.writes,
-            flushes: state.flushes,
-            ..FaultState::default()
-        };
+        *state = FaultState { writes: state.writes, flushes: state.flushes, ..FaultState::default() };
     }
 
     /// Writes issued so far, failed ones included.
@@ -85,9 +78,7 @@ impl<D: BlockDevice> FaultDevice<D> {
         let mut state = self.state.lock();
         let index = state.writes;
         state.writes += 1;
-        state
-            .fail_write
-            .is_some_and(|at| index == at || (state.sticky && index > at))
+        state.fail_write.is_some_and(|at| index == at || (state.sticky && index > at))
     }
 
     /// Count one flush and decide whether it fails.
@@ -104,11 +95,7 @@ impl<D: BlockDevice> FaultDevice<D> {
         }
         let block = PAGE_SIZE as u64;
         let blocks = off / block..=off.saturating_add(len as u64 - 1) / block;
-        self.state
-            .lock()
-            .bad_blocks
-            .iter()
-            .any(|b| blocks.contains(b))
+        self.state.lock().bad_blocks.iter().any(|b| blocks.contains(b))
     }
 }
 

@@ -34,23 +34,12 @@ impl FileDevice {
     /// Create (or truncate) a sparse image of `size` bytes at `path`, locked exclusively.
     pub fn create(path: impl AsRef<Path>, size: u64) -> io::Result<Self> {
         let path = path.as_ref();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
         // Lock before truncating, so an image in use elsewhere is never clobbered.
         let identity_lock = lock_image(&file, path, false)?;
         file.set_len(0)?;
         file.set_len(size)?;
-        Ok(Self {
-            file,
-            _identity_lock: identity_lock,
-            path: path.to_path_buf(),
-            size,
-            read_only: false,
-        })
+        Ok(Self { file, _identity_lock: identity_lock, path: path.to_path_buf(), size, read_only: false })
     }
 
     /// Open an existing image or block device; fails with `WouldBlock` if it is locked elsewhere.
@@ -60,11 +49,7 @@ impl FileDevice {
 
     /// Like [`FileDevice::open`], but retries a lock held elsewhere every 20 ms until `timeout`
     /// (a mount that follows right after an unmount may race the previous holder's close).
-    pub fn open_wait(
-        path: impl AsRef<Path>,
-        read_only: bool,
-        timeout: Duration,
-    ) -> io::Result<Self> {
+    pub fn open_wait(path: impl AsRef<Path>, read_only: bool, timeout: Duration) -> io::Result<Self> {
         let path = path.as_ref();
         let file = OpenOptions::new().read(true).write(!read_only).open(path)?;
         let deadline = Instant::now().checked_add(timeout);
@@ -82,13 +67,7 @@ impl FileDevice {
             std::thread::sleep(left.min(LOCK_RETRY));
         };
         let size = device_size(&file)?;
-        Ok(Self {
-            file,
-            _identity_lock: identity_lock,
-            path: path.to_path_buf(),
-            size,
-            read_only,
-        })
+        Ok(Self { file, _identity_lock: identity_lock, path: path.to_path_buf(), size, read_only })
     }
 
     /// The path this device was opened from.

@@ -125,7 +125,8 @@ impl IdentityLock {
         let dir = path.parent().expect("a lock file has a directory");
         std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
         for _ in 0..Self::RETRIES_MAX {
-            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&path)?;
+            let file =
+                OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&path)?;
             lock(&file, image, read_only)?;
             let (held, named) = (file.metadata()?, std::fs::metadata(&path));
             if named.is_ok_and(|n| (n.dev(), n.ino()) == (held.dev(), held.ino())) {
@@ -148,11 +149,7 @@ impl Drop for IdentityLock {
 
 /// Take a non-blocking `flock` (shared for read-only opens); the lock dies with the descriptor.
 fn lock(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
-    let mode = if read_only {
-        libc::LOCK_SH
-    } else {
-        libc::LOCK_EX
-    };
+    let mode = if read_only { libc::LOCK_SH } else { libc::LOCK_EX };
     // Repeats only a call a signal interrupted: a non-blocking flock otherwise returns at once.
     loop {
         // SAFETY: `file` owns an open descriptor for the whole call; flock takes no pointers.

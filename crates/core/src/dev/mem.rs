@@ -20,10 +20,7 @@ impl MemDevice {
     /// A zero-filled device of `size` bytes.
     pub fn new(size: u64) -> Self {
         let count = usize::try_from(size.div_ceil(PAGE_SIZE as u64)).expect("device too large");
-        Self {
-            size,
-            pages: Mutex::new(vec![None; count]),
-        }
+        Self { size, pages: Mutex::new(vec![None; count]) }
     }
 
     /// A device whose contents (and size) are `bytes`.
@@ -35,10 +32,7 @@ impl MemDevice {
 
     /// A deep, point-in-time copy.
     pub fn snapshot(&self) -> MemDevice {
-        Self {
-            size: self.size,
-            pages: Mutex::new(self.pages.lock().clone()),
-        }
+        Self { size: self.size, pages: Mutex::new(self.pages.lock().clone()) }
     }
 
     /// The whole contents as one buffer (for comparing images in tests).
@@ -50,11 +44,7 @@ impl MemDevice {
 
     /// Number of 4 KiB pages that hold memory.
     pub fn allocated_pages(&self) -> usize {
-        self.pages
-            .lock()
-            .iter()
-            .filter(|page| page.is_some())
-            .count()
+        self.pages.lock().iter().filter(|page| page.is_some()).count()
     }
 
     /// Read without a range check; the caller has checked.
@@ -88,10 +78,7 @@ impl MemDevice {
 
 /// Page index and offset within the page of byte `pos`.
 fn page_pos(pos: u64) -> (usize, usize) {
-    (
-        (pos / PAGE_SIZE as u64) as usize,
-        (pos % PAGE_SIZE as u64) as usize,
-    )
+    ((pos / PAGE_SIZE as u64) as usize, (pos % PAGE_SIZE as u64) as usize)
 }
 
 impl BlockDevice for MemDevice {

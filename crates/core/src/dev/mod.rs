@@ -6,14 +6,14 @@
 use std::io;
 use std::ops::Range;
 
-mod file;
-mod lock;
-mod mem;
-mod overlay;
 #[cfg(any(test, feature = "testing"))]
 mod crash;
 #[cfg(any(test, feature = "testing"))]
 mod fault;
+mod file;
+mod lock;
+mod mem;
+mod overlay;
 #[cfg(test)]
 mod tests;
 

@@ -27,9 +27,7 @@ impl Drop for TempPath {
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1)
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1).collect()
 }
 
 fn read(dev: &dyn BlockDevice, off: u64, len: usize) -> Vec<u8> {
@@ -54,8 +52,7 @@ fn round_trip(dev: &dyn BlockDevice) {
 /// I/O past the end is an InvalidInput error, never a panic; empty I/O at the end is fine.
 fn out_of_range(dev: &dyn BlockDevice) {
     let size = dev.size();
-    let invalid =
-        |r: io::Result<()>| assert_eq!(r.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    let invalid = |r: io::Result<()>| assert_eq!(r.unwrap_err().kind(), io::ErrorKind::InvalidInput);
     invalid(dev.read_at(&mut [0; 1], size));
     invalid(dev.read_at(&mut [0; 2], size - 1));
     invalid(dev.write_at(&[1; 2], size - 1));
@@ -146,23 +143,14 @@ fn file_lock_excludes_other_opens() {
     for read_only in [false, true] {
         let err = FileDevice::open(&path.0, read_only).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
-        assert!(
-            err.to_string().contains("is in use by another process"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("is in use by another process"), "{err}");
     }
-    assert_eq!(
-        FileDevice::create(&path.0, 1).unwrap_err().kind(),
-        io::ErrorKind::WouldBlock
-    );
+    assert_eq!(FileDevice::create(&path.0, 1).unwrap_err().kind(), io::ErrorKind::WouldBlock);
     assert_eq!(writer.size(), 8192, "a refused create must not truncate");
     drop(writer);
     let r1 = FileDevice::open(&path.0, true).unwrap();
     let _r2 = FileDevice::open(&path.0, true).unwrap();
-    assert_eq!(
-        FileDevice::open(&path.0, false).unwrap_err().kind(),
-        io::ErrorKind::WouldBlock
-    );
+    assert_eq!(FileDevice::open(&path.0, false).unwrap_err().kind(), io::ErrorKind::WouldBlock);
     drop(r1);
 }
 
@@ -199,11 +187,7 @@ fn fault_fails_exactly_the_chosen_write() {
         dev.write_at(b"b", i).unwrap();
     }
     assert!(is_eio(dev.write_at(b"c", 100)));
-    assert_eq!(
-        read(dev.inner(), 100, 1),
-        [0],
-        "a failed write must not reach the device"
-    );
+    assert_eq!(read(dev.inner(), 100, 1), [0], "a failed write must not reach the device");
     dev.write_at(b"d", 200).unwrap();
     assert_eq!(dev.writes(), 6);
 }
@@ -242,11 +226,7 @@ fn crash_round_trip_and_range() {
     round_trip(&dev);
     let logged = dev.op_count();
     out_of_range(&dev);
-    assert_eq!(
-        dev.op_count(),
-        logged + 1,
-        "only the empty in-range write is logged"
-    );
+    assert_eq!(dev.op_count(), logged + 1, "only the empty in-range write is logged");
 }
 
 /// w0 w1 F w3 w4 F w6 w7, with overlapping writes in each epoch. Returns the device and the
@@ -276,10 +256,7 @@ fn crash_image_keep_all_is_final_and_keep_none_is_last_flush() {
     assert_eq!(none.to_bytes(), durable.to_bytes());
     let at_flush = crash_image(&base, &ops, 5, &|_| true);
     assert_eq!(at_flush.to_bytes(), durable.to_bytes());
-    assert_eq!(
-        crash_image(&base, &ops, 0, &|_| true).to_bytes(),
-        base.to_bytes()
-    );
+    assert_eq!(crash_image(&base, &ops, 0, &|_| true).to_bytes(), base.to_bytes());
 }
 
 #[test]
@@ -296,38 +273,18 @@ fn crash_image_keeps_exactly_the_chosen_writes() {
 fn torn_write_keeps_exactly_the_chosen_sectors() {
     let (dev, durable) = workload();
     let (base, ops) = (dev.base(), dev.ops());
-    let Op::Write { off, data } = &ops[7] else {
-        panic!("op 7 is a write")
-    };
+    let Op::Write { off, data } = &ops[7] else { panic!("op 7 is a write") };
     let mask = 0b101;
-    let image = crash_image_torn(
-        &base,
-        &ops,
-        ops.len(),
-        &|_| false,
-        Some(Tear {
-            op: 7,
-            sectors: mask,
-        }),
-    );
+    let image = crash_image_torn(&base, &ops, ops.len(), &|_| false, Some(Tear { op: 7, sectors: mask }));
     let got = image.to_bytes();
     let old = durable.to_bytes();
     for (i, &byte) in data.iter().enumerate() {
         let pos = *off as usize + i;
         let sector = (pos as u64 / SECTOR_SIZE - off / SECTOR_SIZE) % 64;
-        let want = if mask >> sector & 1 == 1 {
-            byte
-        } else {
-            old[pos]
-        };
+        let want = if mask >> sector & 1 == 1 { byte } else { old[pos] };
         assert_eq!(got[pos], want, "byte {pos}");
     }
-    let outside = |v: &[u8]| {
-        [
-            v[..*off as usize].to_vec(),
-            v[*off as usize + data.len()..].to_vec(),
-        ]
-    };
+    let outside = |v: &[u8]| [v[..*off as usize].to_vec(), v[*off as usize + data.len()..].to_vec()];
     assert_eq!(outside(&got), outside(&old));
 }
 
@@ -336,13 +293,7 @@ fn torn_write_keeps_exactly_the_chosen_sectors() {
 fn tear_outside_the_epoch_is_rejected() {
     let (dev, _) = workload();
     let ops = dev.ops();
-    crash_image_torn(
-        &dev.base(),
-        &ops,
-        ops.len(),
-        &|_| true,
-        Some(Tear { op: 3, sectors: 1 }),
-    );
+    crash_image_torn(&dev.base(), &ops, ops.len(), &|_| true, Some(Tear { op: 3, sectors: 1 }));
 }
 
 #[test]
@@ -354,12 +305,7 @@ fn crash_points_and_keep_sets() {
     assert_eq!(unflushed_epoch(&ops, 6), 6..6);
     let sets = keep_sets(&ops, 5, 42, 20);
     assert_eq!(sets, keep_sets(&ops, 5, 42, 20), "deterministic per seed");
-    for want in [
-        BTreeSet::from([3, 4]),
-        BTreeSet::new(),
-        BTreeSet::from([3]),
-        BTreeSet::from([4]),
-    ] {
+    for want in [BTreeSet::from([3, 4]), BTreeSet::new(), BTreeSet::from([3]), BTreeSet::from([4])] {
         assert!(sets.contains(&want), "{want:?} missing");
     }
     assert_eq!(sets.len(), 4, "only four subsets of two writes exist");
@@ -370,19 +316,10 @@ fn crash_points_and_keep_sets() {
 
 #[test]
 fn keep_sets_vary_density() {
-    let ops = vec![
-        Op::Write {
-            off: 0,
-            data: vec![1]
-        };
-        64
-    ];
+    let ops = vec![Op::Write { off: 0, data: vec![1] }; 64];
     let sets = keep_sets(&ops, 64, 7, 200);
     let sizes: BTreeSet<usize> = sets[2 + 64..].iter().map(BTreeSet::len).collect();
-    assert!(
-        sizes.len() > 20,
-        "random subsets should span many sizes: {sizes:?}"
-    );
+    assert!(sizes.len() > 20, "random subsets should span many sizes: {sizes:?}");
 }
 
 #[test]
@@ -407,8 +344,7 @@ fn concurrent_writes_log_in_apply_order() {
             let dev = Arc::clone(&dev);
             std::thread::spawn(move || {
                 for i in 0..200u64 {
-                    dev.write_at(&pattern(700, t), (i * 97 + u64::from(t) * 13) % 60_000)
-                        .unwrap();
+                    dev.write_at(&pattern(700, t), (i * 97 + u64::from(t) * 13) % 60_000).unwrap();
                 }
             })
         })

@@ -189,14 +189,19 @@ impl DiskInode {
     /// Count `delta` blocks gained (B+tree nodes, mapped extents) or given back. The count
     /// comes from disk, so one that would drop below zero is corruption of inode `ino`.
     pub fn add_blocks(&mut self, ino: u64, delta: i64) -> Result<()> {
-        self.blocks = self.blocks.checked_add_signed(delta).ok_or_else(|| Error::corrupt("inode", ino, format!("block count {} cannot change by {}", self.blocks, delta)))?;
+        self.blocks = self.blocks.checked_add_signed(delta).ok_or_else(|| {
+            Error::corrupt("inode", ino, format!("block count {} cannot change by {}", self.blocks, delta))
+        })?;
         Ok(())
     }
 
     /// One link fewer (a subdirectory's ".." going away). A directory with subdirectories has
     /// at least three links, so running out is corruption of inode `ino`.
     pub fn drop_dir_link(&mut self, ino: u64) -> Result<()> {
-        self.nlink = self.nlink.checked_sub(1).ok_or_else(|| Error::corrupt("inode", ino, "link count below its subdirectories"))?;
+        self.nlink = self
+            .nlink
+            .checked_sub(1)
+            .ok_or_else(|| Error::corrupt("inode", ino, "link count below its subdirectories"))?;
         Ok(())
     }
 
@@ -346,7 +351,11 @@ impl DiskInode {
             let mut prev_end = 0u64;
             for e in &ext[..*n as usize] {
                 // `lblk` is untrusted: compare without computing `end()`, which could overflow.
-                if e.len == 0 || e.lblk < prev_end || e.lblk > MAX_FILE_BLOCKS - e.len as u64 || !geo.is_data_range(e.pblk, e.len as u64) {
+                if e.len == 0
+                    || e.lblk < prev_end
+                    || e.lblk > MAX_FILE_BLOCKS - e.len as u64
+                    || !geo.is_data_range(e.pblk, e.len as u64)
+                {
                     return Err(format!("bad extent {:?}", e));
                 }
                 // Only fallocate makes unwritten extents, and only on regular files: a

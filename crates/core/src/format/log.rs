@@ -115,13 +115,22 @@ impl LogHeader {
         put_u64(&mut b[..], 56, self.tail_seq);
         seal_block(&mut b[..], self.gen);
         // Any ring size: the tail's bound is the reader's to check, not the encoding's.
-        debug_assert_eq!(LogHeader::decode(&b[..], blkno, u64::MAX).ok().as_ref(), Some(self), "log header changed in its encoding");
+        debug_assert_eq!(
+            LogHeader::decode(&b[..], blkno, u64::MAX).ok().as_ref(),
+            Some(self),
+            "log header changed in its encoding"
+        );
         b
     }
 
     pub fn decode(b: &[u8], blkno: u64, ring_blocks: u64) -> Result<LogHeader> {
         verify_block(b, "log header", MAGIC_LOG_HEADER, blkno, Some(0))?;
-        let h = LogHeader { gen: get_u64(b, 32), epoch: get_u64(b, 40), tail_off: get_u64(b, 48), tail_seq: get_u64(b, 56) };
+        let h = LogHeader {
+            gen: get_u64(b, 32),
+            epoch: get_u64(b, 40),
+            tail_off: get_u64(b, 48),
+            tail_seq: get_u64(b, 56),
+        };
         if h.tail_off >= ring_blocks {
             return Err(Error::corrupt("log header", blkno, format!("tail {} outside the log", h.tail_off)));
         }
@@ -156,7 +165,14 @@ pub const RECORD_PIECE: usize = 256 << 10;
 /// the crc of the whole: until the device is flushed it is valid entirely or not at all, as a
 /// torn single write is, and the buffer stays near `piece` bytes however large the record.
 /// Returns the record's length in bytes.
-pub fn write_record<'a, E>(buf: &mut Vec<u8>, piece: usize, seq: u64, epoch: u64, items: impl Iterator<Item = (ItemKey, &'a [u8], ChunkMask)> + Clone, mut write: impl FnMut(u64, &[u8]) -> std::result::Result<(), E>) -> std::result::Result<u64, E> {
+pub fn write_record<'a, E>(
+    buf: &mut Vec<u8>,
+    piece: usize,
+    seq: u64,
+    epoch: u64,
+    items: impl Iterator<Item = (ItemKey, &'a [u8], ChunkMask)> + Clone,
+    mut write: impl FnMut(u64, &[u8]) -> std::result::Result<(), E>,
+) -> std::result::Result<u64, E> {
     debug_assert!(piece >= BLOCK_SIZE && piece.is_multiple_of(BLOCK_SIZE), "record piece of {piece} bytes");
     let len = RECORD_HDR + items.clone().map(|(k, _, changed)| logged_bytes(k, changed)).sum::<usize>();
     let total = len.next_multiple_of(BLOCK_SIZE);
@@ -224,7 +240,11 @@ fn decodes_to<'a>(rec: &[u8], mut items: impl Iterator<Item = (ItemKey, &'a [u8]
     let mut decoded = decoded.into_iter();
     let same = items.all(|(key, img, changed)| match (key, decoded.next()) {
         (ItemKey::Block(b), Some(LogItem::Block(k, d))) => k == b && changed == ALL_CHUNKS && d == img,
-        (ItemKey::Block(b), Some(LogItem::Chunks(k, mask, d))) => k == b && mask == changed && chunk_indices(changed).zip(d.chunks(CHUNK)).all(|(i, c)| c == &img[i * CHUNK..(i + 1) * CHUNK]),
+        (ItemKey::Block(b), Some(LogItem::Chunks(k, mask, d))) => {
+            k == b
+                && mask == changed
+                && chunk_indices(changed).zip(d.chunks(CHUNK)).all(|(i, c)| c == &img[i * CHUNK..(i + 1) * CHUNK])
+        }
         (ItemKey::Inode(i), Some(LogItem::Inode(k, d))) => k == i && d == img,
         (ItemKey::Revoke(b), Some(LogItem::Revoke(k))) => k == b,
         _ => false,
@@ -330,7 +350,11 @@ mod tests {
         })
         .unwrap();
         assert_eq!(len as usize, rec.len());
-        assert!(buf.capacity() < piece + 2 * BLOCK_SIZE || writes.len() == 1, "a buffer of {} bytes for pieces of {piece}", buf.capacity());
+        assert!(
+            buf.capacity() < piece + 2 * BLOCK_SIZE || writes.len() == 1,
+            "a buffer of {} bytes for pieces of {piece}",
+            buf.capacity()
+        );
         (rec, writes)
     }
 
@@ -338,7 +362,12 @@ mod tests {
     fn a_record_is_checked_against_the_items_it_was_built_from() {
         let block: Vec<u8> = (0..BLOCK_SIZE).map(|i| (i % 251) as u8).collect();
         let inode = [3u8; INODE_SIZE];
-        let items = [(ItemKey::Block(100), &block[..], ALL_CHUNKS), (ItemKey::Block(101), &block[..], 0b101), (ItemKey::Inode(7), &inode[..], ALL_CHUNKS), (ItemKey::Revoke(102), &[][..], ALL_CHUNKS)];
+        let items = [
+            (ItemKey::Block(100), &block[..], ALL_CHUNKS),
+            (ItemKey::Block(101), &block[..], 0b101),
+            (ItemKey::Inode(7), &inode[..], ALL_CHUNKS),
+            (ItemKey::Revoke(102), &[][..], ALL_CHUNKS),
+        ];
         let (rec, _) = encode(RECORD_PIECE, &items);
         assert!(decodes_to(&rec, items.iter().copied()));
         let other = [9u8; INODE_SIZE];
@@ -355,7 +384,14 @@ mod tests {
     fn a_record_in_pieces_is_the_same_record_valid_only_once_its_first_block_is_rewritten() {
         let block: Vec<u8> = (0..BLOCK_SIZE).map(|i| (i % 253) as u8).collect();
         let inode = [3u8; INODE_SIZE];
-        let items: Vec<(ItemKey, &[u8], ChunkMask)> = (0..9u64).flat_map(|b| [(ItemKey::Block(100 + b), &block[..], if b % 2 == 0 { ALL_CHUNKS } else { 0b1001 }), (ItemKey::Inode(b + 1), &inode[..], ALL_CHUNKS)]).collect();
+        let items: Vec<(ItemKey, &[u8], ChunkMask)> = (0..9u64)
+            .flat_map(|b| {
+                [
+                    (ItemKey::Block(100 + b), &block[..], if b % 2 == 0 { ALL_CHUNKS } else { 0b1001 }),
+                    (ItemKey::Inode(b + 1), &inode[..], ALL_CHUNKS),
+                ]
+            })
+            .collect();
         let (whole, one) = encode(RECORD_PIECE, &items);
         assert_eq!(one, vec![(0, whole.len())], "a record that fits a piece is one write");
         for piece in [BLOCK_SIZE, 2 * BLOCK_SIZE, 3 * BLOCK_SIZE] {
@@ -366,7 +402,11 @@ mod tests {
             // Every write but the last, in order: the pieces cover the record contiguously.
             let mut at = 0;
             for &(off, len) in &writes[..writes.len() - 1] {
-                assert_eq!((off as usize, off as usize % BLOCK_SIZE, len % BLOCK_SIZE), (at, 0, 0), "pieces of {piece} bytes: {writes:?}");
+                assert_eq!(
+                    (off as usize, off as usize % BLOCK_SIZE, len % BLOCK_SIZE),
+                    (at, 0, 0),
+                    "pieces of {piece} bytes: {writes:?}"
+                );
                 at += len;
             }
             assert_eq!(at, whole.len());
@@ -383,12 +423,30 @@ mod tests {
         let block: Vec<u8> = (0..BLOCK_SIZE).map(|i| (i / CHUNK) as u8).collect();
         let inode = [7u8; INODE_SIZE];
         let changed = 0b1000_0000_0000_0000_0000_0000_0000_0101;
-        let items = [(ItemKey::Block(10), &block[..], ALL_CHUNKS), (ItemKey::Block(11), &block[..], changed), (ItemKey::Inode(3), &inode[..], ALL_CHUNKS), (ItemKey::Revoke(12), &[][..], ALL_CHUNKS)];
+        let items = [
+            (ItemKey::Block(10), &block[..], ALL_CHUNKS),
+            (ItemKey::Block(11), &block[..], changed),
+            (ItemKey::Inode(3), &inode[..], ALL_CHUNKS),
+            (ItemKey::Revoke(12), &[][..], ALL_CHUNKS),
+        ];
         let rec = encode(RECORD_PIECE, &items).0;
-        assert_eq!(rec.len(), (RECORD_HDR + items.iter().map(|&(k, _, c)| logged_bytes(k, c)).sum::<usize>()).next_multiple_of(BLOCK_SIZE));
+        assert_eq!(
+            rec.len(),
+            (RECORD_HDR + items.iter().map(|&(k, _, c)| logged_bytes(k, c)).sum::<usize>())
+                .next_multiple_of(BLOCK_SIZE)
+        );
         let got = decode_record(&rec).expect("crc").expect("items");
-        let chunks: Vec<u8> = [0usize, 2, 31].iter().flat_map(|&i| block[i * CHUNK..(i + 1) * CHUNK].to_vec()).collect();
-        assert_eq!(got, vec![LogItem::Block(10, &block[..]), LogItem::Chunks(11, changed, &chunks[..]), LogItem::Inode(3, &inode[..]), LogItem::Revoke(12)]);
+        let chunks: Vec<u8> =
+            [0usize, 2, 31].iter().flat_map(|&i| block[i * CHUNK..(i + 1) * CHUNK].to_vec()).collect();
+        assert_eq!(
+            got,
+            vec![
+                LogItem::Block(10, &block[..]),
+                LogItem::Chunks(11, changed, &chunks[..]),
+                LogItem::Inode(3, &inode[..]),
+                LogItem::Revoke(12)
+            ]
+        );
     }
 
     #[test]

@@ -150,7 +150,10 @@ impl Geometry {
             return Err(format!("inodes per ag {} not a positive multiple of {}", g.inodes_per_ag, INODES_PER_BLOCK));
         }
         if g.orphan_slots_per_ag == 0 || !(g.orphan_slots_per_ag as u64).is_multiple_of(ORPHAN_SLOTS_PER_BLOCK) {
-            return Err(format!("orphan slots per ag {} not a positive multiple of {}", g.orphan_slots_per_ag, ORPHAN_SLOTS_PER_BLOCK));
+            return Err(format!(
+                "orphan slots per ag {} not a positive multiple of {}",
+                g.orphan_slots_per_ag, ORPHAN_SLOTS_PER_BLOCK
+            ));
         }
         if g.log_blocks < MIN_LOG_BLOCKS || g.log_blocks > g.ag_blocks / 2 {
             return Err(format!("log size {} blocks out of range", g.log_blocks));
@@ -183,7 +186,11 @@ impl Superblock {
         b[80..96].copy_from_slice(&self.uuid);
         put_u64(&mut b[..], 96, self.mkfs_time as u64);
         seal_block(&mut b[..], 0);
-        debug_assert_eq!(Superblock::decode(&b[..], blkno).ok().as_ref(), Some(self), "superblock changed in its encoding");
+        debug_assert_eq!(
+            Superblock::decode(&b[..], blkno).ok().as_ref(),
+            Some(self),
+            "superblock changed in its encoding"
+        );
         b
     }
 

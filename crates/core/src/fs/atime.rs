@@ -36,7 +36,11 @@ impl FileSystem {
         match mount.atime {
             AtimeMode::Never => false,
             AtimeMode::Strict => true,
-            AtimeMode::Relative => order(atime) <= order(mtime) || order(atime) <= order(ctime) || time.sec.saturating_sub(atime.sec) >= RELATIME_MAX_AGE_SECS,
+            AtimeMode::Relative => {
+                order(atime) <= order(mtime)
+                    || order(atime) <= order(ctime)
+                    || time.sec.saturating_sub(atime.sec) >= RELATIME_MAX_AGE_SECS
+            }
         }
     }
 

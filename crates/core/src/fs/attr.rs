@@ -80,7 +80,9 @@ impl FileSystem {
     /// Set extended attribute `name` (setxattr(2), `flags` as XATTR_CREATE/XATTR_REPLACE):
     /// EEXIST or ENODATA as the flags demand, E2BIG past `XATTR_VALUE_MAX`, ENOSPC.
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
-        self.change_xattrs(ino, xattr::set_reserve(value.len()), |store, inode| xattr::set(store, ino, inode, name, value, flags))
+        self.change_xattrs(ino, xattr::set_reserve(value.len()), |store, inode| {
+            xattr::set(store, ino, inode, name, value, flags)
+        })
     }
 
     /// Remove extended attribute `name`: ENODATA if there is none.
@@ -88,13 +90,19 @@ impl FileSystem {
         self.change_xattrs(ino, MAP_RESERVE, |store, inode| xattr::remove(store, ino, inode, name))
     }
 
-    fn change_xattrs(&self, ino: u64, reserve: u64, change: impl FnOnce(&mut TxStore, &mut DiskInode) -> Result<()>) -> Result<()> {
+    fn change_xattrs(
+        &self,
+        ino: u64,
+        reserve: u64,
+        change: impl FnOnce(&mut TxStore, &mut DiskInode) -> Result<()>,
+    ) -> Result<()> {
         let i = self.m.iget(ino)?;
         let mut g = i.core.write();
         let mut updated = g.clone();
         let mut tx = Tx::new(&self.m)?;
         tx.reserve(ino_ag(ino), reserve)?;
-        let goal = if updated.xattr_root != 0 { updated.xattr_root } else { self.m.geo.ag_layout(ino_ag(ino)).data_start };
+        let goal =
+            if updated.xattr_root != 0 { updated.xattr_root } else { self.m.geo.ag_layout(ino_ag(ino)).data_start };
         let mut store = TxStore::new(&mut tx, ino, goal);
         change(&mut store, &mut updated)?;
         updated.add_blocks(ino, store.blocks)?;

@@ -35,7 +35,12 @@ impl FileSystem {
     /// copy (with its data, ordered) and commits; only then is the copy stored into `g`, so
     /// a failed step leaves `g` as the last committed step left it. Truncate, fallocate's
     /// batches and the freeing of unlinked inodes all run this way.
-    pub(super) fn in_steps(&self, i: &InodeRef, g: &mut DiskInode, mut step: impl FnMut(&mut Tx, &mut DiskInode) -> Result<Step>) -> Result<()> {
+    pub(super) fn in_steps(
+        &self,
+        i: &InodeRef,
+        g: &mut DiskInode,
+        mut step: impl FnMut(&mut Tx, &mut DiskInode) -> Result<Step>,
+    ) -> Result<()> {
         // No computed bound: every step either ends the job or commits one batch of it
         // (unmaps, maps or shifts up to a batch of extents), so the job's size bounds the
         // number of steps.
@@ -149,7 +154,9 @@ impl FileSystem {
             return Ok(());
         }
         let blk = size / BS;
-        if let Some(extent) = file::read_extents(&self.m, i.ino, state, blk, blk + 1)?.first().filter(|extent| !extent.unwritten) {
+        if let Some(extent) =
+            file::read_extents(&self.m, i.ino, state, blk, blk + 1)?.first().filter(|extent| !extent.unwritten)
+        {
             let n = (BS - size % BS).min(new_end - size) as usize;
             self.m.dev.write_at(&vec![0u8; n], (extent.pblk + (blk - extent.lblk)) * BS + size % BS)?;
             self.note_data(i);
@@ -172,9 +179,16 @@ impl FileSystem {
         let mut cur = first;
         let mut new_maps: Vec<Extent> = Vec::new();
         let mut to_convert: Vec<(u64, u64)> = Vec::new();
-        for extent in mapped.iter().chain(std::iter::once(&Extent { lblk: last + 1, pblk: 0, len: 0, unwritten: false })) {
+        for extent in
+            mapped.iter().chain(std::iter::once(&Extent { lblk: last + 1, pblk: 0, len: 0, unwritten: false }))
+        {
             if extent.lblk > cur {
-                new_maps.push(Extent { lblk: cur, pblk: 0, len: (extent.lblk.min(last + 1) - cur) as u32, unwritten: false });
+                new_maps.push(Extent {
+                    lblk: cur,
+                    pblk: 0,
+                    len: (extent.lblk.min(last + 1) - cur) as u32,
+                    unwritten: false,
+                });
             }
             if extent.len == 0 {
                 break;
@@ -192,7 +206,9 @@ impl FileSystem {
             return Ok(false);
         }
         self.reserve_for_write(tx, i.ino, updated, &new_maps, &to_convert)?;
-        let mut goal = mapped.last().map_or(self.m.geo.ag_layout(ino_ag(i.ino)).data_start, |extent| extent.pblk + extent.len as u64);
+        let mut goal = mapped
+            .last()
+            .map_or(self.m.geo.ag_layout(ino_ag(i.ino)).data_start, |extent| extent.pblk + extent.len as u64);
         for (lo, hi) in to_convert {
             let mut store = TxStore::new(tx, i.ino, 0);
             let (pieces, _) = file::unmap(&mut store, &self.m, i.ino, updated, lo, hi, usize::MAX)?;
@@ -225,7 +241,14 @@ impl FileSystem {
 
     /// Reserve what `write_blocks` maps: the blocks of `new_maps` (holes to fill) and the
     /// tree blocks of those inserts and of converting the unwritten ranges `to_convert`.
-    fn reserve_for_write(&self, tx: &mut Tx, ino: u64, updated: &DiskInode, new_maps: &[Extent], to_convert: &[(u64, u64)]) -> Result<()> {
+    fn reserve_for_write(
+        &self,
+        tx: &mut Tx,
+        ino: u64,
+        updated: &DiskInode,
+        new_maps: &[Extent],
+        to_convert: &[(u64, u64)],
+    ) -> Result<()> {
         // Converting unwritten blocks allocates no data blocks, only tree nodes: a conversion
         // in the middle of an unwritten extent removes it and inserts up to three pieces
         // (net two more extents). A conversion that keeps the map inline needs none. With a
@@ -238,8 +261,13 @@ impl FileSystem {
             Fork::Extents { n, .. } => Some(n as usize),
             _ => None,
         };
-        let stays_inline = new_maps.is_empty() && inline.is_some_and(|n| n + 2 * to_convert.len() <= crate::format::inode::INLINE_EXTENTS);
-        let (tree_fresh, tree_convert) = if stays_inline { (0, 0) } else { (MAP_RESERVE * new_maps.len() as u64, MAP_RESERVE * 3 * to_convert.len() as u64) };
+        let stays_inline = new_maps.is_empty()
+            && inline.is_some_and(|n| n + 2 * to_convert.len() <= crate::format::inode::INLINE_EXTENTS);
+        let (tree_fresh, tree_convert) = if stays_inline {
+            (0, 0)
+        } else {
+            (MAP_RESERVE * new_maps.len() as u64, MAP_RESERVE * 3 * to_convert.len() as u64)
+        };
         if fresh + tree_fresh > 0 {
             tx.reserve(ino_ag(ino), fresh + tree_fresh)?;
         }
@@ -279,7 +307,13 @@ impl FileSystem {
     /// every one of those transactions: a crash between two of them, or just after the
     /// first, then leaves the size and the attributes the call set together (orphan
     /// processing finishes the freeing), never the new size with the old times.
-    pub(super) fn truncate(&self, i: &InodeRef, g: &mut DiskInode, size: u64, attrs: &dyn Fn(&mut DiskInode)) -> Result<()> {
+    pub(super) fn truncate(
+        &self,
+        i: &InodeRef,
+        g: &mut DiskInode,
+        size: u64,
+        attrs: &dyn Fn(&mut DiskInode),
+    ) -> Result<()> {
         if size > MAX_FILE_BLOCKS * BS {
             return Err(Error::FileTooBig);
         }
@@ -310,7 +344,14 @@ impl FileSystem {
 
     /// Unmap and free up to one batch of the file's blocks in `[from, to)`. Returns whether
     /// nothing is left to unmap there.
-    pub(super) fn unmap_range(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode, from: u64, to: u64) -> Result<bool> {
+    pub(super) fn unmap_range(
+        &self,
+        tx: &mut Tx,
+        ino: u64,
+        updated: &mut DiskInode,
+        from: u64,
+        to: u64,
+    ) -> Result<bool> {
         debug_assert!(from <= to, "unmap of a reversed range [{from}, {to}) in inode {ino}");
         if !(updated.is_reg() || updated.is_symlink()) || matches!(updated.fork, Fork::Inline { .. }) {
             return Ok(true);

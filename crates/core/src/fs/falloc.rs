@@ -38,7 +38,17 @@ impl FileSystem {
         if mode & SHIFTS != 0 && mode != FALLOC_FL_COLLAPSE_RANGE && mode != FALLOC_FL_INSERT_RANGE {
             return Err(Error::Invalid("fallocate: collapse or insert range combined with other flags"));
         }
-        if ![0, KEEP, FALLOC_FL_PUNCH_HOLE | KEEP, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | KEEP, FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE].contains(&mode) {
+        if ![
+            0,
+            KEEP,
+            FALLOC_FL_PUNCH_HOLE | KEEP,
+            FALLOC_FL_ZERO_RANGE,
+            FALLOC_FL_ZERO_RANGE | KEEP,
+            FALLOC_FL_COLLAPSE_RANGE,
+            FALLOC_FL_INSERT_RANGE,
+        ]
+        .contains(&mode)
+        {
             return Err(Error::NotSupported);
         }
         if len == 0 {
@@ -73,7 +83,9 @@ impl FileSystem {
     /// yet allocated).
     fn zero_range(&self, i: &InodeRef, g: &mut DiskInode, off: u64, end: u64, extend: bool) -> Result<()> {
         let (from, to) = (off.div_ceil(BS), end / BS);
-        if to.saturating_sub(from) <= FALLOC_BATCH && file::read_extents(&self.m, i.ino, g, from, to)?.len() <= UNMAP_BATCH {
+        if to.saturating_sub(from) <= FALLOC_BATCH
+            && file::read_extents(&self.m, i.ino, g, from, to)?.len() <= UNMAP_BATCH
+        {
             return self.preallocate(i, g, off, end, extend, true);
         }
         self.punch_hole(i, g, off, end)?;
@@ -91,7 +103,12 @@ impl FileSystem {
         let (from, to) = (off.div_ceil(BS), end / BS);
         let mut remap = (zero && from < to).then_some((from, to));
         if let Some((from, to)) = remap {
-            holes = holes.into_iter().flat_map(|(lo, hi)| [(lo, hi.min(from)), (lo.max(to), hi)]).filter(|(lo, hi)| lo < hi).chain([(from, to)]).collect();
+            holes = holes
+                .into_iter()
+                .flat_map(|(lo, hi)| [(lo, hi.min(from)), (lo.max(to), hi)])
+                .filter(|(lo, hi)| lo < hi)
+                .chain([(from, to)])
+                .collect();
             holes.sort_unstable();
         }
         let need: u64 = holes.iter().map(|(lo, hi)| hi - lo).sum();
@@ -105,7 +122,11 @@ impl FileSystem {
         if zero {
             self.zero_edges(i, g, off, end)?;
         }
-        let mut unfilled = Unfilled { holes: holes.into_iter().peekable(), blocks: need, goal: self.m.geo.ag_layout(ino_ag(i.ino)).data_start };
+        let mut unfilled = Unfilled {
+            holes: holes.into_iter().peekable(),
+            blocks: need,
+            goal: self.m.geo.ag_layout(ino_ag(i.ino)).data_start,
+        };
         self.in_steps(i, g, |tx, updated| {
             if unfilled.blocks > 0 {
                 self.fill_batch(tx, i.ino, updated, &mut unfilled, &mut remap)?;
@@ -127,7 +148,14 @@ impl FileSystem {
     /// One transaction's batch of `preallocate`: reserve for it, unmap `remap` if that is
     /// still to do, then map unwritten extents over the next holes, as many as the
     /// reservation covers.
-    fn fill_batch(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode, unfilled: &mut Unfilled, remap: &mut Option<(u64, u64)>) -> Result<()> {
+    fn fill_batch(
+        &self,
+        tx: &mut Tx,
+        ino: u64,
+        updated: &mut DiskInode,
+        unfilled: &mut Unfilled,
+        remap: &mut Option<(u64, u64)>,
+    ) -> Result<()> {
         let (mut budget, mut extents) = self.reserve_falloc_batch(tx, ino_ag(ino), unfilled.blocks)?;
         // After the reservation, which may fail: nothing is changed before it.
         if let Some((from, to)) = remap.take() {
@@ -245,7 +273,15 @@ impl FileSystem {
     }
 
     /// One batch of `file::shift`, counting the B+tree blocks it adds or frees.
-    fn shift_batch(&self, tx: &mut Tx, ino: u64, updated: &mut DiskInode, range: (u64, u64), by: i64, max: usize) -> Result<Option<u64>> {
+    fn shift_batch(
+        &self,
+        tx: &mut Tx,
+        ino: u64,
+        updated: &mut DiskInode,
+        range: (u64, u64),
+        by: i64,
+        max: usize,
+    ) -> Result<Option<u64>> {
         let mut store = TxStore::new(tx, ino, 0);
         let rest = file::shift(&mut store, &self.m, ino, updated, range, by, max)?;
         let tree_delta = store.blocks;
@@ -295,8 +331,12 @@ impl FileSystem {
         let tail = (!end.is_multiple_of(BS) && to >= from).then(|| (to * BS, end));
         for (lo, hi) in head.into_iter().chain(tail).map(|(lo, hi)| (lo, hi.min(g.size))).filter(|(lo, hi)| lo < hi) {
             let blk = lo / BS;
-            if let Some(extent) = file::read_extents(&self.m, i.ino, g, blk, blk + 1)?.first().filter(|extent| !extent.unwritten) {
-                self.m.dev.write_at(&vec![0u8; (hi - lo) as usize], (extent.pblk + (blk - extent.lblk)) * BS + lo % BS)?;
+            if let Some(extent) =
+                file::read_extents(&self.m, i.ino, g, blk, blk + 1)?.first().filter(|extent| !extent.unwritten)
+            {
+                self.m
+                    .dev
+                    .write_at(&vec![0u8; (hi - lo) as usize], (extent.pblk + (blk - extent.lblk)) * BS + lo % BS)?;
                 self.note_data(i);
             }
         }

@@ -24,7 +24,9 @@ use crate::dev::BlockDevice;
 use crate::dir;
 use crate::error::{Error, Result};
 use crate::file::{self, MAP_RESERVE};
-use crate::format::inode::{Timespec, LINK_MAX, MAX_FILE_BLOCKS, SYMLINK_MAX, S_IFCHR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID};
+use crate::format::inode::{
+    Timespec, LINK_MAX, MAX_FILE_BLOCKS, SYMLINK_MAX, S_IFCHR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID,
+};
 use crate::format::{ino_ag, DiskInode, Extent, Fork, BLOCK_SIZE, ROOT_INO};
 use crate::inode::{Inode, InodeRef};
 use crate::lockstat::{LockClass, Mutex};
@@ -70,7 +72,6 @@ fn ftype_of(mode: u16) -> u8 {
     ((mode & S_IFMT) >> 12) as u8
 }
 
-
 /// A setgid directory's new entries take its group, and new directories its setgid bit.
 fn inherit_setgid(parent: &DiskInode, child: &mut DiskInode) {
     if parent.mode & S_ISGID != 0 {
@@ -94,7 +95,10 @@ impl<'a> Locked<'a> {
         sorted.sort_by_key(|inode| inode.ino);
         sorted.dedup_by_key(|inode| inode.ino);
         let locked = Locked { guards: sorted.into_iter().map(|inode| (inode.ino, inode.core.write())).collect() };
-        debug_assert!(locked.guards.windows(2).all(|pair| pair[0].0 < pair[1].0), "inodes locked out of ascending order");
+        debug_assert!(
+            locked.guards.windows(2).all(|pair| pair[0].0 < pair[1].0),
+            "inodes locked out of ascending order"
+        );
         locked
     }
     fn get(&self, ino: u64) -> &DiskInode {
@@ -150,7 +154,9 @@ impl FileSystem {
         match fs.process_orphans() {
             Ok(()) => {}
             Err(error) if opts.read_only => {
-                eprintln!("ferrofs: read-only mount: orphans left as they are on disk ({error}); their space counts as used");
+                eprintln!(
+                    "ferrofs: read-only mount: orphans left as they are on disk ({error}); their space counts as used"
+                );
                 fs.m.seal_read_only(); // dropped without a final checkpoint
                 drop(fs);
                 let fs = Self::open_device(dev, opts)?;
@@ -203,7 +209,15 @@ impl FileSystem {
     pub fn statfs(&self) -> StatFs {
         let geo = &self.m.geo;
         let (bfree, ffree) = self.m.ags.iter().fold((0, 0), |(b, f), ag| (b + ag.free_blocks(), f + ag.free_inodes()));
-        StatFs { blocks: geo.block_count, bfree, bavail: bfree, files: geo.total_inodes(), ffree, bsize: BLOCK_SIZE as u32, namelen: crate::format::NAME_MAX as u32 }
+        StatFs {
+            blocks: geo.block_count,
+            bfree,
+            bavail: bfree,
+            files: geo.total_inodes(),
+            ffree,
+            bsize: BLOCK_SIZE as u32,
+            namelen: crate::format::NAME_MAX as u32,
+        }
     }
 }
 

@@ -34,7 +34,13 @@ impl FileSystem {
                 }
             }
         };
-        self.getattr(target).map_err(|error| if matches!(error, Error::Stale) { Error::corrupt("directory entry", parent, "points at a free inode") } else { error })
+        self.getattr(target).map_err(|error| {
+            if matches!(error, Error::Stale) {
+                Error::corrupt("directory entry", parent, "points at a free inode")
+            } else {
+                error
+            }
+        })
     }
 
     // ---- creating names ---------------------------------------------------------------
@@ -140,7 +146,14 @@ impl FileSystem {
         })
     }
 
-    fn make_node(&self, parent: u64, name: &[u8], mode: u16, cred: Cred, init: impl FnOnce(&mut Tx, u64, &mut DiskInode) -> Result<()>) -> Result<Attr> {
+    fn make_node(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u16,
+        cred: Cred,
+        init: impl FnOnce(&mut Tx, u64, &mut DiskInode) -> Result<()>,
+    ) -> Result<Attr> {
         dir::check_name(name)?;
         let parent_dir = self.m.iget(parent)?;
         let is_dir = mode & S_IFMT == S_IFDIR;
@@ -150,7 +163,8 @@ impl FileSystem {
         let mut tx = Tx::new(&self.m)?;
         let pref = if is_dir { self.next_dir_ag() } else { ino_ag(parent) };
         let claim_error = |error| self.early_claim_error(error, parent, name, false);
-        let (ino, gen, log_version) = tx.alloc_inode(pref, if is_dir { 0 } else { dir::INSERT_RESERVE }).map_err(claim_error)?;
+        let (ino, gen, log_version) =
+            tx.alloc_inode(pref, if is_dir { 0 } else { dir::INSERT_RESERVE }).map_err(claim_error)?;
         if is_dir {
             tx.reserve(ino_ag(parent), dir::INSERT_RESERVE).map_err(claim_error)?;
         }
@@ -238,7 +252,9 @@ impl FileSystem {
         }
         // A file without names comes back only as a linkable tmpfile (Linux: I_LINKABLE),
         // and only while open: at its last close it is freed.
-        if parent_inode.nlink == 0 || (inode_copy.nlink == 0 && !(i.linkable.load(Acquire) && i.open_count.load(Acquire) > 0)) {
+        if parent_inode.nlink == 0
+            || (inode_copy.nlink == 0 && !(i.linkable.load(Acquire) && i.open_count.load(Acquire) > 0))
+        {
             return Err(Error::NotFound);
         }
         if inode_copy.nlink >= LINK_MAX {
@@ -364,14 +380,22 @@ impl FileSystem {
     /// One name of `cd` is going away in `tx`. When it was the last: free the inode in the
     /// same transaction if it is small and not open, else put it on the orphan list (freed
     /// on last close, or in batches right after). Returns whether it was freed here.
-    pub(super) fn drop_link(&self, tx: &mut Tx, child: &InodeRef, child_inode: &mut DiskInode, time: Timespec) -> Result<bool> {
+    pub(super) fn drop_link(
+        &self,
+        tx: &mut Tx,
+        child: &InodeRef,
+        child_inode: &mut DiskInode,
+        time: Timespec,
+    ) -> Result<bool> {
         child_inode.nlink = if child_inode.is_dir() { 0 } else { child_inode.nlink.saturating_sub(1) };
         child_inode.ctime = time;
         if child_inode.nlink > 0 {
             tx.log_inode(child, child_inode, false);
             return Ok(false);
         }
-        let small = matches!(child_inode.fork, Fork::Empty | Fork::Inline { .. } | Fork::Device(_) | Fork::Extents { .. }) && child_inode.xattr_root == 0;
+        let small =
+            matches!(child_inode.fork, Fork::Empty | Fork::Inline { .. } | Fork::Device(_) | Fork::Extents { .. })
+                && child_inode.xattr_root == 0;
         if child.open_count.load(Acquire) == 0 && small {
             self.free_small(tx, child, child_inode)?;
             return Ok(true);
@@ -385,7 +409,11 @@ impl FileSystem {
 
     /// Free an inode whose blocks fit one transaction (inline extents, no xattr tree).
     fn free_small(&self, tx: &mut Tx, child: &InodeRef, child_inode: &mut DiskInode) -> Result<()> {
-        debug_assert!(child_inode.xattr_root == 0 && !matches!(child_inode.fork, Fork::Btree(_)), "inode {} too large to free in one transaction", child.ino);
+        debug_assert!(
+            child_inode.xattr_root == 0 && !matches!(child_inode.fork, Fork::Btree(_)),
+            "inode {} too large to free in one transaction",
+            child.ino
+        );
         if let Fork::Extents { n, ext } = child_inode.fork {
             for extent in &ext[..n as usize] {
                 tx.free_blocks(extent.pblk, extent.len as u64, false);
@@ -415,12 +443,23 @@ impl FileSystem {
         if !g.is_dir() {
             return Err(Error::NotDir);
         }
-        if cookie < dir::COOKIE_DOT && !visit(DirEntry { ino, cookie: dir::COOKIE_DOT, kind: FileType::Directory, name: b"." }) {
+        if cookie < dir::COOKIE_DOT
+            && !visit(DirEntry { ino, cookie: dir::COOKIE_DOT, kind: FileType::Directory, name: b"." })
+        {
             return Ok(());
         }
-        if cookie < dir::COOKIE_DOTDOT && !visit(DirEntry { ino: g.parent, cookie: dir::COOKIE_DOTDOT, kind: FileType::Directory, name: b".." }) {
+        if cookie < dir::COOKIE_DOTDOT
+            && !visit(DirEntry { ino: g.parent, cookie: dir::COOKIE_DOTDOT, kind: FileType::Directory, name: b".." })
+        {
             return Ok(());
         }
-        dir::read(&self.m, ino, &g, cookie, &mut |entry, name| visit(DirEntry { ino: entry.ino, cookie: dir::cookie_of(&entry), kind: FileType::from_ftype(entry.ftype), name }))
+        dir::read(&self.m, ino, &g, cookie, &mut |entry, name| {
+            visit(DirEntry {
+                ino: entry.ino,
+                cookie: dir::cookie_of(&entry),
+                kind: FileType::from_ftype(entry.ftype),
+                name,
+            })
+        })
     }
 }

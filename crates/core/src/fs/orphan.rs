@@ -11,7 +11,11 @@ impl FileSystem {
     /// free.
     pub(super) fn reap_if_unused(&self, i: &InodeRef) -> Result<()> {
         let mut g = i.core.write();
-        if g.nlink > 0 || i.open_count.load(Acquire) > 0 || !self.m.ags[ino_ag(i.ino) as usize].inode_in_use(crate::format::ino_index(i.ino)) || !self.m.icache.get(i.ino).is_some_and(|cached| Arc::ptr_eq(&cached, i)) {
+        if g.nlink > 0
+            || i.open_count.load(Acquire) > 0
+            || !self.m.ags[ino_ag(i.ino) as usize].inode_in_use(crate::format::ino_index(i.ino))
+            || !self.m.icache.get(i.ino).is_some_and(|cached| Arc::ptr_eq(&cached, i))
+        {
             return Ok(());
         }
         self.reap(i, &mut g)
@@ -52,7 +56,13 @@ impl FileSystem {
     pub(super) fn process_orphans(&self) -> Result<()> {
         for ag in self.m.ags.iter() {
             for (_, ino) in ag.orphans() {
-                let i = self.m.iget(ino).map_err(|_| Error::corrupt("orphan table", ag.layout.orphan_table, format!("entry {} is not an allocated inode", ino)))?;
+                let i = self.m.iget(ino).map_err(|_| {
+                    Error::corrupt(
+                        "orphan table",
+                        ag.layout.orphan_table,
+                        format!("entry {} is not an allocated inode", ino),
+                    )
+                })?;
                 let mut g = i.core.write();
                 if g.nlink == 0 {
                     self.reap(&i, &mut g)?;

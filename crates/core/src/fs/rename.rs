@@ -47,9 +47,19 @@ impl FileSystem {
 
     /// rename, with `cred` owning the whiteout `RENAME_WHITEOUT` leaves (the caller, as on
     /// Linux).
-    pub fn rename_as(&self, oldparent: u64, oldname: &[u8], newparent: u64, newname: &[u8], flags: u32, cred: Cred) -> Result<()> {
+    pub fn rename_as(
+        &self,
+        oldparent: u64,
+        oldname: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+        cred: Cred,
+    ) -> Result<()> {
         let exchange = flags & RENAME_EXCHANGE != 0;
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0 || (exchange && flags != RENAME_EXCHANGE) {
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0
+            || (exchange && flags != RENAME_EXCHANGE)
+        {
             return Err(Error::Invalid("rename flags"));
         }
         dir::check_name(newname)?;
@@ -67,7 +77,8 @@ impl FileSystem {
             }
         };
         let whiteout = whiteout.as_ref();
-        let Some(tx) = self.rename_under_parent_locks(tx, oldparent, oldname, newparent, newname, flags, whiteout)? else {
+        let Some(tx) = self.rename_under_parent_locks(tx, oldparent, oldname, newparent, newname, flags, whiteout)?
+        else {
             return Ok(());
         };
         self.rename_in_lock_order(tx, (oldparent, oldname), (newparent, newname), flags, whiteout)
@@ -76,7 +87,14 @@ impl FileSystem {
     /// The slow path: look the names up, then lock every inode in ascending order (and the
     /// rename lock first when a directory changes parent), retrying if a name changed while
     /// nothing was locked.
-    fn rename_in_lock_order(&self, tx: Tx, (oldparent, oldname): (u64, &[u8]), (newparent, newname): (u64, &[u8]), flags: u32, whiteout: Option<&Whiteout>) -> Result<()> {
+    fn rename_in_lock_order(
+        &self,
+        tx: Tx,
+        (oldparent, oldname): (u64, &[u8]),
+        (newparent, newname): (u64, &[u8]),
+        flags: u32,
+        whiteout: Option<&Whiteout>,
+    ) -> Result<()> {
         // No computed bound: a retry means another operation changed one of the names
         // between the lookup and the locks, and each such change completed (as the VFS's
         // lookup retries).
@@ -107,7 +125,8 @@ impl FileSystem {
             if dst.as_ref().is_some_and(|dst| dst.ino == src.ino) {
                 return Ok(());
             }
-            let moves_dir = oldparent != newparent && (src.core.read().is_dir() || dst.as_ref().is_some_and(|dst| dst.core.read().is_dir()));
+            let moves_dir = oldparent != newparent
+                && (src.core.read().is_dir() || dst.as_ref().is_some_and(|dst| dst.core.read().is_dir()));
             let _rename = moves_dir.then(|| self.rename_lock.lock());
             if moves_dir {
                 self.check_not_ancestor(src.ino, newparent)?;
@@ -148,7 +167,16 @@ impl FileSystem {
     /// lock, taken before any inode lock, guards the loop check). The checks and errors are
     /// the slow path's, in its order.
     #[allow(clippy::too_many_arguments)]
-    fn rename_under_parent_locks<'m>(&'m self, tx: Tx<'m>, oldparent: u64, oldname: &[u8], newparent: u64, newname: &[u8], flags: u32, whiteout: Option<&Whiteout>) -> Result<Option<Tx<'m>>> {
+    fn rename_under_parent_locks<'m>(
+        &'m self,
+        tx: Tx<'m>,
+        oldparent: u64,
+        oldname: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+        whiteout: Option<&Whiteout>,
+    ) -> Result<Option<Tx<'m>>> {
         dir::check_name(oldname)?;
         let (old_dir, new_dir) = (self.m.iget(oldparent)?, self.m.iget(newparent)?);
         let src: InodeRef;
@@ -186,7 +214,9 @@ impl FileSystem {
         if !locked.add(children) {
             return Ok(Some(tx));
         }
-        if oldparent != newparent && (locked.get(src_ino).is_dir() || dst_ino.is_some_and(|ino| locked.get(ino).is_dir())) {
+        if oldparent != newparent
+            && (locked.get(src_ino).is_dir() || dst_ino.is_some_and(|ino| locked.get(ino).is_dir()))
+        {
             return Ok(Some(tx));
         }
         let inodes = RenameInodes { old_dir: &old_dir, new_dir: &new_dir, src: &src, dst: dst.as_ref() };
@@ -217,7 +247,15 @@ impl FileSystem {
 
     /// Make the rename in `tx` and commit it: every inode in `inodes` is locked in `locked`,
     /// and `names` says what the names held under those locks.
-    fn rename_locked(&self, locked: &mut Locked, mut tx: Tx, inodes: RenameInodes, names: &RenameNames, flags: u32, whiteout: Option<&Whiteout>) -> Result<()> {
+    fn rename_locked(
+        &self,
+        locked: &mut Locked,
+        mut tx: Tx,
+        inodes: RenameInodes,
+        names: &RenameNames,
+        flags: u32,
+        whiteout: Option<&Whiteout>,
+    ) -> Result<()> {
         let RenameInodes { old_dir, new_dir, src, dst } = inodes;
         debug_assert!(locked.holds(&[old_dir.ino, new_dir.ino, src.ino]), "rename: inodes not locked");
         debug_assert!(dst.is_none_or(|dst| locked.holds(&[dst.ino])), "rename: target not locked");
@@ -280,13 +318,35 @@ impl FileSystem {
 
     /// The entry changes: the old name goes (or names the exchanged inode, or the
     /// whiteout), and the new name names the source.
-    fn rename_entries(&self, tx: &mut Tx, inodes: RenameInodes, names: &RenameNames, copies: &mut RenameCopies, exchange: bool, whiteout: Option<&Whiteout>) -> Result<()> {
+    fn rename_entries(
+        &self,
+        tx: &mut Tx,
+        inodes: RenameInodes,
+        names: &RenameNames,
+        copies: &mut RenameCopies,
+        exchange: bool,
+        whiteout: Option<&Whiteout>,
+    ) -> Result<()> {
         let (old_dir_ino, new_dir_ino) = (inodes.old_dir.ino, inodes.new_dir.ino);
         let goal = self.dir_goal(old_dir_ino, &copies.old_dir);
         let mut store = TxStore::new(tx, old_dir_ino, goal);
         match (inodes.dst, copies.dst.as_ref(), whiteout) {
-            (Some(dst), Some(dst_copy), _) if exchange => dir::retarget(&mut store, &mut copies.old_dir, &names.old_entry, names.old_name, dst.ino, ftype_of(dst_copy.mode))?,
-            (_, _, Some(whiteout)) => dir::retarget(&mut store, &mut copies.old_dir, &names.old_entry, names.old_name, whiteout.ino, ftype_of(S_IFCHR))?,
+            (Some(dst), Some(dst_copy), _) if exchange => dir::retarget(
+                &mut store,
+                &mut copies.old_dir,
+                &names.old_entry,
+                names.old_name,
+                dst.ino,
+                ftype_of(dst_copy.mode),
+            )?,
+            (_, _, Some(whiteout)) => dir::retarget(
+                &mut store,
+                &mut copies.old_dir,
+                &names.old_entry,
+                names.old_name,
+                whiteout.ino,
+                ftype_of(S_IFCHR),
+            )?,
             _ => dir::remove(&mut store, &mut copies.old_dir, &names.old_entry)?,
         }
         let tree_delta = store.blocks;

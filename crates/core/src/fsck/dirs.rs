@@ -26,7 +26,14 @@ struct DirEntryRef<'v> {
 
 impl<'v> DirEntryRef<'v> {
     fn parse(dir: u64, key: u64, value: &'v [u8]) -> Option<Self> {
-        (value.len() >= 10 && value.len() <= 9 + NAME_MAX).then(|| DirEntryRef { dir, key, value, ino: format::get_u64(value, 0), ftype: value[8], name: &value[9..] })
+        (value.len() >= 10 && value.len() <= 9 + NAME_MAX).then(|| DirEntryRef {
+            dir,
+            key,
+            value,
+            ino: format::get_u64(value, 0),
+            ftype: value[8],
+            name: &value[9..],
+        })
     }
 }
 
@@ -121,22 +128,31 @@ impl<'a> Checker<'a> {
             Ok(nodes) => nodes,
             Err(why) => {
                 let mut salvaged = Vec::new();
-                let lost = btree::salvage(&mut DevStore::new(self.dev, &self.geo, ino), root, &mut |k, v| salvaged.push((k, v.to_vec())))?;
+                let lost = btree::salvage(&mut DevStore::new(self.dev, &self.geo, ino), root, &mut |k, v| {
+                    salvaged.push((k, v.to_vec()))
+                })?;
                 let kept = count(salvaged.len() as u64, "entry", "entries");
-                self.out.fixable(format!("inode {ino}: {why}; rebuilt from its readable leaves ({kept} kept, {} lost)", count(lost, "node", "nodes")));
+                self.out.fixable(format!(
+                    "inode {ino}: {why}; rebuilt from its readable leaves ({kept} kept, {} lost)",
+                    count(lost, "node", "nodes")
+                ));
                 edit.rebuild = Some(salvaged);
                 0
             }
         };
         if root != 0 && self.inodes.get(&ino).is_some_and(|t| !t.reachable) {
-            self.out.fixable(format!("directory {ino}: unlinked, but still has entries (removed; what they name is reconnected)"));
+            self.out.fixable(format!(
+                "directory {ino}: unlinked, but still has entries (removed; what they name is reconnected)"
+            ));
             edit.rebuild = Some(Vec::new());
             self.dir_edits.insert(ino, edit);
             return Ok(());
         }
         let mut scan = DirScan::default();
         match &edit.rebuild {
-            Some(entries) => entries.iter().try_for_each(|(key, value)| self.check_entry(ino, *key, value, &mut scan))?,
+            Some(entries) => {
+                entries.iter().try_for_each(|(key, value)| self.check_entry(ino, *key, value, &mut scan))?
+            }
             None => self.scan_entries(ino, root, &mut scan)?,
         }
         if edit.rebuild.is_none() {
@@ -152,7 +168,11 @@ impl<'a> Checker<'a> {
     /// to remove, the edit fixes both once it is applied.
     fn check_dir_counts(&mut self, ino: u64, di: &DiskInode, scan: &DirScan, owned: u64) -> Result<()> {
         if di.size != scan.entries {
-            self.out.fixable(format!("directory {ino}: size {} but {}", di.size, count(scan.entries, "entry", "entries")));
+            self.out.fixable(format!(
+                "directory {ino}: size {} but {}",
+                di.size,
+                count(scan.entries, "entry", "entries")
+            ));
         }
         if owned != di.blocks {
             self.out.fixable(format!("inode {ino}: blocks {} but owns {owned}", di.blocks));
@@ -248,7 +268,9 @@ impl<'a> Checker<'a> {
         Ok(match DiskInode::decode(&img, ino, &self.geo) {
             Ok(di) => Target::New(Box::new(di)),
             Err(_) if img.iter().all(|&b| b == 0) => Target::Nothing(format!("inode {ino} was never written")),
-            Err(e) if !self.inode_allocated(ino) => Target::Nothing(format!("inode {ino} is free and does not decode ({})", detail(&e))),
+            Err(e) if !self.inode_allocated(ino) => {
+                Target::Nothing(format!("inode {ino} is free and does not decode ({})", detail(&e)))
+            }
             Err(e) => Target::Unreadable(e),
         })
     }
@@ -257,7 +279,8 @@ impl<'a> Checker<'a> {
     fn add_name(&mut self, e: &DirEntryRef, scan: &mut DirScan) {
         let Some(t) = self.inodes.get_mut(&e.ino) else { return };
         if t.is_dir() && (t.names > 0 || e.ino == ROOT_INO) {
-            self.out.fixable(format!("{e}: directory {} already has a name (a hard-linked directory or a cycle)", e.ino));
+            self.out
+                .fixable(format!("{e}: directory {} already has a name (a hard-linked directory or a cycle)", e.ino));
             scan.remove.push(e.key);
             return;
         }
@@ -305,7 +328,8 @@ impl<'a> Checker<'a> {
         let mut detached = Vec::new();
         for agno in 0..self.geo.ag_count {
             for ino in (0..self.geo.inodes_per_ag).map(|i| make_ino(agno, i)) {
-                if ino == 0 || !self.inode_marked(ino) || self.inodes.contains_key(&ino) || self.cleared.contains(&ino) {
+                if ino == 0 || !self.inode_marked(ino) || self.inodes.contains_key(&ino) || self.cleared.contains(&ino)
+                {
                     continue;
                 }
                 match read_inode(self.dev, &self.geo, ino) {
@@ -333,7 +357,11 @@ impl<'a> Checker<'a> {
 
     fn connect_lost(&mut self, ino: u64, di: DiskInode) -> Result<()> {
         let lf = self.lost_found()?;
-        self.out.fixable(format!("inode {ino}: a {} (nlink {}) that no name reaches; reconnected as /lost+found/#{ino}", kind_name(di.mode), di.nlink));
+        self.out.fixable(format!(
+            "inode {ino}: a {} (nlink {}) that no name reaches; reconnected as /lost+found/#{ino}",
+            kind_name(di.mode),
+            di.nlink
+        ));
         let (is_dir, ftype) = (di.is_dir(), ftype_of(di.mode));
         let mut tally = Tally::new(&di, true);
         tally.names = 1;
@@ -372,14 +400,21 @@ impl<'a> Checker<'a> {
     /// The first inode number that is free and that no finding has used.
     fn free_inode(&self) -> Option<u64> {
         let geo = &self.geo;
-        (0..geo.ag_count)
-            .flat_map(|agno| (0..geo.inodes_per_ag).map(move |i| make_ino(agno, i)))
-            .find(|&ino| ino > ROOT_INO && !self.inode_allocated(ino) && !self.inodes.contains_key(&ino) && !self.cleared.contains(&ino))
+        (0..geo.ag_count).flat_map(|agno| (0..geo.inodes_per_ag).map(move |i| make_ino(agno, i))).find(|&ino| {
+            ino > ROOT_INO
+                && !self.inode_allocated(ino)
+                && !self.inodes.contains_key(&ino)
+                && !self.cleared.contains(&ino)
+        })
     }
 
     pub(super) fn check_link_counts(&mut self) -> Result<()> {
-        let wrong: Vec<(u64, u32, u32, String)> =
-            self.inodes.iter().filter(|(_, t)| t.nlink != t.expected_nlink()).map(|(&ino, t)| (ino, t.nlink, t.expected_nlink(), t.link_basis())).collect();
+        let wrong: Vec<(u64, u32, u32, String)> = self
+            .inodes
+            .iter()
+            .filter(|(_, t)| t.nlink != t.expected_nlink())
+            .map(|(&ino, t)| (ino, t.nlink, t.expected_nlink(), t.link_basis()))
+            .collect();
         for (ino, have, want, basis) in wrong {
             self.out.fixable(format!("inode {ino}: nlink {have} but {basis}"));
             self.fix_inode(ino, |d| d.nlink = want)?;

@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::format::inode::{MAX_FILE_BLOCKS, SYMLINK_MAX};
 use crate::format::{DiskInode, Extent, Fork};
 
-use super::{count, kind_name, BS, Checker, DevStore, Owner};
+use super::{count, kind_name, Checker, DevStore, Owner, BS};
 
 pub(super) fn describe_extent(e: &Extent) -> String {
     format!("extent at file block {} ({} at block {})", e.lblk, count(e.len.into(), "block", "blocks"), e.pblk)
@@ -48,7 +48,12 @@ impl<'a> Checker<'a> {
         }
         // What check_data claimed (mapped blocks, extent-tree nodes) or will copy.
         let claimed: u64 = self.claims[claims_before..].iter().map(|c| c.len).sum();
-        let data = claimed + self.clones[clones_before..].iter().filter(|(owner, _)| *owner == ino).map(|(_, e)| u64::from(e.len)).sum::<u64>();
+        let data = claimed
+            + self.clones[clones_before..]
+                .iter()
+                .filter(|(owner, _)| *owner == ino)
+                .map(|(_, e)| u64::from(e.len))
+                .sum::<u64>();
         let owned = self.check_xattrs(ino, di)? + data;
         if di.blocks != owned {
             self.out.fixable(format!("inode {ino}: blocks {} but owns {owned}", di.blocks));
@@ -64,11 +69,14 @@ impl<'a> Checker<'a> {
         }
         match di.fork {
             Fork::Inline { len, .. } if di.size != u64::from(len) => {
-                self.out.fixable(format!("inode {ino}: symlink size {} but its inline target has {len} bytes", di.size));
+                self.out
+                    .fixable(format!("inode {ino}: symlink size {} but its inline target has {len} bytes", di.size));
                 self.fix_inode(ino, |d| d.size = u64::from(len))?;
             }
             Fork::Inline { .. } => {}
-            _ if di.size == 0 || di.size > SYMLINK_MAX as u64 => return Ok(Some(format!("symlink target of {} bytes", di.size))),
+            _ if di.size == 0 || di.size > SYMLINK_MAX as u64 => {
+                return Ok(Some(format!("symlink target of {} bytes", di.size)))
+            }
             _ => {}
         }
         Ok(None)
@@ -96,7 +104,9 @@ impl<'a> Checker<'a> {
         btree::range(&mut DevStore::new(dev, &geo, ino), root, 0, &mut |lblk, v| {
             let checked = match <[u8; 8]>::try_from(v) {
                 Err(_) => Err(format!("extent map entry at file block {lblk} has {} bytes", v.len())),
-                Ok(raw) => self.claim_extent(ino, regular, &Extent::unpack(lblk, u64::from_le_bytes(raw)), &mut prev_end),
+                Ok(raw) => {
+                    self.claim_extent(ino, regular, &Extent::unpack(lblk, u64::from_le_bytes(raw)), &mut prev_end)
+                }
             };
             damage = checked.err();
             Ok(damage.is_none())
@@ -108,7 +118,13 @@ impl<'a> Checker<'a> {
     /// what is wrong with it, if anything. Unwritten (preallocated) extents are valid in
     /// `regular` files only, anywhere in the file: fallocate with KEEP_SIZE maps them past
     /// the end.
-    fn claim_extent(&mut self, ino: u64, regular: bool, e: &Extent, prev_end: &mut u64) -> std::result::Result<(), String> {
+    fn claim_extent(
+        &mut self,
+        ino: u64,
+        regular: bool,
+        e: &Extent,
+        prev_end: &mut u64,
+    ) -> std::result::Result<(), String> {
         let end = e.lblk.checked_add(u64::from(e.len)).filter(|&end| end <= MAX_FILE_BLOCKS);
         let problem = match end {
             _ if e.len == 0 => "is empty",
@@ -122,7 +138,10 @@ impl<'a> Checker<'a> {
                     // Which of the two is wrong cannot be told, so both keep what they hold,
                     // as e2fsck does: this one gets a copy of the blocks.
                     Some(other) => {
-                        self.out.fixable(format!("inode {ino}: {} shares blocks with {other}; given a copy of its own", describe_extent(e)));
+                        self.out.fixable(format!(
+                            "inode {ino}: {} shares blocks with {other}; given a copy of its own",
+                            describe_extent(e)
+                        ));
                         self.clones.push((ino, *e));
                     }
                     None => self.claim_as(e.pblk, u64::from(e.len), Owner::Inode(ino), Some(*e)),

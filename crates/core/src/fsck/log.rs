@@ -10,11 +10,11 @@ use parking_lot::Mutex;
 use crate::buf::Block;
 use crate::dev::BlockDevice;
 use crate::error::Result;
+use crate::format::log::{LogHeader, LOG_HEADER_BLOCKS};
 use crate::format::BLOCK_SIZE;
-use crate::format::log::{LOG_HEADER_BLOCKS, LogHeader};
 use crate::{format, journal};
 
-use super::{count, finding, BS, Checker};
+use super::{count, finding, Checker, BS};
 
 /// Where `-n` replays the log: recovery's writes land in memory and reads see them, so the
 /// check sees the recovered image while the device is never written.
@@ -101,7 +101,8 @@ impl<'a> Checker<'a> {
                     journal::recover(self.dev, &self.geo, true)?;
                     self.out.note(format!("log: replayed {records}"));
                 } else {
-                    self.out.note(format!("log: replayed {records} in memory only; the next mount replays them on disk"));
+                    self.out
+                        .note(format!("log: replayed {records} in memory only; the next mount replays them on disk"));
                 }
                 self.log_records = r.records;
             }

@@ -88,7 +88,7 @@ use crate::buf::{Block, Buf, BufRef};
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::inode::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK};
-use crate::format::{BLOCK_SIZE, DiskInode, Extent, Geometry, INODE_SIZE, MAGIC_BTREE, Superblock};
+use crate::format::{DiskInode, Extent, Geometry, Superblock, BLOCK_SIZE, INODE_SIZE, MAGIC_BTREE};
 use crate::{btree, format};
 
 use self::log::ReplayOverlay;
@@ -410,7 +410,11 @@ impl Tally {
     fn link_basis(&self) -> String {
         match (self.reachable, self.is_dir()) {
             (false, _) => "no name reaches it".into(),
-            (true, true) => format!("expected {} (2 + {})", self.expected_nlink(), count(self.subdirs.into(), "subdirectory", "subdirectories")),
+            (true, true) => format!(
+                "expected {} (2 + {})",
+                self.expected_nlink(),
+                count(self.subdirs.into(), "subdirectory", "subdirectories")
+            ),
             (true, false) => count(self.names.into(), "name", "names"),
         }
     }

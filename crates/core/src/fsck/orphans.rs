@@ -36,13 +36,16 @@ impl<'a> Checker<'a> {
                     format!("inode {ino}: {}; inode cleared", detail(&finding(e)?))
                 }
                 Ok((di, _)) if di.orphan_slot == slot + 1 => {
-                    self.out.note(format!("{at}: inode {ino}: unlinked while open; the next read-write mount frees it"));
+                    self.out
+                        .note(format!("{at}: inode {ino}: unlinked while open; the next read-write mount frees it"));
                     if self.adopt_orphan(ino, di)? {
                         return Ok(());
                     }
                     format!("inode {ino} was cleared")
                 }
-                Ok((di, _)) => format!("inode {ino} does not point back at it (its orphan slot field is {})", di.orphan_slot),
+                Ok((di, _)) => {
+                    format!("inode {ino} does not point back at it (its orphan slot field is {})", di.orphan_slot)
+                }
             }
         };
         self.out.fixable(format!("{at}: {problem}"));
@@ -63,11 +66,14 @@ impl<'a> Checker<'a> {
 
     /// A live inode that says it is on an orphan slot must be named by that slot.
     pub(super) fn check_orphan_fields(&mut self) -> Result<()> {
-        let on_lists: Vec<(u64, u32)> = self.inodes.iter().filter(|(_, t)| t.orphan_slot != 0).map(|(&ino, t)| (ino, t.orphan_slot - 1)).collect();
+        let on_lists: Vec<(u64, u32)> =
+            self.inodes.iter().filter(|(_, t)| t.orphan_slot != 0).map(|(&ino, t)| (ino, t.orphan_slot - 1)).collect();
         for (ino, slot) in on_lists {
             let agno = ino_ag(ino);
             if self.ags[agno as usize].orphans.slot(slot) != ino {
-                self.out.fixable(format!("inode {ino}: says it is on AG {agno} orphan slot {slot}, which does not name it"));
+                self.out.fixable(format!(
+                    "inode {ino}: says it is on AG {agno} orphan slot {slot}, which does not name it"
+                ));
                 self.fix_inode(ino, |d| d.orphan_slot = 0)?;
             }
         }

@@ -7,11 +7,11 @@ use crate::btree::NodeStore;
 use crate::buf::{Buf, BufRef};
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::{BLOCK_SIZE, DiskInode, Extent, Fork, Geometry, INODE_SIZE};
+use crate::format::{DiskInode, Extent, Fork, Geometry, BLOCK_SIZE, INODE_SIZE};
 use crate::{btree, dir, format};
 
 use super::space::BitSet;
-use super::{read_inode, BS, Checker, DevStore, DirEdit, Owner};
+use super::{read_inode, Checker, DevStore, DirEdit, Owner, BS};
 
 /// Suffixes tried when a name the repair adds is taken.
 const NAME_TRIES: u32 = 100;
@@ -100,7 +100,11 @@ fn free_name(store: &mut dyn NodeStore, root: u64, dir: u64, base: &[u8]) -> Res
             return Ok((name, key));
         }
     }
-    Err(Error::Corrupt { what: "directory", block: dir, detail: format!("no free name like {:?}", String::from_utf8_lossy(base)) })
+    Err(Error::Corrupt {
+        what: "directory",
+        block: dir,
+        detail: format!("no free name like {:?}", String::from_utf8_lossy(base)),
+    })
 }
 
 /// The name in a directory entry's value (`ino u64 | file type u8 | name`).
@@ -256,7 +260,8 @@ impl<'a> Checker<'a> {
     pub(super) fn write_repairs(&mut self) -> Result<()> {
         (self.progress)("repair", 0, 1);
         let dev = self.dev;
-        let (fresh, in_place): (Vec<_>, Vec<_>) = self.block_writes.iter().partition(|(b, _)| self.fresh_nodes.contains(b));
+        let (fresh, in_place): (Vec<_>, Vec<_>) =
+            self.block_writes.iter().partition(|(b, _)| self.fresh_nodes.contains(b));
         for (&blkno, img) in fresh {
             dev.write_at(&img[..], blkno * BS)?;
         }

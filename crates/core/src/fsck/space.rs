@@ -4,11 +4,13 @@
 use crate::buf::Block;
 use crate::dev::BlockDevice;
 use crate::error::Result;
-use crate::format::{ino_ag, ino_index, make_ino, AgLayout, BITMAP_BITS, BLOCK_SIZE, Extent, Geometry, HDR_SIZE, ORPHAN_SLOTS_PER_BLOCK};
 use crate::format;
+use crate::format::{
+    ino_ag, ino_index, make_ino, AgLayout, Extent, Geometry, BITMAP_BITS, BLOCK_SIZE, HDR_SIZE, ORPHAN_SLOTS_PER_BLOCK,
+};
 
 use super::inodes::describe_extent;
-use super::{blocks_desc, count, detail, finding, kind_name, read_inode, BS, Checker, Claim, Findings, Owner};
+use super::{blocks_desc, count, detail, finding, kind_name, read_inode, Checker, Claim, Findings, Owner, BS};
 
 /// A plain set of `0..len`.
 pub(super) struct BitSet {
@@ -54,7 +56,14 @@ fn slot_pos(s: u32) -> (usize, usize) {
 }
 
 impl Table {
-    pub(super) fn load(dev: &dyn BlockDevice, what: &'static str, magic: u32, l: &AgLayout, (first, count): (u64, u64), out: &mut Findings) -> Result<Table> {
+    pub(super) fn load(
+        dev: &dyn BlockDevice,
+        what: &'static str,
+        magic: u32,
+        l: &AgLayout,
+        (first, count): (u64, u64),
+        out: &mut Findings,
+    ) -> Result<Table> {
         let mut t = Table { magic, agno: l.agno, first, blocks: Vec::new(), valid: Vec::new(), dirty: Vec::new() };
         for blkno in first..first + count {
             let mut b = Box::new([0u8; BLOCK_SIZE]);
@@ -100,7 +109,12 @@ impl Table {
     /// `changed(start, len, now_set)` for each run of changed bits in verified blocks (a
     /// rebuilt block's old bits mean nothing, so its changes are not findings). A run never
     /// spans `len`.
-    fn reconcile(&mut self, len: u64, want: impl Fn(u64, bool) -> bool, mut changed: impl FnMut(u64, u64, bool) -> Result<()>) -> Result<()> {
+    fn reconcile(
+        &mut self,
+        len: u64,
+        want: impl Fn(u64, bool) -> bool,
+        mut changed: impl FnMut(u64, u64, bool) -> Result<()>,
+    ) -> Result<()> {
         let mut run: Option<(u64, u64, bool)> = None;
         for i in 0..self.capacity_bits() {
             let have = self.bit(i);
@@ -172,7 +186,11 @@ impl Table {
 /// before `b` holds it unless claims overlap).
 fn owner_of(claims: &[Claim], b: u64) -> String {
     let before = claims.partition_point(|c| c.start <= b);
-    claims[..before].iter().rev().find(|c| c.end() > b).map_or_else(|| "an unknown owner".into(), |c| c.owner.to_string())
+    claims[..before]
+        .iter()
+        .rev()
+        .find(|c| c.end() > b)
+        .map_or_else(|| "an unknown owner".into(), |c| c.owner.to_string())
 }
 
 /// What a leaked inode is, for the message.
@@ -197,9 +215,17 @@ impl<'a> Checker<'a> {
     /// first is the wrong one, and gets a copy of its blocks instead. (Its claim stays in
     /// `claims` with no blocks, so that the positions of later claims do not move.)
     pub(super) fn claim_node(&mut self, blkno: u64, owner: Owner) {
-        let first = self.claimed.range(..=blkno).next_back().filter(|(_, (end, _, _))| *end > blkno).map(|(&start, &c)| (start, c));
+        let first = self
+            .claimed
+            .range(..=blkno)
+            .next_back()
+            .filter(|(_, (end, _, _))| *end > blkno)
+            .map(|(&start, &c)| (start, c));
         if let Some((start, (_, Owner::Inode(ino), Some(e)))) = first {
-            self.out.fixable(format!("inode {ino}: {} shares a block with a B+tree node of {owner}; given a copy of its own", describe_extent(&e)));
+            self.out.fixable(format!(
+                "inode {ino}: {} shares a block with a B+tree node of {owner}; given a copy of its own",
+                describe_extent(&e)
+            ));
             self.claimed.remove(&start);
             if let Some(c) = self.claims.iter_mut().rev().find(|c| c.start == start && c.owner == Owner::Inode(ino)) {
                 c.len = 0;
@@ -212,7 +238,11 @@ impl<'a> Checker<'a> {
     /// Who already claims a block of `start..start + len`, if anyone. Exact while claims do
     /// not overlap, which only tree nodes may still do (reported as cross-links at the end).
     pub(super) fn claimed_by(&self, start: u64, len: u64) -> Option<Owner> {
-        self.claimed.range(..start + len).next_back().filter(|(_, (end, _, _))| *end > start).map(|(_, &(_, owner, _))| owner)
+        self.claimed
+            .range(..start + len)
+            .next_back()
+            .filter(|(_, (end, _, _))| *end > start)
+            .map(|(_, &(_, owner, _))| owner)
     }
 
     /// Withdraw the claims made since there were `from` (an inode being cleared).
@@ -279,7 +309,10 @@ impl<'a> Checker<'a> {
                     if used {
                         out.fixable(format!("{what}: inode {ino} is in use but marked free"));
                     } else {
-                        out.fixable(format!("{what}: inode {ino} is allocated but neither reachable nor on an orphan list (leaked {})", describe_inode(dev, &geo, ino)?));
+                        out.fixable(format!(
+                            "{what}: inode {ino} is allocated but neither reachable nor on an orphan list (leaked {})",
+                            describe_inode(dev, &geo, ino)?
+                        ));
                     }
                 }
                 Ok(())
@@ -305,7 +338,12 @@ impl<'a> Checker<'a> {
         let mut furthest: Option<Claim> = None;
         for c in self.claims.iter().filter(|c| c.len > 0) {
             if let Some(f) = furthest.filter(|f| c.start < f.end()) {
-                self.out.unfixable(format!("{}: claimed by both {} and {}", blocks_desc(c.start, c.end().min(f.end()) - c.start), f.owner, c.owner));
+                self.out.unfixable(format!(
+                    "{}: claimed by both {} and {}",
+                    blocks_desc(c.start, c.end().min(f.end()) - c.start),
+                    f.owner,
+                    c.owner
+                ));
             }
             if furthest.is_none_or(|f| c.end() > f.end()) {
                 furthest = Some(*c);
@@ -329,7 +367,10 @@ impl<'a> Checker<'a> {
             let blocks = blocks_desc(l.start + first, n);
             match (first >= l.blocks, used) {
                 (true, _) => out.fixable(format!("{what}: bits past the end of the AG are set")),
-                (false, true) => out.fixable(format!("{what}: {blocks} in use by {} but marked free", owner_of(claims, l.start + first))),
+                (false, true) => out.fixable(format!(
+                    "{what}: {blocks} in use by {} but marked free",
+                    owner_of(claims, l.start + first)
+                )),
                 (false, false) => out.fixable(format!("{what}: {blocks} used but not referenced (leaked)")),
             }
             Ok(())
@@ -351,15 +392,26 @@ mod tests {
             b
         };
         let blocks = (0..valid.len() as u64).map(block).collect();
-        Table { magic: MAGIC_BITMAP, agno: 0, first: 10, blocks, valid: valid.to_vec(), dirty: vec![false; valid.len()] }
+        Table {
+            magic: MAGIC_BITMAP,
+            agno: 0,
+            first: 10,
+            blocks,
+            valid: valid.to_vec(),
+            dirty: vec![false; valid.len()],
+        }
     }
 
     fn runs(t: &mut Table, len: u64, want: impl Fn(u64) -> bool) -> Vec<(u64, u64, bool)> {
         let mut runs = Vec::new();
-        t.reconcile(len, |i, _| want(i), |start, n, set| {
-            runs.push((start, n, set));
-            Ok(())
-        })
+        t.reconcile(
+            len,
+            |i, _| want(i),
+            |start, n, set| {
+                runs.push((start, n, set));
+                Ok(())
+            },
+        )
         .unwrap();
         runs
     }

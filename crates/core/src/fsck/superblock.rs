@@ -3,11 +3,11 @@
 
 use crate::dev::BlockDevice;
 use crate::error::Result;
-use crate::format::{agh, AgLayout, BLOCK_SIZE, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN, Superblock};
+use crate::format::{agh, AgLayout, Superblock, BLOCK_SIZE, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN};
 use crate::{format, mount};
 
 use super::space::Table;
-use super::{detail, AgTables, BS, Checker, Owner};
+use super::{detail, AgTables, Checker, Owner, BS};
 
 /// The superblock a mount would use, unless its copies in AG 1 and AG 2 agree with each other
 /// and not with it: then the primary's checksum is valid over damaged fields, and the copies
@@ -83,9 +83,24 @@ impl<'a> Checker<'a> {
     }
 
     fn load_tables(&mut self, l: &AgLayout) -> Result<AgTables> {
-        let block_map = Table::load(self.dev, "block bitmap", MAGIC_BITMAP, l, (l.block_bitmap, l.block_bitmap_blocks), &mut self.out)?;
-        let inode_map = Table::load(self.dev, "inode bitmap", MAGIC_BITMAP, l, (l.inode_bitmap, l.inode_bitmap_blocks), &mut self.out)?;
-        let mut orphans = Table::load(self.dev, "orphan table", MAGIC_ORPHAN, l, (l.orphan_table, l.orphan_blocks), &mut self.out)?;
+        let block_map = Table::load(
+            self.dev,
+            "block bitmap",
+            MAGIC_BITMAP,
+            l,
+            (l.block_bitmap, l.block_bitmap_blocks),
+            &mut self.out,
+        )?;
+        let inode_map = Table::load(
+            self.dev,
+            "inode bitmap",
+            MAGIC_BITMAP,
+            l,
+            (l.inode_bitmap, l.inode_bitmap_blocks),
+            &mut self.out,
+        )?;
+        let mut orphans =
+            Table::load(self.dev, "orphan table", MAGIC_ORPHAN, l, (l.orphan_table, l.orphan_blocks), &mut self.out)?;
         orphans.empty_invalid();
         Ok(AgTables { block_map, inode_map, orphans })
     }

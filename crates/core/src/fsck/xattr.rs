@@ -1,10 +1,10 @@
 //! Extended attributes: an inode's xattr tree, its records and their value blocks.
 
 use crate::error::Result;
-use crate::format::{BLOCK_SIZE, DiskInode, MAGIC_DATA_META};
+use crate::format::{DiskInode, BLOCK_SIZE, MAGIC_DATA_META};
 use crate::{btree, dir, format, xattr};
 
-use super::{detail, BS, Checker, DevStore, Owner};
+use super::{detail, Checker, DevStore, Owner, BS};
 
 /// What is wrong with an xattr tree record (SPEC §14.2: keyed by its name's hash).
 fn xattr_record_problem(key: u64, v: &[u8]) -> Option<String> {
@@ -27,7 +27,8 @@ impl<'a> Checker<'a> {
             btree::range(&mut DevStore::new(dev, &geo, ino), di.xattr_root, 0, &mut |key, v| {
                 damage = xattr_record_problem(key, v).map(|why| format!("xattr record {key:#x}: {why}"));
                 if damage.is_none() {
-                    value_blocks.extend(xattr::decode_record(v).into_iter().flat_map(|r| r.value.blocks().collect::<Vec<_>>()));
+                    value_blocks
+                        .extend(xattr::decode_record(v).into_iter().flat_map(|r| r.value.blocks().collect::<Vec<_>>()));
                 }
                 Ok(damage.is_none())
             })?;
@@ -43,7 +44,9 @@ impl<'a> Checker<'a> {
             self.claim(blkno, 1, Owner::Inode(ino));
             let mut b = vec![0u8; BLOCK_SIZE];
             self.dev.read_at(&mut b, blkno * BS)?;
-            damage = format::verify_block(&b, "xattr value block", MAGIC_DATA_META, blkno, Some(ino)).err().map(|e| format!("xattr value block {blkno}: {}", detail(&e)));
+            damage = format::verify_block(&b, "xattr value block", MAGIC_DATA_META, blkno, Some(ino))
+                .err()
+                .map(|e| format!("xattr value block {blkno}: {}", detail(&e)));
         }
         let Some(why) = damage else {
             return Ok(self.claims[claims_before..].iter().map(|c| c.len).sum());

@@ -71,7 +71,10 @@ impl Written {
 
     /// The image this record holds for home location `home` (`None`: it revokes it).
     fn image_of(&self, home_key: ItemKey) -> Option<&[u8]> {
-        let at = self.items.binary_search_by_key(&home_key, |(k, _)| home(*k)).expect("the record that logged an item holds it");
+        let at = self
+            .items
+            .binary_search_by_key(&home_key, |(k, _)| home(*k))
+            .expect("the record that logged an item holds it");
         match self.items[at] {
             (ItemKey::Revoke(_), _) => None,
             (_, ref img) => Some(img),
@@ -166,8 +169,22 @@ impl Ail {
             writing_back: false,
             held: Vec::new(),
         };
-        let writeback = Writeback { latest: FxHashMap::default(), indexed_below: h.tail_seq, records: FxHashMap::default(), homed: Vec::new(), run: Vec::new() };
-        Ail { log_start, ring_blocks, inner: Mutex::new(&AIL, inner), io: Mutex::new(&AIL_IO, writeback), home_seq: AtomicU64::new(0), used_blocks: AtomicU64::new(0), held_bytes: AtomicU64::new(0) }
+        let writeback = Writeback {
+            latest: FxHashMap::default(),
+            indexed_below: h.tail_seq,
+            records: FxHashMap::default(),
+            homed: Vec::new(),
+            run: Vec::new(),
+        };
+        Ail {
+            log_start,
+            ring_blocks,
+            inner: Mutex::new(&AIL, inner),
+            io: Mutex::new(&AIL_IO, writeback),
+            home_seq: AtomicU64::new(0),
+            used_blocks: AtomicU64::new(0),
+            held_bytes: AtomicU64::new(0),
+        }
     }
 
     pub fn ring_start(&self) -> u64 {
@@ -253,7 +270,13 @@ impl Ail {
     /// move the tail. The freed extents held back during the writeback go to `reuse` once it
     /// has written, before the next writeback can start; after an I/O error they stay held:
     /// the journal has failed.
-    pub fn push(&self, dev: &dyn BlockDevice, geo: &Geometry, need_free: u64, reuse: &dyn Fn(Vec<BusyExtent>)) -> io::Result<Pushed> {
+    pub fn push(
+        &self,
+        dev: &dyn BlockDevice,
+        geo: &Geometry,
+        need_free: u64,
+        reuse: &dyn Fn(Vec<BusyExtent>),
+    ) -> io::Result<Pushed> {
         let mut wb = self.io.lock();
         let Taken { batch, freed, new } = self.take_batch(need_free, wb.indexed_below);
         if let Some((last, _)) = new.last() {
@@ -269,7 +292,8 @@ impl Ail {
             records.insert(rec_seq, w);
         }
         self.held_bytes.fetch_sub(superseded.iter().map(|(_, img)| img.len() as u64).sum(), Relaxed);
-        let mut images: Vec<Box<[u8]>> = superseded.into_iter().map(|(_, img)| img).filter(|img| !img.is_empty()).collect();
+        let mut images: Vec<Box<[u8]>> =
+            superseded.into_iter().map(|(_, img)| img).filter(|img| !img.is_empty()).collect();
         if batch.is_empty() {
             return Ok(Pushed { written: 0, freed: 0, images });
         }
@@ -295,7 +319,8 @@ impl Ail {
         dev.flush()?;
         let written = homed.len() as u64;
         *homed_kept = reuse_empty(homed);
-        let retired: Vec<Written> = batch.iter().map(|e| records.remove(&e.rec_seq).expect("a record in the batch was taken in")).collect();
+        let retired: Vec<Written> =
+            batch.iter().map(|e| records.remove(&e.rec_seq).expect("a record in the batch was taken in")).collect();
         self.held_bytes.fetch_sub(retired.iter().map(Written::bytes).sum(), Relaxed);
         images.extend(retired.into_iter().flat_map(|w| w.items).map(|(_, img)| img).filter(|img| !img.is_empty()));
         Ok(Pushed { written, freed, images })
@@ -310,7 +335,10 @@ impl Ail {
         let mut g = self.inner.lock();
         // The list is numbered consecutively, and records leave it only once taken in.
         let taken_in = indexed_below.saturating_sub(g.entries.front().map_or(indexed_below, |e| e.rec_seq)) as usize;
-        debug_assert!(g.entries.iter().take(taken_in).all(|e| matches!(e.durable, Durability::TakenIn)), "a record below the index is not taken in");
+        debug_assert!(
+            g.entries.iter().take(taken_in).all(|e| matches!(e.durable, Durability::TakenIn)),
+            "a record below the index is not taken in"
+        );
         let mut new: Vec<(u64, Written)> = Vec::new();
         for e in g.entries.iter_mut().skip(taken_in) {
             match std::mem::replace(&mut e.durable, Durability::TakenIn) {
@@ -356,7 +384,13 @@ impl Ail {
 /// image is whole. A record that became durable after the batch was taken is in neither map:
 /// the batch may then write an older image home, which that record's own writeback
 /// overwrites later (and a revoke among them is covered by `reusable`).
-fn live_items<'b>(latest: &mut FxHashMap<ItemKey, Newest>, records: &'b FxHashMap<u64, Written>, batch: &[Entry], geo: &Geometry, out: &mut Vec<(u64, &'b [u8])>) -> io::Result<()> {
+fn live_items<'b>(
+    latest: &mut FxHashMap<ItemKey, Newest>,
+    records: &'b FxHashMap<u64, Written>,
+    batch: &[Entry],
+    geo: &Geometry,
+    out: &mut Vec<(u64, &'b [u8])>,
+) -> io::Result<()> {
     // Verified as its reads will verify it, in debug builds, before it is written home.
     let homed_at = |k: ItemKey, img: &'b [u8]| -> io::Result<(u64, &'b [u8])> {
         debug_assert_verified(k, img, geo, "written home");
@@ -379,7 +413,12 @@ fn live_items<'b>(latest: &mut FxHashMap<ItemKey, Newest>, records: &'b FxHashMa
                     out.push(homed_at(*k, img)?);
                 }
             } else if matches!(home_key, ItemKey::Block(_)) && !newest.homed {
-                debug_assert!(newest.rec_seq > e.rec_seq, "{home_key:?}: newest record {} before {}", newest.rec_seq, e.rec_seq);
+                debug_assert!(
+                    newest.rec_seq > e.rec_seq,
+                    "{home_key:?}: newest record {} before {}",
+                    newest.rec_seq,
+                    e.rec_seq
+                );
                 newest.homed = true;
                 if let Some(img) = records[&newest.rec_seq].image_of(home_key) {
                     out.push(homed_at(home_key, img)?);
@@ -441,7 +480,8 @@ mod tests {
     /// in keeps only the newest image of 100; writing back writes each block once, newest.
     #[test]
     fn superseded_images_are_dropped_when_taken_in_and_never_written() {
-        let geo = mkfs::plan(DEV_BYTES, &MkfsOptions { ag_count: Some(1), ..MkfsOptions::default() }).expect("geometry");
+        let geo =
+            mkfs::plan(DEV_BYTES, &MkfsOptions { ag_count: Some(1), ..MkfsOptions::default() }).expect("geometry");
         let dev = MemDevice::new(DEV_BYTES);
         let ail = Ail::new(geo.ag_layout(0).log, 64, LogHeader { gen: 0, epoch: 1, tail_off: 0, tail_seq: 1 });
         // Sealed blocks (writeback verifies what it writes home in debug builds), filled

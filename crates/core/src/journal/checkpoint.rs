@@ -36,7 +36,11 @@ impl Checkpointed {
     /// How the record carries the item: a freed block as its revoke, a block with its header
     /// chunk among its changes (the seal writes the lsn and crc there).
     pub(super) fn logged(&self) -> (ItemKey, ChunkMask) {
-        debug_assert!(self.image.is_some() || matches!(self.key, ItemKey::Block(_)), "{:?}: only blocks are revoked", self.key);
+        debug_assert!(
+            self.image.is_some() || matches!(self.key, ItemKey::Block(_)),
+            "{:?}: only blocks are revoked",
+            self.key
+        );
         match (self.key, &self.image) {
             (ItemKey::Block(b), None) => (ItemKey::Revoke(b), ALL_CHUNKS),
             (k, _) => (k, self.changed | 1),
@@ -68,7 +72,11 @@ struct SwitchTally {
 /// Merge one sequence's batches into `merged` and drain it, sorted by home: the items of the
 /// checkpoint, and the extents it frees. The batches' emptied maps go to `maps` for the
 /// shards' next batches.
-fn merge_batches(taken: Vec<CilBatch>, merged: &mut FxHashMap<ItemKey, CilItem>, maps: &mut Vec<FxHashMap<ItemKey, CilItem>>) -> (Vec<Checkpointed>, Vec<BusyExtent>) {
+fn merge_batches(
+    taken: Vec<CilBatch>,
+    merged: &mut FxHashMap<ItemKey, CilItem>,
+    maps: &mut Vec<FxHashMap<ItemKey, CilItem>>,
+) -> (Vec<Checkpointed>, Vec<BusyExtent>) {
     let total = taken.iter().map(|b| b.items.len()).sum();
     debug_assert!(merged.is_empty());
     merged.reserve(total);
@@ -96,11 +104,11 @@ fn merge_batches(taken: Vec<CilBatch>, merged: &mut FxHashMap<ItemKey, CilItem>,
             maps.push(shard.items);
         }
     }
-    let mut items: Vec<_> = merged.drain().map(|(key, it)| Checkpointed { key, image: it.image, changed: it.changed }).collect();
+    let mut items: Vec<_> =
+        merged.drain().map(|(key, it)| Checkpointed { key, image: it.image, changed: it.changed }).collect();
     items.sort_unstable_by_key(|it| it.key);
     (items, busy)
 }
-
 
 impl Journal {
     /// Make every change of CIL sequence `seq` (and before) durable. Concurrent callers share
@@ -165,7 +173,11 @@ impl Journal {
     /// record only if every earlier one is intact, so a later record that reaches the disk
     /// first is never replayed without them. `cil_full` (a throttled committer's) is let go
     /// once the switch has emptied the CIL.
-    pub(super) fn checkpoint_locked(&self, mut push: MutexGuard<'_, PushState>, cil_full: Option<RwLockWriteGuard<'_, ()>>) -> Result<()> {
+    pub(super) fn checkpoint_locked(
+        &self,
+        mut push: MutexGuard<'_, PushState>,
+        cil_full: Option<RwLockWriteGuard<'_, ()>>,
+    ) -> Result<()> {
         self.alive()?;
         let Switched { seq, items, busy, in_flight } = self.switch(&mut push);
         drop(cil_full);
@@ -241,12 +253,23 @@ impl Journal {
     /// nothing of it), under that shard's lock alone; `switch` visits the shards in use with
     /// it. The shard moves on to the next sequence, with a recycled map for its new batch and
     /// its buffers fitted to what the batch taken copied (from `spare`, or back to it).
-    fn take_shard(&self, slot: &ShardSlot, seq: u64, maps: &mut Vec<FxHashMap<ItemKey, CilItem>>, spare: &mut Buffers, tally: &mut SwitchTally) -> Option<CilBatch> {
+    fn take_shard(
+        &self,
+        slot: &ShardSlot,
+        seq: u64,
+        maps: &mut Vec<FxHashMap<ItemKey, CilItem>>,
+        spare: &mut Buffers,
+        tally: &mut SwitchTally,
+    ) -> Option<CilBatch> {
         let mut g = slot.shard.lock();
         if g.seq != seq {
             // Idle until a committer that read the new sequence brought it up to
             // that: nothing in it belongs to `seq`.
-            debug_assert!(g.seq > seq || (g.open.is_empty() && g.next.is_empty()), "shard at {} skipped by switch {seq}", g.seq);
+            debug_assert!(
+                g.seq > seq || (g.open.is_empty() && g.next.is_empty()),
+                "shard at {} skipped by switch {seq}",
+                g.seq
+            );
             tally.kept += g.free.bytes();
             return None;
         }
@@ -290,7 +313,12 @@ impl Journal {
     /// previous image in the log, and its header chunk (the seal's lsn and crc), unless all
     /// of it changed. Returns the record's number and its sealed whole images, sorted by home,
     /// for the AIL to write home.
-    pub(super) fn write_checkpoint(&self, seq: u64, items: Vec<Checkpointed>, push: MutexGuard<'_, PushState>) -> Result<(u64, SealedImages)> {
+    pub(super) fn write_checkpoint(
+        &self,
+        seq: u64,
+        items: Vec<Checkpointed>,
+        push: MutexGuard<'_, PushState>,
+    ) -> Result<(u64, SealedImages)> {
         let bytes: usize = items.iter().map(|it| it.logged()).map(|(k, changed)| logged_bytes(k, changed)).sum();
         let blocks = (RECORD_HDR + bytes).div_ceil(BLOCK_SIZE) as u64;
         let (rec_seq, off, epoch) = self.reserve_log(seq, blocks)?;
@@ -317,7 +345,9 @@ impl Journal {
         let at = (self.ail.ring_start() + off) * BLOCK_SIZE as u64;
         let mut buf = self.take_record_buf();
         let logged = sealed.iter().map(|(k, img, changed)| (*k, &img[..], *changed));
-        let written = write_record(&mut buf, self.cfg.record_piece_bytes, rec_seq, epoch, logged, |pos, bytes| self.dev.write_at(bytes, at + pos));
+        let written = write_record(&mut buf, self.cfg.record_piece_bytes, rec_seq, epoch, logged, |pos, bytes| {
+            self.dev.write_at(bytes, at + pos)
+        });
         self.give_record_buf(buf);
         let record_bytes = written.or_else(|e| self.fail(e))?;
         debug_assert_eq!(record_bytes, blocks * BLOCK_SIZE as u64);
@@ -378,7 +408,8 @@ impl Journal {
         if need_free > 0 {
             self.stats.ail_pushes.fetch_add(1, Relaxed);
         }
-        let ail::Pushed { written, freed, images } = self.ail.push(&*self.dev, &self.geo, need_free, &*self.on_durable).or_else(|e| self.fail(e))?;
+        let ail::Pushed { written, freed, images } =
+            self.ail.push(&*self.dev, &self.geo, need_free, &*self.on_durable).or_else(|e| self.fail(e))?;
         self.stats.items_written_home.fetch_add(written, Relaxed);
         self.recycle(images);
         Ok(freed)

@@ -133,7 +133,11 @@ impl Spare {
     pub(super) fn room(&self, kind: usize, max_bytes: usize) -> usize {
         let wanted: [usize; IMAGE_KINDS] = std::array::from_fn(|k| self.demand[k] * image_bytes(k));
         let total: usize = wanted.iter().sum();
-        let share = if total == 0 { max_bytes / IMAGE_KINDS } else { (max_bytes as u128 * wanted[kind] as u128 / total as u128) as usize };
+        let share = if total == 0 {
+            max_bytes / IMAGE_KINDS
+        } else {
+            (max_bytes as u128 * wanted[kind] as u128 / total as u128) as usize
+        };
         (share / image_bytes(kind)).saturating_sub(self.buffers.kinds[kind].len())
     }
 }
@@ -187,7 +191,10 @@ impl CilWriter<'_> {
     pub fn log(&mut self, key: ItemKey, version: u64, image: &[u8], changed: ChunkMask) {
         debug_assert!(!matches!(key, ItemKey::Revoke(_)));
         debug_assert_eq!(image.len(), key.image_len());
-        debug_assert!(matches!(key, ItemKey::Block(_)) || changed == ALL_CHUNKS, "{key:?}: only blocks are logged in chunks");
+        debug_assert!(
+            matches!(key, ItemKey::Block(_)) || changed == ALL_CHUNKS,
+            "{key:?}: only blocks are logged in chunks"
+        );
         match self.batch.items.get_mut(&key) {
             Some(it) => {
                 // An item's versions are taken under its owner's lock, which is held through
@@ -204,7 +211,10 @@ impl CilWriter<'_> {
                 match &mut it.image {
                     Some(img) if relogged && img.len() == BLOCK_SIZE => {
                         copy_chunks(img, image, changed);
-                        debug_assert!(img[..] == image[..], "{key:?}: version {version} differs outside its changed chunks {changed:#x}");
+                        debug_assert!(
+                            img[..] == image[..],
+                            "{key:?}: version {version} differs outside its changed chunks {changed:#x}"
+                        );
                     }
                     Some(img) => img.copy_from_slice(image),
                     None => it.image = Some(copy_of(image, self.free, &mut self.batch.copies)),
@@ -218,11 +228,13 @@ impl CilWriter<'_> {
         }
     }
 
-
     /// The metadata block was freed: drop any logged image and revoke older ones.
     pub fn revoke(&mut self, blkno: u64, version: u64) {
         let old = self.batch.items.insert(ItemKey::Block(blkno), CilItem { version, image: None, changed: 0 });
-        debug_assert!(old.as_ref().is_none_or(|o| o.version < version), "block {blkno}: revoke version {version} not above the logged one");
+        debug_assert!(
+            old.as_ref().is_none_or(|o| o.version < version),
+            "block {blkno}: revoke version {version} not above the logged one"
+        );
         if let Some(image) = old.and_then(|o| o.image) {
             self.free.put(image);
         }
@@ -365,9 +377,7 @@ impl Journal {
         while result.is_ok() && self.cil_at_max() {
             result = match self.cil_full.try_write() {
                 // Another's checkpoint may have emptied the CIL since.
-                Some(full) if self.cil_at_max() => {
-                    self.checkpoint_locked(self.push.lock(), Some(full))
-                }
+                Some(full) if self.cil_at_max() => self.checkpoint_locked(self.push.lock(), Some(full)),
                 Some(_) => Ok(()),
                 None => {
                     drop(self.cil_full.read());
@@ -420,7 +430,8 @@ mod tests {
     fn the_cil_count_is_published_in_steps_and_the_commits_exactly() {
         const DEV_BYTES: u64 = 64 << 20;
         let dev = Arc::new(crate::dev::MemDevice::new(DEV_BYTES));
-        let geo = crate::mkfs::plan(DEV_BYTES, &crate::MkfsOptions { ag_count: Some(1), ..Default::default() }).unwrap();
+        let geo =
+            crate::mkfs::plan(DEV_BYTES, &crate::MkfsOptions { ag_count: Some(1), ..Default::default() }).unwrap();
         let cfg = JournalConfig { background: false, ..JournalConfig::for_log(geo.log_blocks) };
         let header = LogHeader { gen: 0, epoch: 1, tail_off: 0, tail_seq: 1 };
         let log = geo.ag_layout(0).log;

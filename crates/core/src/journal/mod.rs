@@ -25,7 +25,10 @@ pub use recover::{recover, RecoveryReport};
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::log::{ItemKey, LogHeader, RECORD_PIECE};
-use crate::format::{header_magic, verify_block, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE, MAGIC_DATA_META, MAGIC_ORPHAN};
+use crate::format::{
+    header_magic, verify_block, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE,
+    MAGIC_DATA_META, MAGIC_ORPHAN,
+};
 use crate::lockstat::{Condvar, LockClass, Mutex};
 use ail::Ail;
 use checkpoint::PushState;
@@ -138,7 +141,8 @@ impl JournalConfig {
         let ring_bytes = ring_blocks * BLOCK_SIZE as u64;
         self.cil_push_bytes = self.cil_push_bytes.min((limit / 16).max(JOURNAL_MIN_BYTES));
         self.cil_max_bytes = self.cil_max_bytes.min((limit / 4).max(2 * JOURNAL_MIN_BYTES));
-        self.ail_push_percent = self.ail_push_percent.min((limit / 4 * 100 / ring_bytes.max(1)).max(AIL_PUSH_PERCENT_MIN));
+        self.ail_push_percent =
+            self.ail_push_percent.min((limit / 4 * 100 / ring_bytes.max(1)).max(AIL_PUSH_PERCENT_MIN));
         self.ail_held_max_bytes = self.ail_held_max_bytes.min((limit / 8).max(JOURNAL_MIN_BYTES));
         self.spare_max_bytes = self.spare_max_bytes.min(limit / 8);
         self
@@ -162,11 +166,16 @@ fn verify_sealed(key: ItemKey, image: &[u8], geo: &Geometry) -> Result<()> {
     match key {
         ItemKey::Block(blkno) => {
             let magic = if image.len() == BLOCK_SIZE { header_magic(image) } else { 0 };
-            let magic = METADATA_MAGICS.into_iter().find(|&m| m == magic).ok_or_else(|| Error::corrupt("logged block", blkno, format!("bad magic {magic:#x}")))?;
+            let magic = METADATA_MAGICS
+                .into_iter()
+                .find(|&m| m == magic)
+                .ok_or_else(|| Error::corrupt("logged block", blkno, format!("bad magic {magic:#x}")))?;
             verify_block(image, "logged block", magic, blkno, None)
         }
         ItemKey::Inode(ino) => {
-            let image: &[u8; INODE_SIZE] = image.try_into().map_err(|_| Error::corrupt("logged inode", ino, format!("an image of {} bytes", image.len())))?;
+            let image: &[u8; INODE_SIZE] = image
+                .try_into()
+                .map_err(|_| Error::corrupt("logged inode", ino, format!("an image of {} bytes", image.len())))?;
             DiskInode::decode(image, ino, geo).map(drop)
         }
         ItemKey::Revoke(_) => Ok(()),
@@ -260,7 +269,13 @@ pub struct Journal {
 impl Journal {
     /// Start the journal on an image whose log has been recovered (it is empty: `header`
     /// points its tail at its head).
-    pub fn start(dev: Arc<dyn BlockDevice>, geo: Geometry, header: LogHeader, mut cfg: JournalConfig, on_durable: DurableHook) -> Arc<Journal> {
+    pub fn start(
+        dev: Arc<dyn BlockDevice>,
+        geo: Geometry,
+        header: LogHeader,
+        mut cfg: JournalConfig,
+        on_durable: DurableHook,
+    ) -> Arc<Journal> {
         let ring_blocks = geo.log_ring_blocks();
         cfg.cil_max_bytes = cfg.cil_max_bytes.min(ring_blocks * BLOCK_SIZE as u64 / 4);
         let publish_bytes = (cfg.cil_max_bytes / (4 * CIL_SHARDS as u64)).min(16 << 10);
@@ -269,9 +284,17 @@ impl Journal {
         // each three ways: a holder preempted there held up its sharers and the AG lock they
         // held, and `ferrofs bench scale` counted ten times the shard contentions and twice
         // the AG wait of 64 shards.) A switch visits those in use, a lock each (`ShardSlot`).
-        let shard = || CilShard { seq: 1, open: CilBatch::default(), next: CilBatch::default(), free: Buffers::default() };
+        let shard =
+            || CilShard { seq: 1, open: CilBatch::default(), next: CilBatch::default(), free: Buffers::default() };
         let shards = (0..CIL_SHARDS)
-            .map(|i| CachePadded::new(ShardSlot { active: AtomicBool::new(false), commits: AtomicU64::new(0), routed: AtomicU64::new(0), shard: Mutex::new_indexed(&CIL_SHARD, i as u64, shard()) }))
+            .map(|i| {
+                CachePadded::new(ShardSlot {
+                    active: AtomicBool::new(false),
+                    commits: AtomicU64::new(0),
+                    routed: AtomicU64::new(0),
+                    shard: Mutex::new_indexed(&CIL_SHARD, i as u64, shard()),
+                })
+            })
             .collect();
         let log_start = geo.ag_layout(0).log;
         let j = Arc::new(Journal {
@@ -369,7 +392,11 @@ impl Journal {
     /// Bytes the journal holds in memory: the CIL's items, the checkpoints in flight, the
     /// recycled block images and record buffer, and the durable records not yet written home.
     pub fn memory_bytes(&self) -> u64 {
-        self.cil_bytes.load(Relaxed) + self.in_flight_bytes.load(Relaxed) + self.recycled_bytes.load(Relaxed) + self.record_buf_bytes.load(Relaxed) + self.ail.held_bytes()
+        self.cil_bytes.load(Relaxed)
+            + self.in_flight_bytes.load(Relaxed)
+            + self.recycled_bytes.load(Relaxed)
+            + self.record_buf_bytes.load(Relaxed)
+            + self.ail.held_bytes()
     }
 
     /// Commits so far, exactly.

@@ -65,7 +65,9 @@ pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<Rec
         for item in decode_record(&r.bytes).expect("checked in scan")? {
             report.items += 1;
             match item {
-                LogItem::Block(b, _) | LogItem::Chunks(b, ..) if revoke.get(&b).is_some_and(|&s| s > r.seq) => report.revoked += 1,
+                LogItem::Block(b, _) | LogItem::Chunks(b, ..) if revoke.get(&b).is_some_and(|&s| s > r.seq) => {
+                    report.revoked += 1
+                }
                 LogItem::Block(b, img) => dev.write_at(img, checked_block(geo, b, r.seq)? * BLOCK_SIZE as u64)?,
                 LogItem::Chunks(b, changed, chunks) => {
                     // Laid over what is home: the block as an earlier record of this replay
@@ -124,7 +126,14 @@ fn scan(dev: &dyn BlockDevice, ring_start: u64, ring: u64, h: &LogHeader) -> Res
     Ok((out, off))
 }
 
-fn read_record(dev: &dyn BlockDevice, ring_start: u64, ring: u64, off: u64, seq: u64, epoch: u64) -> Result<Option<Vec<u8>>> {
+fn read_record(
+    dev: &dyn BlockDevice,
+    ring_start: u64,
+    ring: u64,
+    off: u64,
+    seq: u64,
+    epoch: u64,
+) -> Result<Option<Vec<u8>>> {
     let mut first = vec![0u8; BLOCK_SIZE];
     dev.read_at(&mut first, (ring_start + off) * BLOCK_SIZE as u64)?;
     let Some(head) = record_head(&first, ring - off) else { return Ok(None) };

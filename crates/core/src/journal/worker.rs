@@ -21,7 +21,6 @@ pub(super) struct WorkerState {
     pub(super) stop: bool,
 }
 
-
 impl Journal {
     pub(super) fn spawn(self: &Arc<Self>, name: &str, f: fn(&Journal)) {
         let j = Arc::clone(self);
@@ -139,7 +138,10 @@ impl Journal {
             if self.push_ail(target).is_err() {
                 return;
             }
-            if !all && self.ail.held_bytes() >= self.cfg.ail_held_max_bytes && self.push_ail(self.ail.ring_blocks()).is_err() {
+            if !all
+                && self.ail.held_bytes() >= self.cfg.ail_held_max_bytes
+                && self.push_ail(self.ail.ring_blocks()).is_err()
+            {
                 return;
             }
         }

@@ -24,7 +24,9 @@ impl FerroFuse {
                 // Names cached with the long timeout while everyone could search here: expired
                 // before the reply where the kernel can, so none is walked through once the
                 // chmod has returned; else invalidated one by one after it.
-                let cached = before.is_some_and(|b| b.kind == ferrofs::FileType::Directory && searchable_by_all(b.perm) && !searchable_by_all(a.perm));
+                let cached = before.is_some_and(|b| {
+                    b.kind == ferrofs::FileType::Directory && searchable_by_all(b.perm) && !searchable_by_all(a.perm)
+                });
                 let names = if cached && !self.name_epoch.expire_all_names() { self.names_in(ino) } else { Vec::new() };
                 reply.attr(&self.attr_ttl, &file_attr(&a));
                 self.forget_names(ino, names);
@@ -36,7 +38,11 @@ impl FerroFuse {
 
 pub(super) fn system_time(t: Timespec) -> SystemTime {
     let nsec = Duration::from_nanos(t.nsec.min(999_999_999) as u64);
-    let at = if t.sec >= 0 { UNIX_EPOCH.checked_add(Duration::from_secs(t.sec as u64)) } else { UNIX_EPOCH.checked_sub(Duration::from_secs(t.sec.unsigned_abs())) };
+    let at = if t.sec >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_secs(t.sec as u64))
+    } else {
+        UNIX_EPOCH.checked_sub(Duration::from_secs(t.sec.unsigned_abs()))
+    };
     at.and_then(|a| a.checked_add(nsec)).unwrap_or(UNIX_EPOCH)
 }
 

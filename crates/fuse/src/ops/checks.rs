@@ -31,7 +31,14 @@ impl FerroFuse {
     }
 
     /// A new name in `dir` (mknod, mkdir, symlink, link): write and search on it first.
-    pub(super) fn make_entry(&self, req: &Request, op: &'static str, dir: u64, reply: ReplyEntry, make: impl FnOnce(&FileSystem) -> ferrofs::Result<Attr>) {
+    pub(super) fn make_entry(
+        &self,
+        req: &Request,
+        op: &'static str,
+        dir: u64,
+        reply: ReplyEntry,
+        make: impl FnOnce(&FileSystem) -> ferrofs::Result<Attr>,
+    ) {
         match self.enter_dir(req, op, dir, MAY_WRITE | MAY_EXEC) {
             Ok(ttl) => {
                 let res = self.call(op, make);

@@ -10,8 +10,15 @@ const COPY_MAX: u64 = u32::MAX as u64 & !0xfff;
 impl FerroFuse {
     /// The kernel has checked the descriptors (readable, writable, not append-only), the
     /// file types, and that two ranges of one file do not overlap.
-    pub(super) fn copy_range(&self, (ino_in, off_in): (u64, u64), (ino_out, off_out): (u64, u64), len: u64, reply: ReplyWrite) {
-        let res: Res<u64> = self.call("copy_file_range", |fs| fs.copy_file_range(ino_in, off_in, ino_out, off_out, len.min(COPY_MAX)));
+    pub(super) fn copy_range(
+        &self,
+        (ino_in, off_in): (u64, u64),
+        (ino_out, off_out): (u64, u64),
+        len: u64,
+        reply: ReplyWrite,
+    ) {
+        let res: Res<u64> =
+            self.call("copy_file_range", |fs| fs.copy_file_range(ino_in, off_in, ino_out, off_out, len.min(COPY_MAX)));
         match res.and_then(|n| u32::try_from(n).map_err(|_| Errno::EOVERFLOW)) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),

@@ -18,7 +18,9 @@ type DirBatch = (Vec<DirEntry<Range<usize>>>, Vec<u8>);
 impl FerroFuse {
     /// readdir: as many entries after `cookie` as the reply holds.
     pub(super) fn list_dir(&self, ino: u64, cookie: u64, mut reply: ReplyDirectory) {
-        let res = self.fill_dir(ino, cookie, |e| reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), OsStr::from_bytes(e.name)));
+        let res = self.fill_dir(ino, cookie, |e| {
+            reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), OsStr::from_bytes(e.name))
+        });
         match res {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -36,7 +38,14 @@ impl FerroFuse {
             // Attributes are read after the batch, without the directory's lock. An entry
             // removed meanwhile is left out, as if the listing had been taken a moment later.
             match self.call("readdirplus", |fs| fs.getattr(e.ino)) {
-                Ok(a) => reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(e.name), &ttl, &file_attr(&a), Generation(a.generation as u64)),
+                Ok(a) => reply.add(
+                    INodeNo(e.ino),
+                    e.cookie,
+                    OsStr::from_bytes(e.name),
+                    &ttl,
+                    &file_attr(&a),
+                    Generation(a.generation as u64),
+                ),
                 Err(_) => false,
             }
         });

@@ -32,7 +32,12 @@ fn a_panicking_engine_call_fails_with_eio_and_stops_changes() {
 
 #[test]
 fn times_round_trip_including_before_1970() {
-    for t in [Timespec { sec: 0, nsec: 0 }, Timespec { sec: 1_700_000_000, nsec: 999_999_999 }, Timespec { sec: -1, nsec: 500_000_000 }, Timespec { sec: -86_400, nsec: 0 }] {
+    for t in [
+        Timespec { sec: 0, nsec: 0 },
+        Timespec { sec: 1_700_000_000, nsec: 999_999_999 },
+        Timespec { sec: -1, nsec: 500_000_000 },
+        Timespec { sec: -86_400, nsec: 0 },
+    ] {
         assert_eq!(timespec(system_time(t)), t);
     }
     // Out of range for SystemTime: clamped, not a panic.
@@ -50,7 +55,8 @@ fn request_times_before_1970_keep_their_nanoseconds() {
             UNIX_EPOCH - Duration::new(sec.unsigned_abs(), nsec)
         }
     };
-    for (sec, nsec) in [(-86_400i64, 999_999_999u32), (-1, 1), (-1, 0), (-5, 500_000_000), (0, 7), (1_700_000_000, 123)] {
+    for (sec, nsec) in [(-86_400i64, 999_999_999u32), (-1, 1), (-1, 0), (-5, 500_000_000), (0, 7), (1_700_000_000, 123)]
+    {
         assert_eq!(request_time(fuser_decoded(sec, nsec)), Timespec { sec, nsec });
     }
 }

@@ -15,7 +15,13 @@ impl FerroFuse {
         };
         let linkable = flags & libc::O_EXCL == 0;
         match self.call("tmpfile", |fs| fs.tmpfile(dir, mode, cred(req), linkable)) {
-            Ok(a) => reply.created(&ttl, &file_attr(&a), Generation(a.generation as u64), FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(a) => reply.created(
+                &ttl,
+                &file_attr(&a),
+                Generation(a.generation as u64),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Err(e) => reply.error(e),
         }
     }

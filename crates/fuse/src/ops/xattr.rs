@@ -7,7 +7,15 @@ use fuser::{Errno, ReplyXattr, Request};
 impl FerroFuse {
     /// getxattr, setxattr or removexattr of `name` on `ino`: the name's namespace and the
     /// caller's `mask` on the inode are checked before the engine is called.
-    pub(super) fn call_xattr<T>(&self, req: &Request, op: &'static str, ino: u64, name: &[u8], mask: u32, f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>) -> Res<T> {
+    pub(super) fn call_xattr<T>(
+        &self,
+        req: &Request,
+        op: &'static str,
+        ino: u64,
+        name: &[u8],
+        mask: u32,
+        f: impl FnOnce(&FileSystem) -> ferrofs::Result<T>,
+    ) -> Res<T> {
         check_xattr_name(name)?;
         self.may_xattr(req, op, ino, name, mask)?;
         self.call(op, f)
@@ -19,11 +27,14 @@ impl FerroFuse {
         // to CAP_SYS_ADMIN (uid 0 stands for it; the kernel's FUSE client filters nothing).
         let privileged = req.uid() == 0;
         self.call("listxattr", |fs| fs.listxattr(ino)).map(|names| {
-            names.into_iter().filter(|n| privileged || !n.starts_with(b"trusted.")).flat_map(|mut n| {
-                n.push(0);
-                n
-            })
-            .collect::<Vec<u8>>()
+            names
+                .into_iter()
+                .filter(|n| privileged || !n.starts_with(b"trusted."))
+                .flat_map(|mut n| {
+                    n.push(0);
+                    n
+                })
+                .collect::<Vec<u8>>()
         })
     }
 

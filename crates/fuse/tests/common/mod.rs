@@ -35,7 +35,8 @@ pub fn skip(test: &str, why: &str) {
 
 /// Whether mounting failed because this machine does not allow it (not a ferrofs bug).
 fn not_permitted(e: &MountError) -> bool {
-    matches!(e, MountError::Fuse { .. }) && matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES | libc::ENODEV | libc::ENOENT))
+    matches!(e, MountError::Fuse { .. })
+        && matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES | libc::ENODEV | libc::ENOENT))
 }
 
 pub fn is_mounted(path: &Path) -> bool {
@@ -69,7 +70,8 @@ fn give_root_directory_to_caller(image: &Path) {
 /// (0 after a clean unmount).
 pub fn replayed_records(image: &Path) -> u64 {
     let dev = FileDevice::open_wait(image, true, Duration::from_secs(10)).expect("open image");
-    let fs = FileSystem::mount_device(Arc::new(dev), &MountOptions { read_only: true, ..MountOptions::default() }).expect("engine mount");
+    let fs = FileSystem::mount_device(Arc::new(dev), &MountOptions { read_only: true, ..MountOptions::default() })
+        .expect("engine mount");
     fs.info().log_records_replayed
 }
 
@@ -163,7 +165,8 @@ impl Drop for Fixture {
         if is_mounted(&self.mnt) {
             // The test failed with the file system mounted: take it down from outside, the
             // way an operator would, so the session thread ends.
-            let quiet = |cmd: &mut Command| cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+            let quiet =
+                |cmd: &mut Command| cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
             if !quiet(Command::new("fusermount3").arg("-u").arg(&self.mnt)) {
                 quiet(Command::new("umount").arg("-l").arg(&self.mnt));
             }
