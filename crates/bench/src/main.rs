@@ -23,6 +23,7 @@ mod scale;
 mod scale_report;
 mod scratch;
 mod seeds;
+mod seeds_probe;
 mod seeds_report;
 mod seeds_results;
 mod session;
