@@ -85,24 +85,14 @@ pub struct MemoryReport {
     pub disk_inode_struct_bytes: usize,
 }
 
+/// The engine's journal counters as the report gives them: every counter under its own name,
+/// and the throttled commits' wait in seconds beside the nanoseconds.
 #[derive(Serialize)]
 pub struct JournalReport {
-    pub commits: u64,
-    /// Commits into a shared directory's CIL shard.
-    pub routed_commits: u64,
-    pub checkpoints: u64,
-    pub background_checkpoints: u64,
-    pub forced_checkpoints: u64,
-    pub items_logged: u64,
-    pub log_bytes: u64,
-    pub log_space_waits: u64,
-    pub commit_throttles: u64,
+    #[serde(flatten)]
+    pub counters: ferrofs::JournalCounters,
     /// Time throttled commits waited for the CIL to empty, in all (not a lock wait).
     pub throttle_wait_seconds: f64,
-    pub ail_pushes: u64,
-    pub items_written_home: u64,
-    pub fsyncs_durable: u64,
-    pub forces_joined: u64,
 }
 
 /// Median and range of one figure over the runs.
@@ -230,23 +220,8 @@ impl MemoryReport {
 }
 
 impl From<&ferrofs::JournalCounters> for JournalReport {
-    fn from(s: &ferrofs::JournalCounters) -> JournalReport {
-        JournalReport {
-            commits: s.commits,
-            routed_commits: s.routed_commits,
-            checkpoints: s.checkpoints,
-            background_checkpoints: s.background_checkpoints,
-            forced_checkpoints: s.forced_checkpoints,
-            items_logged: s.items_logged,
-            log_bytes: s.log_bytes,
-            log_space_waits: s.log_space_waits,
-            commit_throttles: s.commit_throttles,
-            throttle_wait_seconds: s.throttle_wait_ns as f64 / 1e9,
-            ail_pushes: s.ail_pushes,
-            items_written_home: s.items_written_home,
-            fsyncs_durable: s.fsyncs_durable,
-            forces_joined: s.forces_joined,
-        }
+    fn from(counters: &ferrofs::JournalCounters) -> JournalReport {
+        JournalReport { counters: counters.clone(), throttle_wait_seconds: counters.throttle_wait_ns as f64 / 1e9 }
     }
 }
 
@@ -325,26 +300,27 @@ impl Report {
 
 impl JournalReport {
     fn print(&self, unmount_seconds: f64) {
+        let c = &self.counters;
         println!(
             "\njournal: {} commits ({} into shared directories' shards), {} checkpoints ({} background, {} forced)",
-            grouped(self.commits),
-            grouped(self.routed_commits),
-            grouped(self.checkpoints),
-            grouped(self.background_checkpoints),
-            grouped(self.forced_checkpoints)
+            grouped(c.commits),
+            grouped(c.routed_commits),
+            grouped(c.checkpoints),
+            grouped(c.background_checkpoints),
+            grouped(c.forced_checkpoints)
         );
         println!(
             "  {} logged in {} items; {} log-space waits, {} commit throttles (waited {:.2} s in all)",
-            human_bytes(self.log_bytes),
-            grouped(self.items_logged),
-            grouped(self.log_space_waits),
-            grouped(self.commit_throttles),
+            human_bytes(c.log_bytes),
+            grouped(c.items_logged),
+            grouped(c.log_space_waits),
+            grouped(c.commit_throttles),
             self.throttle_wait_seconds
         );
         println!(
             "  {} AIL pushes wrote {} items home; unmount took {:.2} s",
-            grouped(self.ail_pushes),
-            grouped(self.items_written_home),
+            grouped(c.ail_pushes),
+            grouped(c.items_written_home),
             unmount_seconds
         );
     }
