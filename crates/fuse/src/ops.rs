@@ -20,7 +20,7 @@ use crate::epoch::NameEpoch;
 use crate::sync_pool::{SyncPool, SYNC_QUEUE_MAX, SYNC_THREADS};
 use crate::workers::Workers;
 use crate::{MountConfig, MAX_WRITE};
-use attr::{file_attr, negative_attr, request_time, time_or_now};
+use attr::{file_attr, negative_attr, reply_created, request_time, time_or_now};
 use ferrofs::{Attr, Cred, FileSystem, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, Notifier, OpenFlags,
@@ -531,16 +531,7 @@ impl fuser::Filesystem for FerroFuse {
                 },
             )
             .and_then(|a| self.call("create", |fs| fs.open(a.ino)));
-        match res {
-            Ok(a) => reply.created(
-                &ttl,
-                &file_attr(&a),
-                Generation(a.generation as u64),
-                FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE,
-            ),
-            Err(e) => reply.error(e),
-        }
+        reply_created(reply, &ttl, res)
     }
 
     fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {

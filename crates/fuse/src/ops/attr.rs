@@ -1,9 +1,11 @@
 //! Attributes from the engine's types to fuser's and back: times, file types, `FileAttr`.
 
-use super::{caller, FerroFuse};
+use super::{caller, FerroFuse, Res};
 use crate::access::searchable_by_all;
 use ferrofs::{Attr, SetAttr, Timespec};
-use fuser::{FileAttr, FileType, INodeNo, ReplyAttr, Request, TimeOrNow};
+use fuser::{
+    FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyCreate, Request, TimeOrNow,
+};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 impl FerroFuse {
@@ -90,6 +92,21 @@ pub(super) fn file_type(k: ferrofs::FileType) -> FileType {
         ferrofs::FileType::BlockDevice => FileType::BlockDevice,
         ferrofs::FileType::NamedPipe => FileType::NamedPipe,
         ferrofs::FileType::Socket => FileType::Socket,
+    }
+}
+
+/// Answer a CREATE or TMPFILE: the new file, open once (handles are not tracked, so 0), its
+/// cached pages kept across opens.
+pub(super) fn reply_created(reply: ReplyCreate, ttl: &Duration, created: Res<Attr>) {
+    match created {
+        Ok(a) => reply.created(
+            ttl,
+            &file_attr(&a),
+            Generation(a.generation as u64),
+            FileHandle(0),
+            FopenFlags::FOPEN_KEEP_CACHE,
+        ),
+        Err(e) => reply.error(e),
     }
 }
 

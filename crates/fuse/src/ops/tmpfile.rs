@@ -1,8 +1,8 @@
 //! O_TMPFILE (FUSE_TMPFILE): a file opened without a name.
 
-use super::{cred, file_attr, FerroFuse};
+use super::{cred, reply_created, FerroFuse};
 use crate::access::{MAY_EXEC, MAY_WRITE};
-use fuser::{FileHandle, FopenFlags, Generation, ReplyCreate, Request};
+use fuser::{ReplyCreate, Request};
 
 impl FerroFuse {
     /// As for a create, write and search on the directory; the new file is open once for
@@ -14,15 +14,6 @@ impl FerroFuse {
             Err(e) => return reply.error(e),
         };
         let linkable = flags & libc::O_EXCL == 0;
-        match self.call("tmpfile", |fs| fs.tmpfile(dir, mode, cred(req), linkable)) {
-            Ok(a) => reply.created(
-                &ttl,
-                &file_attr(&a),
-                Generation(a.generation as u64),
-                FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE,
-            ),
-            Err(e) => reply.error(e),
-        }
+        reply_created(reply, &ttl, self.call("tmpfile", |fs| fs.tmpfile(dir, mode, cred(req), linkable)))
     }
 }
