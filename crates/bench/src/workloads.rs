@@ -24,13 +24,12 @@ use clap::Args;
 use serde::Serialize;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 /// The targets measured unless `--targets` says otherwise.
 const DEFAULT_TARGETS: [Kind; 6] =
     [Kind::Ferrofs, Kind::Passthrough, Kind::Fuse2fs, Kind::Ext4, Kind::Xfs, Kind::Tmpfs];
-const DEFAULT_TREE: &str = "/usr/share";
 const GENERATED: &str = "generated";
 const WRITE_BYTES: usize = 4096;
 /// dbench data per client at most, to size images.
@@ -42,13 +41,13 @@ pub struct WorkloadsArgs {
     /// `-o`), as a target of its own; repeat for more variants (e.g. writeback_cache).
     #[arg(long = "ferrofs-options")]
     pub ferrofs_options: Vec<String>,
-    /// workloads: the tree to unpack, copy and remove: a directory, or `generated` for a tree
-    /// with /usr/share's file and directory sizes (default /usr/share; generated when
-    /// /usr/share holds under 200 MiB).
+    /// workloads: the tree to unpack, copy and remove: a directory (e.g. /usr/share, the
+    /// whole of it), or `generated` (the default) for a tree with /usr/share's file and
+    /// directory sizes.
     #[arg(long)]
     pub tree: Option<String>,
-    /// workloads: bytes of file data in the generated tree (e.g. 64M; default 571M, as
-    /// /usr/share); implies `--tree generated` unless --tree names a directory.
+    /// workloads: bytes of file data in the generated tree (default 128M: about 12,000
+    /// entries, a quarter of /usr/share).
     #[arg(long, value_parser = parse_size)]
     pub tree_size: Option<u64>,
     /// workloads: the git repository to clone (default: the one holding the current directory).
@@ -288,21 +287,11 @@ fn make_tarball(w: &WorkloadsArgs, env: &Env) -> CliResult<Tarball> {
         let tarball = made?;
         cleaned.map(|()| tarball)
     };
-    let given = w.tree.as_deref();
-    match (given, w.tree_size) {
-        (Some(GENERATED), size) | (None, size @ Some(_)) => generate(size.unwrap_or(tree::DEFAULT_GENERATED_BYTES)),
-        (Some(dir), _) => {
+    match w.tree.as_deref() {
+        None | Some(GENERATED) => generate(w.tree_size.unwrap_or(tree::DEFAULT_GENERATED_BYTES)),
+        Some(dir) => {
             eprintln!("packing {dir}");
             tree::tar_of(Path::new(dir), into, dir.to_string())
-        }
-        (None, None) => {
-            let c = tree::census(Path::new(DEFAULT_TREE))?;
-            if c.bytes < tree::MIN_REAL_TREE_BYTES {
-                eprintln!("{DEFAULT_TREE} holds {}: using a generated tree", crate::units::human_bytes(c.bytes));
-                return generate(tree::DEFAULT_GENERATED_BYTES);
-            }
-            eprintln!("packing {DEFAULT_TREE}");
-            tree::tar_of(Path::new(DEFAULT_TREE), into, DEFAULT_TREE.to_string())
         }
     }
 }
@@ -334,12 +323,10 @@ fn find_repo(w: &WorkloadsArgs) -> Result<Repo, String> {
     })
 }
 
-/// Run `cmd` with its output discarded; its wall time.
+/// Run `cmd` to its end (killed on an interrupt); its wall time.
 fn timed(cmd: &mut Command) -> CliResult<f64> {
-    check_interrupt()?;
-    let started = Instant::now();
-    run(cmd.stdout(Stdio::null()))?;
-    Ok(started.elapsed().as_secs_f64())
+    let cmd = std::mem::replace(cmd, Command::new("true"));
+    Ok(shell::run_timed(vec![cmd])?.wall.as_secs_f64())
 }
 
 impl Ctx<'_> {
@@ -502,7 +489,10 @@ impl Ctx<'_> {
             Ok((files, vec![("seconds", timed(git().arg("-C").arg(&clone).arg("status"))?)]))
         })?;
         self.step(m, t, rep, LOG, 0, |_| {
-            Ok((commits, vec![("seconds", timed(git().arg("-C").arg(&clone).args(["log", "-p"]))?)]))
+            Ok((
+                commits,
+                vec![("seconds", timed(git().arg("-C").arg(&clone).args(["log", "-p", "--output=/dev/null"]))?)],
+            ))
         })
     }
 
