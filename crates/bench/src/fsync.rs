@@ -13,7 +13,7 @@
 use super::dirops::{on_fuse, syncfs};
 use super::names::NameTable;
 use super::process;
-use super::report::{Figures, Spread};
+use super::report::{quantile, Figures, Spread};
 use super::session::Session;
 use super::targets::{on_each, Env, Kind, Size};
 use super::{scratch, BenchArgs, CRED, DIR_MODE, FILE_MODE};
@@ -412,12 +412,6 @@ fn create_load<T: Target>(
         }
     }
     Ok(())
-}
-
-/// The value at quantile `q` of sorted samples (nearest rank).
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 impl Latency {

@@ -31,6 +31,9 @@ mod shell;
 mod targets;
 mod unlinked;
 mod unmount;
+mod workloads;
+mod workloads_report;
+mod workloads_tree;
 
 use crate::failure::{CliResult, Context, Failure};
 use clap::{Args, Parser, ValueEnum};
@@ -147,6 +150,8 @@ pub struct BenchArgs {
     pub fsmark: targets::FsmarkArgs,
     #[command(flatten)]
     pub seeds: seeds::SeedsArgs,
+    #[command(flatten)]
+    pub workloads: workloads::WorkloadsArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -179,6 +184,10 @@ pub enum Mode {
     /// The five seed experiments (orphan, mdtest, fsmark, dbench, unmount) on every target
     /// and ferrofs embedded; writes a Markdown report with plots (needs root).
     Seeds,
+    /// Real work through the mount beside kernel and FUSE peers: tar, cp -a, rm -rf of a
+    /// tree, git clone/status/log, dbench, 4 KiB write latency; the FUSE servers' RSS and
+    /// CPU per operation (needs root).
+    Workloads,
 }
 
 impl BenchArgs {
@@ -254,6 +263,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         Mode::Unmount => unmount::run(args),
         Mode::Fsmark => fsmark::run(args),
         Mode::Seeds => seeds::run(args),
+        Mode::Workloads => workloads::run_all(args),
     }
 }
 

@@ -1,8 +1,9 @@
-//! PNG line charts (plotters' bitmap backend) of benchmark scaling curves: log-log, one line
-//! per target. Text is drawn with a TrueType font read at run time from the usual system
+//! PNG charts (plotters' bitmap backend): line charts of benchmark scaling curves (log-log,
+//! one line per target) and grouped bar charts of workloads side by side (one bar per target). Text is drawn with a TrueType font read at run time from the usual system
 //! places (Debian: fonts-dejavu-core), so no font library is linked.
 
 use crate::failure::{CliResult, Failure};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -42,9 +43,108 @@ fn font() -> CliResult<()> {
     .map_err(|why| Failure::new("plot", why))
 }
 
+/// One grouped bar chart: a bar per series in every group (`None`: not measured).
+pub struct Bars {
+    pub title: String,
+    pub y_label: String,
+    pub groups: Vec<String>,
+    pub series: Vec<(String, Vec<Option<f64>>)>,
+}
+
+fn failure(path: &Path) -> impl Fn(&dyn std::fmt::Display) -> Failure + '_ {
+    move |e| Failure::new(format!("plot {}", path.display()), e.to_string())
+}
+
+/// Bars on a log scale (workloads' figures span decades from tmpfs to FUSE servers).
+pub fn bar_chart(path: &Path, b: &Bars) -> CliResult<()> {
+    font()?;
+    let fail = failure(path);
+    let values = || b.series.iter().flat_map(|s| s.1.iter().flatten().copied());
+    let (lo, hi) = values().fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if lo > hi || lo <= 0.0 || b.groups.is_empty() {
+        return Err(fail(&"no positive values to plot"));
+    }
+    let (floor, groups) = (lo * 0.5, b.groups.len());
+    let root = canvas(path, &fail)?;
+    let mut chart = framed(&root, &b.title)
+        .build_cartesian_2d(0.0..groups as f64, (floor..hi * 3.0).log_scale())
+        .map_err(|e| fail(&e))?;
+    let names = b.groups.clone();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(groups * 2 + 1)
+        .x_label_formatter(&|x| {
+            // Labels at group centres only.
+            let i = (x - 0.5).round();
+            match (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 {
+                true => names.get(i as usize).cloned().unwrap_or_default(),
+                false => String::new(),
+            }
+        })
+        .y_desc(&b.y_label)
+        .y_label_formatter(&|v| if *v >= 10.0 { format!("{v:.0}") } else { format!("{v:.2}") })
+        .light_line_style(RGBColor(238, 238, 238))
+        .label_style(("sans-serif", 15))
+        .draw()
+        .map_err(|e| fail(&e))?;
+    let width = 0.8 / b.series.len().max(1) as f64;
+    for (i, (name, values)) in b.series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let bars = values.iter().enumerate().filter_map(|(g, v)| {
+            let x = g as f64 + 0.1 + i as f64 * width;
+            v.map(|v| Rectangle::new([(x, floor), (x + width * 0.9, v)], color.filled()))
+        });
+        chart
+            .draw_series(bars)
+            .map_err(|e| fail(&e))?
+            .label(name.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], color.filled()));
+    }
+    legend_and_save(&mut chart, &root, SeriesLabelPosition::UpperLeft, &fail)
+}
+
+/// A white image of [`SIZE`] to be written to `path`.
+fn canvas<'a>(
+    path: &'a Path,
+    fail: &impl Fn(&dyn std::fmt::Display) -> Failure,
+) -> CliResult<DrawingArea<BitMapBackend<'a>, Shift>> {
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    Ok(root)
+}
+
+/// A chart on `root` with `title` and room for the axis labels.
+fn framed<'a, 'b>(
+    root: &'a DrawingArea<BitMapBackend<'b>, Shift>,
+    title: &str,
+) -> ChartBuilder<'a, 'b, BitMapBackend<'b>> {
+    let mut builder = ChartBuilder::on(root);
+    builder.caption(title, ("sans-serif", 22)).margin(16).x_label_area_size(48).y_label_area_size(80);
+    builder
+}
+
+/// Draw the legend of `chart` at `position`, then write the image out.
+fn legend_and_save<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, CT>,
+    root: &DrawingArea<BitMapBackend<'a>, Shift>,
+    position: SeriesLabelPosition,
+    fail: &impl Fn(&dyn std::fmt::Display) -> Failure,
+) -> CliResult<()> {
+    chart
+        .configure_series_labels()
+        .label_font(("sans-serif", 15))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(position)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))
+}
+
 pub fn line_chart(path: &Path, p: &Plot) -> CliResult<()> {
     font()?;
-    let fail = |e: &dyn std::fmt::Display| Failure::new(format!("plot {}", path.display()), e.to_string());
+    let fail = failure(path);
     let pts = p.series.iter().flat_map(|s| s.1.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in pts {
@@ -56,13 +156,8 @@ pub fn line_chart(path: &Path, p: &Plot) -> CliResult<()> {
     if x0 > x1 || y0 <= 0.0 {
         return Err(fail(&"no positive values to plot"));
     }
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| fail(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(&p.title, ("sans-serif", 22))
-        .margin(16)
-        .x_label_area_size(48)
-        .y_label_area_size(80)
+    let root = canvas(path, &fail)?;
+    let mut chart = framed(&root, &p.title)
         .build_cartesian_2d((x0 * 0.9..x1 * 1.1).log_scale(), (y0 * 0.7..y1 * 1.5).log_scale())
         .map_err(|e| fail(&e))?;
     chart
@@ -90,16 +185,7 @@ pub fn line_chart(path: &Path, p: &Plot) -> CliResult<()> {
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2)));
         chart.draw_series(pts.iter().map(|&pt| Circle::new(pt, 4, color.filled()))).map_err(|e| fail(&e))?;
     }
-    chart
-        .configure_series_labels()
-        .label_font(("sans-serif", 15))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|e| fail(&e))?;
-    root.present().map_err(|e| fail(&e))?;
-    Ok(())
+    legend_and_save(&mut chart, &root, SeriesLabelPosition::UpperRight, &fail)
 }
 
 #[cfg(test)]
@@ -126,5 +212,17 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
+        let b = Bars {
+            title: "test".into(),
+            y_label: "s".into(),
+            groups: vec!["tar".into(), "rm".into()],
+            series: vec![("a".into(), vec![Some(1.0), None]), ("b".into(), vec![Some(0.1), Some(30.0)])],
+        };
+        bar_chart(&path, &b).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        let nothing = Bars { series: vec![("a".into(), vec![None, None])], ..b };
+        assert!(bar_chart(&path, &nothing).is_err());
     }
 }

@@ -341,6 +341,12 @@ pub(super) fn median(sorted: &[f64]) -> f64 {
     }
 }
 
+/// The value at quantile `q` of sorted samples (nearest rank).
+pub(super) fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
 /// `312,456 [301,000-320,000]`
 pub fn rate_cell(p: &PhaseStats) -> String {
     format!("{} [{}-{}]", grouped(p.median as u64), grouped(p.min as u64), grouped(p.max as u64))

@@ -9,7 +9,7 @@
 
 use super::fsmark::{create_files, remove_trees};
 use super::names::NameTable;
-use super::seeds_probe::{loadavg, mem_total, parse_dbench, parse_mdtest};
+use super::seeds_probe::{loadavg, parse_dbench, parse_mdtest, Dbench};
 use super::seeds_results::{LockRow, LockSet, Machine, Results, Sample, Sizes, Skipped};
 use super::session::Session;
 use super::shell::{self, check_interrupt};
@@ -222,13 +222,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         sizes: cx.sizes.clone(),
         runs,
         detached: args.fsmark.detached,
-        machine: Machine {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            memory_bytes: mem_total(),
-            kernel: shell::run(Command::new("uname").arg("-srm"))?.trim().to_string(),
-            loadavg_start,
-            loadavg_end: loadavg(),
-        },
+        machine: Machine::now(loadavg_start)?,
         wall_seconds: started.elapsed().as_secs_f64(),
         targets: targets.iter().map(|t| (t.name(), t.description())).collect(),
         workloads: workloads.iter().map(|w| w.name()).collect(),
@@ -255,11 +249,11 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     Ok(())
 }
 
-fn json(r: &Results) -> CliResult<String> {
+pub(super) fn json(r: &impl Serialize) -> CliResult<String> {
     serde_json::to_string_pretty(r).map(|s| s + "\n").map_err(|e| Failure::new("encode the JSON report", e))
 }
 
-fn write(path: &Path, text: &str) -> CliResult<()> {
+pub(super) fn write(path: &Path, text: &str) -> CliResult<()> {
     std::fs::write(path, text).context(|| format!("write {}", path.display()))
 }
 
@@ -286,8 +280,31 @@ fn applies(w: Workload, t: Target, cx: &mut Ctx) -> bool {
     }
 }
 
-fn dbench_loadfile() -> Option<&'static str> {
+pub(super) fn dbench_loadfile() -> Option<&'static str> {
     DBENCH_LOADFILES.iter().copied().find(|p| Path::new(p).is_file())
+}
+
+/// `dbench -t SECONDS -c client.txt -D ROOT/dbenchCLIENTS CLIENTS`, run in `work` (where it
+/// writes its log); the directory is removed afterwards.
+pub(super) fn dbench(work: &Path, root: &Path, clients: usize, seconds: u32) -> CliResult<Dbench> {
+    let loadfile = dbench_loadfile().ok_or_else(|| Failure::new("dbench", "no client.txt"))?;
+    let dir = root.join(format!("dbench{clients}"));
+    std::fs::create_dir(&dir).context(|| format!("mkdir {}", dir.display()))?;
+    let mut cmd = Command::new("dbench");
+    cmd.current_dir(work)
+        .arg("-t")
+        .arg(seconds.to_string())
+        .arg("-c")
+        .arg(loadfile)
+        .arg("-D")
+        .arg(&dir)
+        .arg(clients.to_string());
+    let line = shell::describe(&cmd);
+    let out = shell::run(&mut cmd)?;
+    let d = parse_dbench(&out)
+        .ok_or_else(|| Failure::new(format!("`{line}`"), format!("no Throughput line: {}", shell::last_lines(&out))))?;
+    std::fs::remove_dir_all(&dir).context(|| format!("rm -r {}", dir.display()))?;
+    Ok(d)
 }
 
 impl Ctx<'_> {
@@ -586,24 +603,8 @@ impl Ctx<'_> {
     /// Seed 002: `dbench -t SECONDS -c client.txt -D DIR CLIENTS` for each client count.
     fn dbench(&mut self, m: &Mounted, rep: usize) -> CliResult<()> {
         let t = Target::Fs(m.kind);
-        let loadfile = dbench_loadfile().ok_or_else(|| Failure::new("dbench", "no client.txt"))?;
         for &c in &self.sizes.dbench_clients.clone() {
-            let dir = m.root().join(format!("dbench{c}"));
-            std::fs::create_dir(&dir).context(|| format!("mkdir {}", dir.display()))?;
-            let mut cmd = Command::new("dbench");
-            cmd.current_dir(self.env.work_dir())
-                .arg("-t")
-                .arg(self.sizes.dbench_seconds.to_string())
-                .arg("-c")
-                .arg(loadfile)
-                .arg("-D")
-                .arg(&dir)
-                .arg(c.to_string());
-            let line = shell::describe(&cmd);
-            let out = shell::run(&mut cmd)?;
-            let d = parse_dbench(&out).ok_or_else(|| {
-                Failure::new(format!("`{line}`"), format!("no Throughput line: {}", shell::last_lines(&out)))
-            })?;
+            let d = dbench(self.env.work_dir(), m.root(), c, self.sizes.dbench_seconds)?;
             let x = c as u64;
             self.push(Workload::Dbench, t, rep, x, "mb_per_s", d.mb_per_s);
             self.push(Workload::Dbench, t, rep, x, "max_latency_ms", d.max_latency_ms);
@@ -611,7 +612,6 @@ impl Ctx<'_> {
                 self.push(Workload::Dbench, t, rep, x, "flush_avg_ms", avg);
                 self.push(Workload::Dbench, t, rep, x, "flush_max_ms", max);
             }
-            std::fs::remove_dir_all(&dir).context(|| format!("rm -r {}", dir.display()))?;
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! The Markdown report and plot series of `ferrofs bench seeds` (`seeds.rs` runs it).
 
 use super::plot::Plot;
-use super::seeds_results::{Results, Sizes};
+use super::seeds_results::{Results, Sizes, Skipped};
 use super::targets::daemons_ran;
 use crate::units::{grouped, human_bytes};
 use std::fmt::Write;
@@ -208,18 +208,24 @@ pub fn markdown(r: &Results, with_plots: bool) -> String {
             let _ = writeln!(o, "{n}\n");
         }
     }
-    if !r.skipped.is_empty() {
-        let _ = writeln!(o, "## Skipped\n");
-        for s in &r.skipped {
-            let _ = writeln!(o, "- {} / {}: {}", s.workload, s.target, s.reason);
-        }
-        let _ = writeln!(o);
-    }
+    skipped_list(&mut o, "## Skipped", &r.skipped);
     let _ = writeln!(
         o,
         "Every raw figure is in results/seeds.json (`samples`: workload, target, repetition, x, metric, value)."
     );
     o
+}
+
+/// `heading` and a line per skipped workload and target, if any were skipped.
+pub fn skipped_list(o: &mut String, heading: &str, skipped: &[Skipped]) {
+    if skipped.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "{heading}\n");
+    for s in skipped {
+        let _ = writeln!(o, "- {} / {}: {}", s.workload, s.target, s.reason);
+    }
+    let _ = writeln!(o);
 }
 
 fn sizes(o: &mut String, s: &Sizes) {

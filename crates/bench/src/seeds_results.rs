@@ -95,16 +95,20 @@ pub struct Results {
 impl Results {
     /// Median, min and max of one cell, if measured.
     pub fn stats(&self, w: &str, t: &str, x: u64, metric: &str) -> Option<(f64, f64, f64)> {
-        let v: Vec<f64> = self
-            .samples
-            .iter()
-            .filter(|s| s.workload == w && s.target == t && s.x == x && s.metric == metric)
-            .map(|s| s.value)
-            .collect();
-        if v.is_empty() {
-            return None;
-        }
-        let s = sorted(&v);
-        Some((median(&s), s[0], s[s.len() - 1]))
+        stats(&self.samples, w, t, x, metric)
     }
+}
+
+/// Median, min and max of one workload, target, x and metric over `samples`, if measured.
+pub fn stats(samples: &[Sample], w: &str, t: &str, x: u64, metric: &str) -> Option<(f64, f64, f64)> {
+    let v: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.workload == w && s.target == t && s.x == x && s.metric == metric)
+        .map(|s| s.value)
+        .collect();
+    if v.is_empty() {
+        return None;
+    }
+    let s = sorted(&v);
+    Some((median(&s), s[0], s[s.len() - 1]))
 }

@@ -1,7 +1,7 @@
 //! File systems to measure side by side, each set up and torn down on this machine: ferrofs
 //! through FUSE (this binary's `mount`, a separate process), fuse2fs, kernel ext4, XFS and
-//! btrfs on loop images, tmpfs, and minifuse (the FUSE ceiling from the shared peers
-//! directory).
+//! btrfs on loop images, tmpfs, minifuse (the FUSE ceiling from the shared peers
+//! directory) and libfuse's passthrough_ll over tmpfs (the FUSE ceiling for data).
 //!
 //! Every FUSE daemon runs the same way, a child of the benchmark in the foreground, so that
 //! the scheduler treats them alike: in the benchmark's session, beside the workload's
@@ -50,6 +50,8 @@ const EXT4_MIN_INODES: u64 = 65_536;
 /// Environment variable naming the directory that holds `minifuse.c`.
 pub const PEERS_ENV: &str = "FERROFS_PEERS";
 const MINIFUSE_SOURCE: &str = "minifuse.c";
+/// libfuse's own example server, as the distribution ships it (libfuse3-dev).
+const PASSTHROUGH_SOURCE: &str = "/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -67,9 +69,14 @@ pub enum Kind {
     /// Kernel btrfs on a loop image in /dev/shm.
     Btrfs,
     Tmpfs,
+    /// libfuse's passthrough_ll example over a tmpfs: the FUSE ceiling for data.
+    #[value(name = "passthrough_ll")]
+    #[serde(rename = "passthrough_ll")]
+    Passthrough,
 }
 
 impl Kind {
+    /// The peers of `fsmark` and `seeds` (`workloads` picks its own).
     pub const ALL: [Kind; 7] =
         [Kind::Ferrofs, Kind::Minifuse, Kind::Fuse2fs, Kind::Ext4, Kind::Xfs, Kind::Btrfs, Kind::Tmpfs];
 
@@ -82,6 +89,7 @@ impl Kind {
             Kind::Xfs => "xfs",
             Kind::Btrfs => "btrfs",
             Kind::Tmpfs => "tmpfs",
+            Kind::Passthrough => "passthrough_ll",
         }
     }
 
@@ -95,12 +103,13 @@ impl Kind {
             Kind::Xfs => "kernel XFS, loop image in /dev/shm",
             Kind::Btrfs => "kernel btrfs, loop image in /dev/shm",
             Kind::Tmpfs => "tmpfs",
+            Kind::Passthrough => "libfuse passthrough_ll over tmpfs (FUSE ceiling for data)",
         }
     }
 
     /// Whether it is served by a user-space daemon through /dev/fuse.
     pub fn is_fuse(self) -> bool {
-        matches!(self, Kind::Ferrofs | Kind::Minifuse | Kind::Fuse2fs)
+        matches!(self, Kind::Ferrofs | Kind::Minifuse | Kind::Fuse2fs | Kind::Passthrough)
     }
 
     /// Programs its set-up runs.
@@ -113,6 +122,7 @@ impl Kind {
             Kind::Xfs => &["losetup", "mkfs.xfs", "mount", "umount"],
             Kind::Btrfs => &["losetup", "mkfs.btrfs", "mount", "umount"],
             Kind::Tmpfs => &["mount", "umount"],
+            Kind::Passthrough => &["cc", "pkg-config", "mount", "umount"],
         }
     }
 
@@ -146,9 +156,13 @@ impl Kind {
                 if let Err(why) = env.minifuse_source() {
                     return Some(why);
                 }
-                if let Err(e) = run(Command::new("pkg-config").args(["--exists", "fuse3"])) {
-                    return Some(format!("no fuse3 development files (libfuse3-dev): {}", e.why));
+                return fuse3_missing();
+            }
+            Kind::Passthrough => {
+                if !Path::new(PASSTHROUGH_SOURCE).is_file() {
+                    return Some(format!("{PASSTHROUGH_SOURCE} not found (libfuse3-dev)"));
                 }
+                return fuse3_missing();
             }
             _ => {}
         }
@@ -158,17 +172,23 @@ impl Kind {
     /// Make, mount and return it, ready for `size`'s workload. On failure everything made so
     /// far is undone.
     pub fn mount(self, env: &Env, size: &Size) -> CliResult<Mounted> {
+        self.mount_with(env, size, "")
+    }
+
+    /// As [`Kind::mount`], with `extra` mount options (comma-separated) after those the
+    /// environment gives this kind.
+    pub fn mount_with(self, env: &Env, size: &Size, extra: &str) -> CliResult<Mounted> {
         check_interrupt()?;
         let mut m = Mounted { kind: self, root: env.unique_dir(self.name()), daemon: None, undo: Vec::new() };
         std::fs::create_dir(&m.root).context(|| format!("mkdir {}", m.root.display()))?;
         m.undo.push(Undo::Dir(m.root.clone()));
         match self {
-            Kind::Ferrofs => m.mount_ferrofs(env, size)?,
+            Kind::Ferrofs => m.mount_ferrofs(env, size, extra)?,
             Kind::Minifuse => {
                 let exe = env.minifuse()?;
                 let mut cmd = Command::new(exe);
                 cmd.arg(&m.root).arg("-f");
-                env.push_options(self, &mut cmd);
+                env.push_options(self, &mut cmd, extra);
                 m.start_daemon(env, cmd)?;
             }
             Kind::Fuse2fs => {
@@ -179,7 +199,7 @@ impl Kind {
                     .arg(&image))?;
                 let mut cmd = Command::new("fuse2fs");
                 cmd.arg(&image).arg(&m.root).args(["-f", "-o", "fakeroot"]);
-                env.push_options(self, &mut cmd);
+                env.push_options(self, &mut cmd, extra);
                 m.start_daemon(env, cmd)?;
             }
             Kind::Ext4 | Kind::Xfs | Kind::Btrfs => {
@@ -207,16 +227,36 @@ impl Kind {
                 run(mkfs.arg(&dev))?;
                 let mut mount = Command::new("mount");
                 mount.args(["-t", self.name()]);
-                env.push_options(self, &mut mount);
+                env.push_options(self, &mut mount, extra);
                 run(mount.arg(&dev).arg(&m.root))?;
                 m.undo.push(Undo::Mount(m.root.clone()));
             }
             Kind::Tmpfs => {
                 let mut mount = Command::new("mount");
                 mount.args(["-t", "tmpfs"]);
-                env.push_options(self, &mut mount);
+                env.push_options(self, &mut mount, extra);
                 run(mount.arg("ferrofs-bench").arg(&m.root))?;
                 m.undo.push(Undo::Mount(m.root.clone()));
+            }
+            Kind::Passthrough => {
+                let exe = env.passthrough()?;
+                let source = env.unique_dir("ptsrc");
+                std::fs::create_dir(&source).context(|| format!("mkdir {}", source.display()))?;
+                m.undo.push(Undo::Dir(source.clone()));
+                run(Command::new("mount").args(["-t", "tmpfs", "ferrofs-bench"]).arg(&source))?;
+                m.undo.push(Undo::Mount(source.clone()));
+                let mut cmd = Command::new(exe);
+                cmd.arg("-f").arg("-o").arg(format!("source={}", source.display())).arg(&m.root);
+                env.push_options(self, &mut cmd, extra);
+                let limit = libc::rlimit { rlim_cur: passthrough_open_files(), rlim_max: passthrough_open_files() };
+                // SAFETY: setrlimit is async-signal-safe and touches only the child's limits.
+                unsafe {
+                    cmd.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
+                        0 => Ok(()),
+                        _ => Err(std::io::Error::last_os_error()),
+                    });
+                }
+                m.start_daemon(env, cmd)?;
             }
         }
         Ok(m)
@@ -291,6 +331,10 @@ pub struct FsmarkArgs {
     /// compiles and mounts (default: $FERROFS_PEERS; without either, minifuse is skipped).
     #[arg(long)]
     pub peers: Option<PathBuf>,
+    /// fsmark, seeds, workloads: where the targets' images go (default: /dev/shm, else the
+    /// temporary directory); a directory on disk measures the write-back to a real device.
+    #[arg(long)]
+    pub image_dir: Option<PathBuf>,
     /// fsmark: extra mount options of one target, as TARGET:OPTS (OPTS comma-separated, as
     /// for its `-o`); may be repeated. E.g. ferrofs:entry_timeout=60 or minifuse:default_permissions.
     #[arg(long = "mount-options", value_parser = parse_target_options)]
@@ -331,6 +375,7 @@ pub struct Env {
     mount_options: Vec<(Kind, String)>,
     peers: Option<PathBuf>,
     minifuse: OnceCell<PathBuf>,
+    passthrough: OnceCell<PathBuf>,
     counter: std::cell::Cell<u32>,
 }
 
@@ -342,7 +387,14 @@ impl Env {
         let work = std::env::temp_dir().join(format!("ffb.{}", std::process::id()));
         std::fs::create_dir_all(&work).context(|| format!("mkdir {}", work.display()))?;
         let shm = Path::new("/dev/shm");
-        let images = if shm.is_dir() { shm.to_path_buf() } else { work.clone() };
+        let images = match &args.image_dir {
+            Some(dir) if !dir.is_dir() => {
+                return Err(Failure::new("--image-dir", format!("{} is no directory", dir.display())))
+            }
+            Some(dir) => dir.clone(),
+            None if shm.is_dir() => shm.to_path_buf(),
+            None => work.clone(),
+        };
         Ok(Env {
             detached: args.detached,
             work,
@@ -351,6 +403,7 @@ impl Env {
             mount_options: args.mount_options.clone(),
             peers: args.peers.clone().or_else(|| std::env::var_os(PEERS_ENV).map(PathBuf::from)),
             minifuse: OnceCell::new(),
+            passthrough: OnceCell::new(),
             counter: std::cell::Cell::new(0),
         })
     }
@@ -361,11 +414,12 @@ impl Env {
         given.join(",")
     }
 
-    /// `-o OPTS` for `kind`'s mount command, if any were given.
-    fn push_options(&self, kind: Kind, cmd: &mut Command) {
-        let o = self.options(kind);
+    /// `-o OPTS` for `kind`'s mount command: those given for it, then `extra`; nothing if
+    /// there are none.
+    fn push_options(&self, kind: Kind, cmd: &mut Command, extra: &str) {
+        let o = [self.options(kind), extra.to_string()].into_iter().filter(|o| !o.is_empty()).collect::<Vec<_>>();
         if !o.is_empty() {
-            cmd.arg("-o").arg(o);
+            cmd.arg("-o").arg(o.join(","));
         }
     }
 
@@ -411,20 +465,38 @@ impl Env {
 
     /// minifuse, compiled into the work directory on first use.
     fn minifuse(&self) -> CliResult<&Path> {
-        if let Some(p) = self.minifuse.get() {
+        let src = || self.minifuse_source().map_err(|why| Failure::new("minifuse", why));
+        self.compiled(&self.minifuse, "gcc", "minifuse", src)
+    }
+
+    /// passthrough_ll, compiled into the work directory on first use.
+    fn passthrough(&self) -> CliResult<&Path> {
+        self.compiled(&self.passthrough, "cc", "passthrough_ll", || Ok(PathBuf::from(PASSTHROUGH_SOURCE)))
+    }
+
+    /// A libfuse3 server compiled by `compiler` from `source` into the work directory as
+    /// `name`, once (`cell` keeps it).
+    fn compiled<'a>(
+        &self,
+        cell: &'a OnceCell<PathBuf>,
+        compiler: &str,
+        name: &str,
+        source: impl FnOnce() -> CliResult<PathBuf>,
+    ) -> CliResult<&'a Path> {
+        if let Some(p) = cell.get() {
             return Ok(p);
         }
-        let src = self.minifuse_source().map_err(|why| Failure::new("minifuse", why))?;
+        let src = source()?;
         let flags = run(Command::new("pkg-config").args(["--cflags", "--libs", "fuse3"]))?;
-        let exe = self.work.join("minifuse");
-        run(Command::new("gcc")
+        let exe = self.work.join(name);
+        run(Command::new(compiler)
             .args(["-O2", "-Wall"])
             .arg(&src)
             .args(flags.split_whitespace())
             .arg("-lpthread")
             .arg("-o")
             .arg(&exe))?;
-        Ok(self.minifuse.get_or_init(|| exe))
+        Ok(cell.get_or_init(|| exe))
     }
 }
 
@@ -441,6 +513,26 @@ impl Drop for Env {
             eprintln!("ferrofs: remove {}: {e}", self.work.display());
         }
     }
+}
+
+/// The files passthrough_ll may hold open: the hard limit of this process (raising it needs
+/// CAP_SYS_RESOURCE). It keeps one open per inode the kernel knows, so a tree with more
+/// entries than this fails on it with EMFILE.
+pub fn passthrough_open_files() -> u64 {
+    // SAFETY: rlimit is plain integers, for which all-zero bytes are a valid value.
+    let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: getrlimit fills the struct it is given and keeps no pointer to it.
+    match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } {
+        0 => limit.rlim_max,
+        _ => 1024,
+    }
+}
+
+/// Why libfuse3 servers cannot be compiled here, if they cannot.
+fn fuse3_missing() -> Option<String> {
+    run(Command::new("pkg-config").args(["--exists", "fuse3"]))
+        .err()
+        .map(|e| format!("no fuse3 development files (libfuse3-dev): {}", e.why))
 }
 
 fn kernel_has(fs: &str) -> bool {
@@ -532,7 +624,7 @@ impl Mounted {
         Ok(path)
     }
 
-    fn mount_ferrofs(&mut self, env: &Env, size: &Size) -> CliResult<()> {
+    fn mount_ferrofs(&mut self, env: &Env, size: &Size, extra: &str) -> CliResult<()> {
         // The embedded benchmark's image geometry: one AG per thread, a large log.
         let bytes = scratch::image_size(size.files + size.dirs + 2 * size.threads as u64)
             .max(size.data_bytes.saturating_mul(2));
@@ -551,7 +643,7 @@ impl Mounted {
         run(&mut mkfs)?;
         let mut mount = Command::new(env.ferrofs()?);
         mount.arg("mount").arg(&image).arg(&self.root);
-        env.push_options(Kind::Ferrofs, &mut mount);
+        env.push_options(Kind::Ferrofs, &mut mount, extra);
         self.start_daemon(env, mount)
     }
 
