@@ -21,7 +21,8 @@ impl FerroFuse {
                 return reply.error(e);
             }
         }
-        match self.call("setattr", |fs| fs.setattr(ino, &sa)) {
+        let drop = self.privileges_to_drop(set_id_dropped(req, &sa)).filter(|_| changes_content_or_owner(&sa));
+        match self.call_dropping("setattr", ino, drop, |fs| fs.setattr(ino, &sa)) {
             Ok(a) => {
                 // Names cached with the long timeout while everyone could search here: expired
                 // before the reply where the kernel can, so none is walked through once the
@@ -36,6 +37,21 @@ impl FerroFuse {
             Err(e) => reply.error(e),
         }
     }
+}
+
+/// Whether a setattr truncates (`truncate`, `O_TRUNC`) or gives the file away (`chown`):
+/// the changes that drop its privileges.
+fn changes_content_or_owner(sa: &SetAttr) -> bool {
+    sa.size.is_some() || sa.uid.is_some() || sa.gid.is_some()
+}
+
+/// Whether a setattr drops the set-id bits along with the capabilities. The kernel says so
+/// with FATTR_KILL_SUIDGID, which fuser 0.18 does not pass on, so its rule is applied here:
+/// always on a chown (the engine leaves directories alone), on a truncate only when the
+/// caller may not keep them (CAP_FSETID, which FUSE does not report: uid 0 stands for it, as
+/// everywhere in the adapter). A mode given with the change is the caller's to keep.
+fn set_id_dropped(req: &Request, sa: &SetAttr) -> bool {
+    sa.mode.is_none() && (sa.uid.is_some() || sa.gid.is_some() || req.uid() != 0)
 }
 
 pub(super) fn system_time(t: Timespec) -> SystemTime {
