@@ -261,6 +261,7 @@ impl fuser::Filesystem for FerroFuse {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
+        kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         let _serving = self.workers.serving(req.pid());
@@ -273,7 +274,7 @@ impl fuser::Filesystem for FerroFuse {
             mtime: mtime.map(time_or_now),
             ctime: ctime.map(request_time),
         };
-        self.set_attr(req, ino.0, sa, fh.is_some(), reply);
+        self.set_attr(req, ino.0, sa, fh.is_some(), kill_suidgid, reply);
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {

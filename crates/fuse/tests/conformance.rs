@@ -405,6 +405,17 @@ fn privileges_dropped_by_write_truncate_open_and_chown() {
         assert_eq!((mode(&f), has_capability(&f)), (0o6775, false), "root's {what}");
     }
 
+    // uid 0 without CAP_FSETID (`as_user` drops the thread's capabilities) keeps nothing: the
+    // kernel asks for the set-id bits to go (copy_file_range and fallocate carry no such
+    // word: there the daemon takes uid 0 for CAP_FSETID).
+    let uid0_changes: [(&str, &(dyn Fn() + Sync)); 3] =
+        [("write", &append), ("truncate", &truncate), ("O_TRUNC", &open_truncating)];
+    for (what, change) in uid0_changes {
+        privileged(0o6775);
+        as_user(0, 2000, &[], change);
+        assert_eq!((mode(&f), has_capability(&f)), (0o775, false), "{what} by uid 0 without CAP_FSETID");
+    }
+
     // chown, by root to the same owner, and the owner's chgrp.
     privileged(0o6775);
     chown(&f, 1000, 2000).unwrap();

@@ -11,7 +11,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 impl FerroFuse {
     /// setattr (chmod, chown, truncate, utimens): checked against the attributes before the
     /// change (when the adapter checks), which may also drop set-id bits from `sa`.
-    pub(super) fn set_attr(&self, req: &Request, ino: u64, mut sa: SetAttr, has_handle: bool, reply: ReplyAttr) {
+    /// `kill_suidgid`: the kernel asks us to drop the set-id bits (a chown, or a truncate by a
+    /// caller without CAP_FSETID); a truncate or chown drops the capabilities whatever it says.
+    pub(super) fn set_attr(
+        &self,
+        req: &Request,
+        ino: u64,
+        mut sa: SetAttr,
+        has_handle: bool,
+        kill_suidgid: bool,
+        reply: ReplyAttr,
+    ) {
         let before = match self.checks.then(|| self.getattr("setattr", ino)).transpose() {
             Ok(b) => b,
             Err(e) => return reply.error(e),
@@ -21,7 +31,7 @@ impl FerroFuse {
                 return reply.error(e);
             }
         }
-        let drop = self.privileges_to_drop(set_id_dropped(req, &sa)).filter(|_| changes_content_or_owner(&sa));
+        let drop = self.privileges_to_drop(kill_suidgid).filter(|_| changes_content_or_owner(&sa));
         match self.call_dropping("setattr", ino, drop, |fs| fs.setattr(ino, &sa)) {
             Ok(a) => {
                 // Names cached with the long timeout while everyone could search here: expired
@@ -43,15 +53,6 @@ impl FerroFuse {
 /// the changes that drop its privileges.
 fn changes_content_or_owner(sa: &SetAttr) -> bool {
     sa.size.is_some() || sa.uid.is_some() || sa.gid.is_some()
-}
-
-/// Whether a setattr drops the set-id bits along with the capabilities. The kernel says so
-/// with FATTR_KILL_SUIDGID, which fuser 0.18 does not pass on, so its rule is applied here:
-/// always on a chown (the engine leaves directories alone), on a truncate only when the
-/// caller may not keep them (CAP_FSETID, which FUSE does not report: uid 0 stands for it, as
-/// everywhere in the adapter). A mode given with the change is the caller's to keep.
-fn set_id_dropped(req: &Request, sa: &SetAttr) -> bool {
-    sa.mode.is_none() && (sa.uid.is_some() || sa.gid.is_some() || req.uid() != 0)
 }
 
 pub(super) fn system_time(t: Timespec) -> SystemTime {
