@@ -629,3 +629,42 @@ fn remount_read_only_refuses_changes_and_leaves_the_image_clean() {
         FileSystem::mount_device(dev.clone(), &MountOptions { read_only: true, ..MountOptions::default() }).unwrap();
     assert!(ro.mount().remount(true).is_ok() && ro.mount().remount(false).is_err());
 }
+
+#[test]
+fn privileges_dropped_before_a_change() {
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"prog", 0o6755, C).unwrap();
+    let d = fs.mkdir(ROOT, b"dir", 0o2775, C).unwrap();
+    let caps = b"security.capability";
+    fs.setxattr(f.ino, caps, &[1, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0).unwrap();
+    fs.setxattr(f.ino, b"user.kept", b"v", 0).unwrap();
+    let before = fs.getattr(f.ino).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2));
+
+    // CAP_FSETID's holder keeps the set-id bits; the capabilities go all the same.
+    assert!(fs.drop_privileges(f.ino, PrivDrop::Capabilities).unwrap());
+    let a = fs.getattr(f.ino).unwrap();
+    assert_eq!(a.perm, 0o6755);
+    assert_ne!(a.ctime, before.ctime, "dropping privileges is a change");
+    assert!(matches!(fs.getxattr(f.ino, caps), Err(Error::NoAttr)));
+    assert_eq!(fs.getxattr(f.ino, b"user.kept").unwrap(), b"v");
+    // Nothing left to drop: nothing written.
+    assert!(!fs.drop_privileges(f.ino, PrivDrop::Capabilities).unwrap());
+    assert_eq!(fs.getattr(f.ino).unwrap().ctime, a.ctime);
+
+    assert!(fs.drop_privileges(f.ino, PrivDrop::CapabilitiesAndSetId).unwrap());
+    assert_eq!(fs.getattr(f.ino).unwrap().perm, 0o755);
+    // setgid without group execute (mandatory locking) is no privilege.
+    fs.setattr(f.ino, &SetAttr { mode: Some(0o6745), ..SetAttr::default() }).unwrap();
+    assert!(fs.drop_privileges(f.ino, PrivDrop::CapabilitiesAndSetId).unwrap());
+    assert_eq!(fs.getattr(f.ino).unwrap().perm, 0o2745);
+    // A directory's setgid is inheritance, not privilege.
+    assert!(!fs.drop_privileges(d.ino, PrivDrop::CapabilitiesAndSetId).unwrap());
+    assert_eq!(fs.getattr(d.ino).unwrap().perm, 0o2775);
+
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.getattr(f.ino).unwrap().perm, 0o2745);
+    assert!(matches!(fs.getxattr(f.ino, caps), Err(Error::NoAttr)));
+    drop(fs);
+    fsck_clean(&dev);
+}

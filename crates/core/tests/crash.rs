@@ -794,6 +794,22 @@ const STEPS: &[Step] = &[
         },
     },
     Step {
+        // A file made privileged, then written by someone who may not keep that: the drop
+        // and the write are two transactions, and no state may show the write without it.
+        name: "write-dropping-privileges",
+        run: |r| {
+            let f = ino_of(r, "/d2/h");
+            let caps = [1, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+            let _ = r.call("chmod 6755 /d2/h", |fs| {
+                fs.setattr(f, &SetAttr { mode: Some(0o6755), ..Default::default() }).map(|a| a.perm)
+            });
+            let _ = r.call("setxattr /d2/h security.capability", |fs| fs.setxattr(f, b"security.capability", &caps, 0));
+            let _ = r.call("drop privileges of /d2/h", |fs| fs.drop_privileges(f, PrivDrop::CapabilitiesAndSetId));
+            let _ = r.call("append 5000 to /d2/h", |fs| fs.write(f, 3000, &pattern(5000, 16)));
+            f
+        },
+    },
+    Step {
         name: "removexattr",
         run: |r| {
             let f = ino_of(r, "/d1/f");

@@ -21,7 +21,7 @@ use crate::sync_pool::{SyncPool, SYNC_QUEUE_MAX, SYNC_THREADS};
 use crate::workers::Workers;
 use crate::{MountConfig, MAX_WRITE};
 use attr::{file_attr, negative_attr, reply_created, request_time, time_or_now};
-use ferrofs::{Attr, Cred, FileSystem, SetAttr};
+use ferrofs::{Attr, Cred, FileSystem, PrivDrop, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, Notifier, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
@@ -44,6 +44,9 @@ pub struct FerroFuse {
     writeback_cache: bool,
     /// Check permissions here: the kernel does not (no `default_permissions`).
     checks: bool,
+    /// Writes, truncates and chowns drop set-id bits and capabilities here, not in the kernel
+    /// (`FUSE_HANDLE_KILLPRIV_V2`, set at init if the kernel offers it).
+    drops_privileges: bool,
     /// Set once the session exists: drops names the kernel may no longer cache.
     notifier: Arc<OnceLock<Notifier>>,
     /// Expires every cached name at once, where the kernel can.
@@ -65,6 +68,7 @@ impl FerroFuse {
             attr_ttl: opts.attr_timeout,
             writeback_cache: opts.writeback_cache,
             checks: !opts.default_permissions,
+            drops_privileges: false,
             notifier: Arc::new(OnceLock::new()),
             name_epoch: Arc::default(),
             syncs: SyncPool::start(SYNC_THREADS, SYNC_QUEUE_MAX)?,
@@ -107,6 +111,37 @@ impl FerroFuse {
 
     fn getattr(&self, op: &'static str, ino: u64) -> Res<Attr> {
         self.call(op, |fs| fs.getattr(ino))
+    }
+
+    /// What a write or truncate must take from the file, if the kernel left that to us: the
+    /// capabilities always, the set-id bits too when the changer may not keep them.
+    fn privileges_to_drop(&self, set_id: bool) -> Option<PrivDrop> {
+        let drop = if set_id { PrivDrop::CapabilitiesAndSetId } else { PrivDrop::Capabilities };
+        self.drops_privileges.then_some(drop)
+    }
+
+    /// What copy_file_range and fallocate must take from the file they change. For those the
+    /// kernel drops privileges through a setattr of its own, which it leaves out once we
+    /// handle them, and sends no flag: the set-id bits go unless the caller may keep them
+    /// (CAP_FSETID, which FUSE does not report: uid 0 stands for it).
+    fn privileges_dropped_by(&self, req: &Request) -> Option<PrivDrop> {
+        self.privileges_to_drop(req.uid() != 0)
+    }
+
+    /// Call the engine for a change of `ino` that takes `drop` from it first.
+    fn call_dropping<T>(
+        &self,
+        op: &'static str,
+        ino: u64,
+        drop: Option<PrivDrop>,
+        change: impl FnOnce(&FileSystem) -> ferrofs::Result<T>,
+    ) -> Res<T> {
+        self.call(op, |fs| {
+            if let Some(drop) = drop {
+                fs.drop_privileges(ino, drop)?;
+            }
+            change(fs)
+        })
     }
 }
 
@@ -172,8 +207,12 @@ impl fuser::Filesystem for FerroFuse {
         if self.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
+        // Dropping set-id bits and capabilities ourselves spares the kernel a GETXATTR of
+        // security.capability before every write and a GETATTR before every chown.
+        want |= InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         // Ask only for what this kernel offers; the rest silently stays off.
         let _ = config.add_capabilities(want & config.capabilities());
+        self.drops_privileges = config.capabilities().contains(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         if self.writeback_cache && !config.capabilities().contains(InitFlags::FUSE_WRITEBACK_CACHE) {
             log::warn!(image = &*self.image; "the kernel offers no writeback cache; mounting without it");
         }
@@ -222,6 +261,7 @@ impl fuser::Filesystem for FerroFuse {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
+        kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         let _serving = self.workers.serving(req.pid());
@@ -234,7 +274,7 @@ impl fuser::Filesystem for FerroFuse {
             mtime: mtime.map(time_or_now),
             ctime: ctime.map(request_time),
         };
-        self.set_attr(req, ino.0, sa, fh.is_some(), reply);
+        self.set_attr(req, ino.0, sa, fh.is_some(), kill_suidgid, reply);
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -356,13 +396,15 @@ impl fuser::Filesystem for FerroFuse {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: fuser::WriteFlags,
+        write_flags: fuser::WriteFlags,
         _flags: OpenFlags,
         _lock: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
         let _serving = self.workers.serving(req.pid());
-        match self.call("write", |fs| fs.write(ino.0, offset, data)) {
+        // The kernel sets the flag when the writer lacks CAP_FSETID.
+        let drop = self.privileges_to_drop(write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID));
+        match self.call_dropping("write", ino.0, drop, |fs| fs.write(ino.0, offset, data)) {
             // At most max_write (1 MiB) bytes arrive at once, so the count fits.
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(e),
@@ -477,7 +519,11 @@ impl fuser::Filesystem for FerroFuse {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _serving = self.workers.serving(req.pid());
         let name = name.as_bytes();
-        let res = self.call_xattr(req, "removexattr", ino.0, name, MAY_WRITE, |fs| fs.removexattr(ino.0, name));
+        // The kernel removes a file's capabilities itself when anyone writes or chowns it
+        // (`cap_inode_killpriv`, as the caller and unchecked), and refuses a removal by
+        // anyone without CAP_SETFCAP before it asks: no check of ours may refuse it.
+        let mask = if name == b"security.capability" { 0 } else { MAY_WRITE };
+        let res = self.call_xattr(req, "removexattr", ino.0, name, mask, |fs| fs.removexattr(ino.0, name));
         reply_empty(reply, res);
     }
 
@@ -553,7 +599,7 @@ impl fuser::Filesystem for FerroFuse {
         reply: ReplyWrite,
     ) {
         let _serving = self.workers.serving(req.pid());
-        self.copy_range((ino_in.0, offset_in), (ino_out.0, offset_out), len, reply);
+        self.copy_range((ino_in.0, offset_in), (ino_out.0, offset_out), len, self.privileges_dropped_by(req), reply);
     }
 
     fn fallocate(
@@ -569,7 +615,8 @@ impl fuser::Filesystem for FerroFuse {
         let _serving = self.workers.serving(req.pid());
         // The kernel has checked the arguments (EINVAL, EFBIG, file type); the engine refuses
         // the modes it does not implement with EOPNOTSUPP. Linux's mode bits are the engine's.
-        match self.call("fallocate", |fs| fs.fallocate(ino.0, offset, length, mode as u32)) {
+        let drop = self.privileges_dropped_by(req);
+        match self.call_dropping("fallocate", ino.0, drop, |fs| fs.fallocate(ino.0, offset, length, mode as u32)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }

@@ -276,15 +276,21 @@ fn ownership_of_new_files_and_setgid_directories() {
     assert_eq!(mode(&sg.join("f")), 0o2755);
 }
 
-#[test]
-fn setuid_and_setgid_cleared_on_write_and_chown() {
-    let Some(fx) = multi_user_fixture("killsuid") else { return };
+/// A directory anyone may write, `d`, holding a program `d/prog` of 1000:2000.
+fn program_of_another_user(fx: &Fixture) -> (PathBuf, PathBuf) {
     let d = fx.path("d");
     fs::create_dir(&d).unwrap();
     chmod(&d, 0o777);
     let f = d.join("prog");
     fs::write(&f, b"#!/bin/true\n").unwrap();
     chown(&f, 1000, 2000).unwrap();
+    (d, f)
+}
+
+#[test]
+fn setuid_and_setgid_cleared_on_write_and_chown() {
+    let Some(fx) = multi_user_fixture("killsuid") else { return };
+    let (d, f) = program_of_another_user(&fx);
     chmod(&f, 0o6775);
     assert_eq!(mode(&f), 0o6775);
 
@@ -327,6 +333,103 @@ fn setuid_and_setgid_cleared_on_write_and_chown() {
     chmod(&sub, 0o2775);
     chown(&sub, 1000, 2000).unwrap();
     assert_eq!(mode(&sub), 0o2775);
+}
+
+/// A file capability set (revision 2: CAP_NET_BIND_SERVICE permitted and effective), which
+/// the kernel validates before it stores `security.capability`.
+const FILE_CAPABILITY: [u8; 20] = [1, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+
+/// Whether `f` still carries a file capability.
+fn has_capability(f: &Path) -> bool {
+    match getxattr(f, "security.capability") {
+        Ok(v) => v == FILE_CAPABILITY,
+        Err(e) if e.raw_os_error() == Some(libc::ENODATA) => false,
+        Err(e) => panic!("getxattr security.capability: {e}"),
+    }
+}
+
+/// What write, truncate, open(O_TRUNC), copy_file_range, fallocate and chown take from a
+/// file, as on Linux's local file systems (ext4 compared): file capabilities always; setuid,
+/// and setgid with group execute, unless the changer has CAP_FSETID (root), always on chown.
+/// A group member who is not the owner changes the file, so the owner-only and group rules
+/// cannot hide a miss.
+#[test]
+fn privileges_dropped_by_write_truncate_open_and_chown() {
+    let Some(fx) = multi_user_fixture("killpriv") else { return };
+    let (d, f) = program_of_another_user(&fx);
+    let privileged = |bits: u32| {
+        chmod(&f, bits);
+        setxattr(&f, "security.capability", &FILE_CAPABILITY, 0).unwrap();
+        assert_eq!((mode(&f), has_capability(&f)), (bits, true));
+    };
+    let member = |change: &(dyn Fn() + Sync)| as_user(3000, 3000, &[2000], change);
+    let append = || OpenOptions::new().append(true).open(&f).unwrap().write_all(b"#\n").unwrap();
+    let truncate = || OpenOptions::new().write(true).open(&f).unwrap().set_len(1).unwrap();
+    let open_truncating = || drop(OpenOptions::new().write(true).truncate(true).open(&f).unwrap());
+
+    // A write by someone else: all of it.
+    privileged(0o6775);
+    member(&append);
+    assert_eq!((mode(&f), has_capability(&f)), (0o775, false), "write");
+    // Root's write keeps the set-id bits (CAP_FSETID) but not the capability.
+    privileged(0o6775);
+    append();
+    assert_eq!((mode(&f), has_capability(&f)), (0o6775, false), "root's write");
+    // setgid without group execute marks mandatory locking, not a privilege: kept.
+    privileged(0o2765);
+    member(&append);
+    assert_eq!((mode(&f), has_capability(&f)), (0o2765, false), "write, setgid without group execute");
+
+    let src = d.join("src");
+    fs::write(&src, b"abc").unwrap();
+    let copy = || {
+        let (from, to) = (File::open(&src).unwrap(), OpenOptions::new().write(true).open(&f).unwrap());
+        let null = std::ptr::null_mut();
+        let n = unsafe { libc::copy_file_range(from.as_raw_fd(), null, to.as_raw_fd(), null, 3, 0) };
+        assert_eq!(check_size(n).unwrap(), 3);
+    };
+    let allocate = || {
+        let to = OpenOptions::new().write(true).open(&f).unwrap();
+        check(unsafe { libc::fallocate(to.as_raw_fd(), 0, 0, 8192) }).unwrap();
+    };
+
+    // ftruncate, copy_file_range, fallocate and open(O_TRUNC) by someone else, then root's.
+    let changes: [(&str, &(dyn Fn() + Sync)); 4] =
+        [("truncate", &truncate), ("copy_file_range", &copy), ("fallocate", &allocate), ("O_TRUNC", &open_truncating)];
+    for (what, change) in changes {
+        privileged(0o6775);
+        member(change);
+        assert_eq!((mode(&f), has_capability(&f)), (0o775, false), "{what}");
+        privileged(0o6775);
+        change();
+        assert_eq!((mode(&f), has_capability(&f)), (0o6775, false), "root's {what}");
+    }
+
+    // uid 0 without CAP_FSETID (`as_user` drops the thread's capabilities) keeps nothing: the
+    // kernel asks for the set-id bits to go (copy_file_range and fallocate carry no such
+    // word: there the daemon takes uid 0 for CAP_FSETID).
+    let uid0_changes: [(&str, &(dyn Fn() + Sync)); 3] =
+        [("write", &append), ("truncate", &truncate), ("O_TRUNC", &open_truncating)];
+    for (what, change) in uid0_changes {
+        privileged(0o6775);
+        as_user(0, 2000, &[], change);
+        assert_eq!((mode(&f), has_capability(&f)), (0o775, false), "{what} by uid 0 without CAP_FSETID");
+    }
+
+    // chown, by root to the same owner, and the owner's chgrp.
+    privileged(0o6775);
+    chown(&f, 1000, 2000).unwrap();
+    assert_eq!((mode(&f), has_capability(&f)), (0o775, false), "chown");
+    privileged(0o6775);
+    as_user(1000, 2000, &[3000], || chown(&f, 1000, 3000).unwrap());
+    assert_eq!((mode(&f), has_capability(&f)), (0o775, false), "chgrp");
+
+    // A chmod or a change of times takes nothing.
+    privileged(0o6775);
+    chmod(&f, 0o4755);
+    File::options().write(true).open(&f).unwrap().set_modified(SystemTime::now()).unwrap();
+    assert_eq!((mode(&f), has_capability(&f)), (0o4755, true), "chmod, utimens");
+    assert_eq!(fs::read(&f).unwrap(), b"", "the last change was an open(O_TRUNC)");
 }
 
 #[test]

@@ -438,7 +438,9 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
-    /// Set file attributes.
+    /// Set file attributes. `kill_suidgid` (ferrofs patch: not in fuser 0.18.0): the kernel
+    /// asks the server to drop the set-id bits (`FATTR_KILL_SUIDGID`, with
+    /// `FUSE_HANDLE_KILLPRIV_V2`).
     fn setattr(
         &self,
         _req: &Request,
@@ -455,6 +457,7 @@ pub trait Filesystem: Send + Sync + 'static {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         flags: Option<BsdFileFlags>,
+        _kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         warn!(

@@ -63,6 +63,36 @@ impl FileSystem {
         Ok(Attr::from_inode(ino, &g))
     }
 
+    /// Take from inode `ino` the privileges `drop` names, in one transaction, before a change
+    /// that must not keep them (write, truncate, chown). Nothing is written when the inode
+    /// holds none of them, the common case, or is a directory. Returns whether any was taken.
+    ///
+    /// Called before the change rather than with it: a crash in between leaves the privileges
+    /// dropped and the change undone (as a failed write leaves them), never the changed file
+    /// still privileged; the journal makes the drop durable no later than what follows it.
+    pub fn drop_privileges(&self, ino: u64, drop: PrivDrop) -> Result<bool> {
+        let dropped = |mode: u16| match drop {
+            PrivDrop::Capabilities => mode,
+            PrivDrop::CapabilitiesAndSetId => without_set_id(mode),
+        };
+        {
+            let i = self.m.iget(ino)?;
+            let g = i.core.read();
+            if g.is_dir() || (dropped(g.mode) == g.mode && !has_xattr(&self.m, ino, &g, FILE_CAPABILITIES)?) {
+                return Ok(false);
+            }
+        }
+        // Decided again under the write lock: the inode may have changed in between.
+        self.change_xattrs(ino, MAP_RESERVE, |store, inode| {
+            inode.mode = dropped(inode.mode);
+            match xattr::remove(store, ino, inode, FILE_CAPABILITIES) {
+                Ok(()) | Err(Error::NoAttr) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })?;
+        Ok(true)
+    }
+
     /// The value of extended attribute `name`: ENODATA if there is none.
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let i = self.m.iget(ino)?;
@@ -112,4 +142,23 @@ impl FileSystem {
         *g = updated;
         Ok(())
     }
+}
+
+/// The extended attribute holding a file's capabilities, which a change by anyone drops.
+const FILE_CAPABILITIES: &[u8] = b"security.capability";
+
+fn has_xattr(m: &Mount, ino: u64, inode: &DiskInode, name: &[u8]) -> Result<bool> {
+    match xattr::get(m, ino, inode, name) {
+        Ok(_) => Ok(true),
+        Err(Error::NoAttr) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `mode` without setuid, and without setgid where group execute is set.
+fn without_set_id(mode: u16) -> u16 {
+    const S_ISUID: u16 = 0o4000;
+    const S_IXGRP: u16 = 0o010;
+    let setgid_privileged = mode & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP;
+    mode & !S_ISUID & !if setgid_privileged { S_ISGID } else { 0 }
 }

@@ -159,6 +159,19 @@ impl TimeOrNow {
     }
 }
 
+/// The privileges a change takes from a file that is not a directory, as Linux's VFS takes
+/// them when a file is written, truncated or given away (`file_remove_privs`,
+/// `should_remove_suid`, `setattr_should_drop_sgid`, `cap_inode_killpriv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrivDrop {
+    /// The file capabilities (`security.capability`) only: a changer who may keep the set-id
+    /// bits (CAP_FSETID) writes or truncates.
+    Capabilities,
+    /// The file capabilities, setuid, and setgid where group execute is set (without it,
+    /// setgid marks mandatory locking, not a privilege).
+    CapabilitiesAndSetId,
+}
+
 /// setattr(2)-family changes; `None` leaves a field alone. ctime is set to now unless given.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SetAttr {

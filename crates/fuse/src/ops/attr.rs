@@ -11,7 +11,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 impl FerroFuse {
     /// setattr (chmod, chown, truncate, utimens): checked against the attributes before the
     /// change (when the adapter checks), which may also drop set-id bits from `sa`.
-    pub(super) fn set_attr(&self, req: &Request, ino: u64, mut sa: SetAttr, has_handle: bool, reply: ReplyAttr) {
+    /// `kill_suidgid`: the kernel asks us to drop the set-id bits (a chown, or a truncate by a
+    /// caller without CAP_FSETID); a truncate or chown drops the capabilities whatever it says.
+    pub(super) fn set_attr(
+        &self,
+        req: &Request,
+        ino: u64,
+        mut sa: SetAttr,
+        has_handle: bool,
+        kill_suidgid: bool,
+        reply: ReplyAttr,
+    ) {
         let before = match self.checks.then(|| self.getattr("setattr", ino)).transpose() {
             Ok(b) => b,
             Err(e) => return reply.error(e),
@@ -21,7 +31,8 @@ impl FerroFuse {
                 return reply.error(e);
             }
         }
-        match self.call("setattr", |fs| fs.setattr(ino, &sa)) {
+        let drop = self.privileges_to_drop(kill_suidgid).filter(|_| changes_content_or_owner(&sa));
+        match self.call_dropping("setattr", ino, drop, |fs| fs.setattr(ino, &sa)) {
             Ok(a) => {
                 // Names cached with the long timeout while everyone could search here: expired
                 // before the reply where the kernel can, so none is walked through once the
@@ -36,6 +47,12 @@ impl FerroFuse {
             Err(e) => reply.error(e),
         }
     }
+}
+
+/// Whether a setattr truncates (`truncate`, `O_TRUNC`) or gives the file away (`chown`):
+/// the changes that drop its privileges.
+fn changes_content_or_owner(sa: &SetAttr) -> bool {
+    sa.size.is_some() || sa.uid.is_some() || sa.gid.is_some()
 }
 
 pub(super) fn system_time(t: Timespec) -> SystemTime {

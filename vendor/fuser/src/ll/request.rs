@@ -352,6 +352,10 @@ mod op {
         fn valid(&self) -> FattrFlags {
             FattrFlags::from_bits_retain(self.arg.valid)
         }
+        /// ferrofs patch: whether the kernel asks the server to drop the set-id bits.
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.valid().contains(FattrFlags::FATTR_KILL_SUIDGID)
+        }
         pub(crate) fn mode(&self) -> Option<u32> {
             if self.valid().contains(FattrFlags::FATTR_MODE) {
                 Some(self.arg.mode)
