@@ -821,6 +821,26 @@ fn times_and_size_survive_delayed_writeback() {
     drop(fx);
 }
 
+/// Unlinking a closed file (and renaming over one) with the writeback cache: the kernel
+/// stamps the file's ctime and at once sends its times (`fuse_update_ctime`, a SETATTR of
+/// mtime and ctime) for an inode the daemon has just freed; an error there is recorded
+/// against the mount and `syncfs` reports it later, so a plain `rm` or `mv`, or `tar`
+/// replacing its placeholder files, made `sync -f` fail with ESTALE.
+#[test]
+fn unlinked_closed_files_leave_no_writeback_error() {
+    let Some(fx) = Fixture::new("wbunlink", |_| {}) else { return };
+    let (f, g) = (fx.path("f"), fx.path("g"));
+    fs::write(&f, b"data").unwrap();
+    fs::write(&g, b"other").unwrap();
+    fs::rename(&g, &f).unwrap();
+    fs::remove_file(&f).unwrap();
+    fs::write(&g, b"").unwrap();
+    fs::remove_file(&g).unwrap();
+    let dir = File::open(fx.path("")).unwrap();
+    check(unsafe { libc::syncfs(dir.as_raw_fd()) }).expect("syncfs after unlinks");
+    assert!(fx.path("").read_dir().unwrap().next().is_none());
+}
+
 fn fx_remount_check(mut fx: Fixture, f: &Path, want: ((i64, i64), (i64, i64))) -> Fixture {
     fx.remount();
     let m = fs::metadata(f).unwrap();
