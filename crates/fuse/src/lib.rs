@@ -36,8 +36,9 @@
 //! entry timeout), `FUSE_DO_READDIRPLUS` + `FUSE_READDIRPLUS_AUTO`, `FUSE_PARALLEL_DIROPS`,
 //! `FUSE_ASYNC_READ`, `max_write` of 1 MiB (`FUSE_MAX_PAGES`), `FUSE_CACHE_SYMLINKS`, and
 //! `FUSE_WRITEBACK_CACHE` only when [`MountConfig::writeback_cache`] asks for it (the kernel
-//! then owns mtime/ctime and flushes dirty pages later, so a crash can lose writes that
-//! `write(2)` already returned). `FUSE_ATOMIC_O_TRUNC` stays off: `O_TRUNC` arrives as a
+//! then owns mtime/ctime and flushes dirty pages at close, fsync or its own writeback, so a
+//! crash can lose writes to open files that `write(2)` already returned, and SEEK_DATA,
+//! `st_blocks` and `statfs` miss dirty pages: docs/DESIGN.md, "The writeback cache"). `FUSE_ATOMIC_O_TRUNC` stays off: `O_TRUNC` arrives as a
 //! `setattr(size = 0)`. FLUSH is answered ENOSYS, so the kernel stops sending it (see
 //! `flush` in `ops.rs`): a close costs RELEASE alone.
 //!
@@ -190,7 +191,9 @@ pub struct MountConfig {
     /// How long the kernel may trust attributes.
     pub attr_timeout: Duration,
     /// Negotiate the kernel's writeback cache (faster small writes; the kernel owns mtime and
-    /// writes dirty pages back later, so data not yet fsync'ed is less durable).
+    /// writes dirty pages back later, at the latest at close or fsync, so data of open files
+    /// not yet fsync'ed is less durable, and what the daemon reports of dirty pages
+    /// (SEEK_DATA, `st_blocks`, `statfs`) is behind until then).
     pub writeback_cache: bool,
     /// Generic mount options passed through (`noatime`, `nodev`, `dirsync`, `subtype=...`,
     /// anything else goes to the kernel as is); the access time ones (`relatime`, the

@@ -893,6 +893,57 @@ fn utimensat_now_and_omit() {
     drop(fx_remount_check(fx, &f, ((11, 12), (13, 14))));
 }
 
+/// With the writeback cache, written data reaches the daemon after `write(2)` has returned
+/// (at close, fsync or the kernel's writeback), and the kernel keeps mtime, ctime and the
+/// size meanwhile. Times set while the pages are dirty (as `tar` and `cp -p` do right after
+/// writing) must survive their writeback; a write's own mtime (the kernel's, at `write(2)`)
+/// must be the one kept; sizes the kernel reports are the written ones throughout.
+#[test]
+fn times_and_size_survive_delayed_writeback() {
+    let Some(fx) = Fixture::new("wbtimes", |_| {}) else { return };
+    let (f, g) = (fx.path("f"), fx.path("g"));
+    let mut file = File::create(&f).unwrap();
+    file.write_all(&[7; 10_000]).unwrap();
+    assert_eq!(file.metadata().unwrap().len(), 10_000, "size while the pages are dirty");
+    let ts = [libc::timespec { tv_sec: 1_000, tv_nsec: 1 }, libc::timespec { tv_sec: 2_000, tv_nsec: 2 }];
+    check(unsafe { libc::futimens(file.as_raw_fd(), ts.as_ptr()) }).unwrap();
+    drop(file);
+    let m = fs::metadata(&f).unwrap();
+    assert_eq!(((m.mtime(), m.mtime_nsec()), m.len()), ((2_000, 2), 10_000), "after close");
+    let mut file = File::create(&g).unwrap();
+    file.write_all(b"data").unwrap();
+    let written = fs::metadata(&g).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    drop(file);
+    let closed = fs::metadata(&g).unwrap();
+    assert_eq!((closed.mtime(), closed.mtime_nsec()), (written.mtime(), written.mtime_nsec()), "close moved mtime");
+    let fx = fx_remount_check(fx, &f, ((1_000, 1), (2_000, 2)));
+    assert_eq!(fs::metadata(&f).unwrap().len(), 10_000);
+    let m = fs::metadata(&g).unwrap();
+    assert_eq!((m.mtime(), m.mtime_nsec(), m.len()), (written.mtime(), written.mtime_nsec(), 4), "after remount");
+    drop(fx);
+}
+
+/// Unlinking a closed file (and renaming over one) with the writeback cache: the kernel
+/// stamps the file's ctime and at once sends its times (`fuse_update_ctime`, a SETATTR of
+/// mtime and ctime) for an inode the daemon has just freed; an error there is recorded
+/// against the mount and `syncfs` reports it later, so a plain `rm` or `mv`, or `tar`
+/// replacing its placeholder files, made `sync -f` fail with ESTALE.
+#[test]
+fn unlinked_closed_files_leave_no_writeback_error() {
+    let Some(fx) = Fixture::new("wbunlink", |_| {}) else { return };
+    let (f, g) = (fx.path("f"), fx.path("g"));
+    fs::write(&f, b"data").unwrap();
+    fs::write(&g, b"other").unwrap();
+    fs::rename(&g, &f).unwrap();
+    fs::remove_file(&f).unwrap();
+    fs::write(&g, b"").unwrap();
+    fs::remove_file(&g).unwrap();
+    let dir = File::open(fx.path("")).unwrap();
+    check(unsafe { libc::syncfs(dir.as_raw_fd()) }).expect("syncfs after unlinks");
+    assert!(fx.path("").read_dir().unwrap().next().is_none());
+}
+
 fn fx_remount_check(mut fx: Fixture, f: &Path, want: ((i64, i64), (i64, i64))) -> Fixture {
     fx.remount();
     let m = fs::metadata(f).unwrap();

@@ -786,47 +786,87 @@ fn hostile_requests_get_errors_not_crashes() {
     assert_eq!(fs::read(fx.path("after")).unwrap(), b"fine");
 }
 
-/// Signals: a child process (this test binary, re-run with FERROFS_FUSE_CHILD set) serves a
-/// mount with `ferrofs_fuse::mount`; SIGTERM must unmount it and checkpoint the image.
+/// A mount served by a child process: this test binary, re-run with FERROFS_FUSE_CHILD set
+/// (`child_serves_a_mount`). Dropping it detaches the mount if it is still there, kills the
+/// child if it still runs, and removes the image.
+struct ChildMount {
+    dir: std::path::PathBuf,
+    image: std::path::PathBuf,
+    mnt: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl ChildMount {
+    /// A fresh image mounted by a child; `None` (after saying why) where it cannot mount.
+    fn spawn(name: &str) -> Option<ChildMount> {
+        if let Some(why) = fuse_unavailable() {
+            skip(name, &why);
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("ferrofs-fuse-{}-{}", std::process::id(), name));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("mnt")).unwrap();
+        let (image, mnt) = (dir.join("image"), dir.join("mnt"));
+        mkfs(&image, IMAGE_SIZE);
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_serves_a_mount", "--nocapture", "--test-threads=1"])
+            .env("FERROFS_FUSE_CHILD", format!("{}\n{}", image.display(), mnt.display()))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut cm = ChildMount { dir, image, mnt, child };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !is_mounted(&cm.mnt) {
+            if let Some(status) = cm.child.try_wait().unwrap() {
+                // The child could not mount: it said why on stderr.
+                skip(name, &format!("child exited before mounting: {status}"));
+                return None;
+            }
+            assert!(Instant::now() < deadline, "child did not mount");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(cm)
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill has no memory preconditions; the pid is our own child's, not yet reaped.
+        check(unsafe { libc::kill(self.child.id() as i32, sig) }).unwrap();
+    }
+
+    /// The child's exit status, waiting for it until `deadline`.
+    fn exit_status(&mut self, deadline: Instant) -> std::process::ExitStatus {
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "child did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ChildMount {
+    fn drop(&mut self) {
+        if is_mounted(&self.mnt) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        if self.child.try_wait().is_ok_and(|s| s.is_none()) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Signals: SIGTERM to the process serving a mount (`ferrofs_fuse::mount`) must unmount it
+/// and checkpoint the image.
 #[test]
 fn sigterm_unmounts_and_checkpoints() {
-    const NAME: &str = "sigterm";
-    if let Some(why) = fuse_unavailable() {
-        return skip(NAME, &why);
-    }
-    let dir = std::env::temp_dir().join(format!("ferrofs-fuse-{}-{}", std::process::id(), NAME));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(dir.join("mnt")).unwrap();
-    let (image, mnt) = (dir.join("image"), dir.join("mnt"));
-    mkfs(&image, IMAGE_SIZE);
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_serves_a_mount", "--nocapture", "--test-threads=1"])
-        .env("FERROFS_FUSE_CHILD", format!("{}\n{}", image.display(), mnt.display()))
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    struct Cleanup<'a>(&'a std::path::Path, &'a std::path::Path);
-    impl Drop for Cleanup<'_> {
-        fn drop(&mut self) {
-            if is_mounted(self.1) {
-                let _ = std::process::Command::new("umount").arg("-l").arg(self.1).status();
-            }
-            let _ = fs::remove_dir_all(self.0);
-        }
-    }
-    let _cleanup = Cleanup(&dir, &mnt);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !is_mounted(&mnt) {
-        if let Some(status) = child.try_wait().unwrap() {
-            // The child could not mount: it said why on stderr.
-            return skip(NAME, &format!("child exited before mounting: {status}"));
-        }
-        assert!(Instant::now() < deadline, "child did not mount");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let Some(mut cm) = ChildMount::spawn("sigterm") else { return };
+    let mnt = cm.mnt.clone();
     fs::write(mnt.join("before-signal"), b"kept").unwrap();
     let keep_open = File::open(mnt.join("before-signal")).unwrap();
-    check(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }).unwrap();
+    cm.signal(libc::SIGTERM);
     // Busy (a file is open): detached lazily, served until the file is closed.
     let deadline = Instant::now() + Duration::from_secs(20);
     while is_mounted(&mnt) {
@@ -834,23 +874,69 @@ fn sigterm_unmounts_and_checkpoints() {
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(keep_open);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "child did not exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = cm.exit_status(deadline);
     assert!(status.success(), "child: {status}");
-    assert_eq!(replayed_records(&image), 0, "SIGTERM must leave a clean log");
-    let dev = ferrofs::dev::FileDevice::open(&image, true).unwrap();
-    let fs = ferrofs::FileSystem::mount_device(
+    assert_eq!(replayed_records(&cm.image), 0, "SIGTERM must leave a clean log");
+    let fs = engine_read_only(&cm.image);
+    let a = fs.lookup(1, b"before-signal").unwrap();
+    assert_eq!(fs.read(a.ino, 0, 100).unwrap(), b"kept");
+}
+
+/// The engine on the image, read-only, as the next mount sees it (the log replayed in memory).
+fn engine_read_only(image: &std::path::Path) -> ferrofs::FileSystem {
+    let dev = ferrofs::dev::FileDevice::open_wait(image, true, Duration::from_secs(10)).unwrap();
+    ferrofs::FileSystem::mount_device(
         std::sync::Arc::new(dev),
         &ferrofs::MountOptions { read_only: true, ..Default::default() },
     )
-    .unwrap();
-    let a = fs.lookup(1, b"before-signal").unwrap();
-    assert_eq!(fs.read(a.ino, 0, 100).unwrap(), b"kept");
+    .unwrap()
+}
+
+/// The daemon killed (SIGKILL) with the kernel's writeback cache on or off (the suites run
+/// both ways): what fsync returned for is in the image, whole, and no file shows another
+/// file's old data, neither a file closed without fsync (its pages were written back to the
+/// daemon at close) nor one still open with dirty pages in the kernel. The old data is that
+/// of a file deleted before, whose blocks the new files may reuse: ordered mode writes a
+/// file's data before the records that map it, as ext4's `data=ordered` does.
+#[test]
+fn killed_daemon_keeps_fsynced_data_and_shows_no_stale_data() {
+    const LEN: usize = 4 << 20;
+    let Some(mut cm) = ChildMount::spawn("sigkill") else { return };
+    let mnt = cm.mnt.clone();
+    let write = |name: &str, byte: u8, fsync: bool| {
+        let mut f = File::create(mnt.join(name)).unwrap();
+        // In pieces, as programs write: the writeback cache gathers them.
+        for chunk in vec![byte; LEN].chunks(10_000) {
+            f.write_all(chunk).unwrap();
+        }
+        if fsync {
+            f.sync_all().unwrap();
+        }
+        f
+    };
+    drop(write("old", 0xAA, true));
+    fs::remove_file(mnt.join("old")).unwrap();
+    File::open(&mnt).unwrap().sync_all().unwrap();
+    drop(write("closed", 0xBB, false));
+    let dirty = write("open", 0xDD, false);
+    drop(write("synced", 0xCC, true));
+    cm.signal(libc::SIGKILL);
+    assert!(!cm.exit_status(Instant::now() + Duration::from_secs(20)).success());
+    // The connection is gone: closing fails or not, the dirty pages are lost either way.
+    drop(dirty);
+    assert!(std::process::Command::new("umount").arg("-l").arg(&mnt).status().unwrap().success());
+
+    let fs = engine_read_only(&cm.image);
+    let synced = fs.lookup(1, b"synced").expect("fsync'd file lost");
+    assert_eq!(synced.size, LEN as u64);
+    assert!(fs.read(synced.ino, 0, LEN).unwrap().iter().all(|&b| b == 0xCC), "fsync'd data lost");
+    for (name, byte) in [(&b"closed"[..], 0xBB), (b"open", 0xDD)] {
+        let Ok(a) = fs.lookup(1, name) else { continue };
+        let data = fs.read(a.ino, 0, a.size as usize).unwrap();
+        assert_eq!(data.len() as u64, a.size);
+        let foreign = data.iter().position(|&b| b != byte && b != 0);
+        assert_eq!(foreign, None, "{}: byte not its own (0xAA: a deleted file's)", String::from_utf8_lossy(name));
+    }
 }
 
 /// Not a test: the child half of `sigterm_unmounts_and_checkpoints` (does nothing unless
@@ -861,6 +947,7 @@ fn child_serves_a_mount() {
     let (image, mnt) = spec.split_once('\n').unwrap();
     let mut cfg = ferrofs_fuse::MountConfig::new(image, mnt);
     cfg.default_permissions = kernel_checks_permissions();
+    cfg.writeback_cache = writeback_cache();
     if let Err(e) = ferrofs_fuse::mount(&cfg, || {}) {
         eprintln!("child mount: {e}");
         std::process::exit(2);

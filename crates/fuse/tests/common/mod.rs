@@ -57,6 +57,19 @@ pub fn kernel_checks_permissions() -> bool {
     std::env::var_os("FERROFS_TEST_DEFAULT_PERMISSIONS").is_some_and(|v| v == "1")
 }
 
+/// Whether this run's mounts negotiate the kernel's writeback cache: as
+/// FERROFS_TEST_WRITEBACK_CACHE says (`1` on, `0` off), else the mount's default. Every suite
+/// must pass both ways, but for the tests of what the cache cannot give, which
+/// scripts/test.sh names and skips in its runs with the cache.
+pub fn writeback_cache() -> bool {
+    match std::env::var("FERROFS_TEST_WRITEBACK_CACHE").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        Ok(v) => panic!("FERROFS_TEST_WRITEBACK_CACHE={v}: 0 or 1"),
+        Err(_) => MountConfig::new("", "").writeback_cache,
+    }
+}
+
 fn give_root_directory_to_caller(image: &Path) {
     let dev = FileDevice::open_wait(image, false, Duration::from_secs(10)).expect("open image");
     let fs = FileSystem::mount_device(Arc::new(dev), &MountOptions::default()).expect("engine mount");
@@ -119,6 +132,7 @@ impl Fixture {
         let mut cfg = MountConfig::new(&image, &mnt);
         cfg.lock_timeout = Duration::from_secs(10);
         cfg.default_permissions = kernel_checks_permissions();
+        cfg.writeback_cache = writeback_cache();
         tweak(&mut cfg);
         let mut fx = Fixture { name: name.to_string(), dir, image, mnt, cfg, handle: None };
         match fx.mount() {
