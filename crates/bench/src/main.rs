@@ -31,6 +31,7 @@ mod shell;
 mod targets;
 mod unlinked;
 mod unmount;
+mod write;
 
 use crate::failure::{CliResult, Context, Failure};
 use clap::{Args, Parser, ValueEnum};
@@ -91,7 +92,8 @@ pub struct BenchArgs {
     /// commit: files per thread (default 16). unlinked: files opened, unlinked and closed
     /// (default 200,000). fsync: files the fsync thread writes and syncs per run and load
     /// (default 2,000). unmount: cached inodes of file system A (default 1,000,000).
-    /// fsmark: files per run and thread count (default 40,000).
+    /// fsmark: files per run and thread count (default 40,000). write: 4 KiB writes per
+    /// case and run (default 4,000; a quarter of that with fdatasync).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub files: Option<u64>,
     /// Thread counts to measure, comma-separated. embedded: default 1,2,8,48. commit:
@@ -129,6 +131,9 @@ pub struct BenchArgs {
     /// back to 4096).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub rounds: u64,
+    /// write: the directory on disk (not tmpfs) that holds the images of the on-disk cases.
+    #[arg(long, default_value = "/var/tmp")]
+    pub disk_dir: PathBuf,
     /// Runs per measurement; the report gives the median and the min-max range.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub runs: u64,
@@ -179,6 +184,9 @@ pub enum Mode {
     /// The five seed experiments (orphan, mdtest, fsmark, dbench, unmount) on every target
     /// and ferrofs embedded; writes a Markdown report with plots (needs root).
     Seeds,
+    /// 4 KiB write latency, appending against overwriting, with and without fdatasync, the
+    /// image in /dev/shm and on disk (the engine; through FUSE too with --targets ferrofs).
+    Write,
 }
 
 impl BenchArgs {
@@ -254,6 +262,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         Mode::Unmount => unmount::run(args),
         Mode::Fsmark => fsmark::run(args),
         Mode::Seeds => seeds::run(args),
+        Mode::Write => write::run(args),
     }
 }
 
