@@ -34,6 +34,7 @@ mod unmount;
 mod workloads;
 mod workloads_report;
 mod workloads_tree;
+mod write;
 
 use crate::failure::{CliResult, Context, Failure};
 use clap::{Args, Parser, ValueEnum};
@@ -94,7 +95,8 @@ pub struct BenchArgs {
     /// commit: files per thread (default 16). unlinked: files opened, unlinked and closed
     /// (default 200,000). fsync: files the fsync thread writes and syncs per run and load
     /// (default 2,000). unmount: cached inodes of file system A (default 1,000,000).
-    /// fsmark: files per run and thread count (default 40,000).
+    /// fsmark: files per run and thread count (default 40,000). write: 4 KiB writes per
+    /// case and run (default 4,000; a quarter of that with fdatasync).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub files: Option<u64>,
     /// Thread counts to measure, comma-separated. embedded: default 1,2,8,48. commit:
@@ -132,6 +134,9 @@ pub struct BenchArgs {
     /// back to 4096).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub rounds: u64,
+    /// write: the directory on disk (not tmpfs) that holds the images of the on-disk cases.
+    #[arg(long, default_value = "/var/tmp")]
+    pub disk_dir: PathBuf,
     /// Runs per measurement; the report gives the median and the min-max range.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub runs: u64,
@@ -188,6 +193,9 @@ pub enum Mode {
     /// tree, git clone/status/log, dbench, 4 KiB write latency; the FUSE servers' RSS and
     /// CPU per operation (needs root).
     Workloads,
+    /// 4 KiB write latency, appending against overwriting, with and without fdatasync, the
+    /// image in /dev/shm and on disk (the engine; through FUSE too with --targets ferrofs).
+    Write,
 }
 
 impl BenchArgs {
@@ -264,6 +272,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         Mode::Fsmark => fsmark::run(args),
         Mode::Seeds => seeds::run(args),
         Mode::Workloads => workloads::run_all(args),
+        Mode::Write => write::run(args),
     }
 }
 

@@ -318,7 +318,8 @@ impl Size {
 pub struct FsmarkArgs {
     /// fsmark: file systems to measure, comma-separated (default: all of them; one that
     /// cannot be set up here is skipped with the reason). fsync and scale: mounted file
-    /// systems to run the same workload on after the engine (default: none).
+    /// systems to run the same workload on after the engine (default: none). write: ferrofs
+    /// (through FUSE) or nothing.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub targets: Vec<Kind>,
     /// fsmark: targets that get --slow-files files per run instead of --files.
@@ -427,6 +428,11 @@ impl Env {
     /// log) run here.
     pub fn work_dir(&self) -> &Path {
         &self.work
+    }
+
+    /// Put the images in `dir` rather than /dev/shm (a benchmark of an image on disk).
+    pub fn set_image_dir(&mut self, dir: &Path) {
+        self.images = dir.to_path_buf();
     }
 
     /// Where images go.

@@ -290,6 +290,12 @@ impl Ag {
         self.sync_counts(s);
     }
 
+    /// The block after the last one claimed: the goal of an allocation that has no
+    /// neighbour to follow (a new file's first blocks).
+    pub fn block_goal(&self) -> u64 {
+        self.layout.start + self.lock().block_cursor
+    }
+
     /// Claim up to `max_len` contiguous blocks at or after `goal` (absolute), consuming the
     /// same number of reserved blocks. Returns (absolute start, len).
     pub fn claim_blocks(&self, goal: u64, max_len: u64) -> Option<(u64, u64)> {

@@ -22,6 +22,10 @@ impl Step {
     }
 }
 
+/// Device blocks given backing storage at a time when file data first enters them
+/// (`FileSystem::back_blocks`): 1 MiB.
+const BACKING_CHUNK_BLOCKS: u64 = 256;
+
 /// Stamp a change of the file's contents (mtime and ctime).
 pub(super) fn stamp_modified(inode: &mut DiskInode) {
     let time = now();
@@ -206,9 +210,10 @@ impl FileSystem {
             return Ok(false);
         }
         self.reserve_for_write(tx, i.ino, updated, &new_maps, &to_convert)?;
-        let mut goal = mapped
-            .last()
-            .map_or(self.m.geo.ag_layout(ino_ag(i.ino)).data_start, |extent| extent.pblk + extent.len as u64);
+        let mut goal = match mapped.last() {
+            Some(extent) => extent.pblk + extent.len as u64,
+            None => self.alloc_goal(i.ino, updated, first)?,
+        };
         for (lo, hi) in to_convert {
             let mut store = TxStore::new(tx, i.ino, 0);
             let (pieces, _) = file::unmap(&mut store, &self.m, i.ino, updated, lo, hi, usize::MAX)?;
@@ -224,6 +229,7 @@ impl FileSystem {
             while lblk < hole.end() {
                 let want = (hole.end() - lblk).min(crate::format::inode::EXTENT_LEN_MAX as u64);
                 let (pblk, len) = tx.alloc_blocks(goal, want)?;
+                self.back_blocks(pblk, len);
                 self.write_span(data, off, lblk, lblk + len, pblk, true)?;
                 self.map_extent(tx, i.ino, updated, Extent { lblk, pblk, len: len as u32, unwritten: false })?;
                 updated.blocks += len;
@@ -237,6 +243,22 @@ impl FileSystem {
         }
         self.note_data(i);
         Ok(true)
+    }
+
+    /// Where the blocks of file block `lblk` and on should go, when none of them is mapped:
+    /// right after the block mapping `lblk - 1`, so that a file written in order (an
+    /// append) stays one extent; else (a new file, a write after a hole) where the inode's AG
+    /// last allocated. Never the AG's first data block: the bitmap is searched from the goal,
+    /// and from there every appending write scanned all the blocks in use before it.
+    pub(super) fn alloc_goal(&self, ino: u64, state: &DiskInode, lblk: u64) -> Result<u64> {
+        let before = match lblk.checked_sub(1) {
+            Some(prev) => file::read_extents(&self.m, ino, state, prev, lblk)?.pop(),
+            None => None,
+        };
+        Ok(match before {
+            Some(extent) => extent.pblk + extent.len as u64,
+            None => self.m.ags[ino_ag(ino) as usize].block_goal(),
+        })
     }
 
     /// Reserve what `write_blocks` maps: the blocks of `new_maps` (holes to fill) and the
@@ -284,13 +306,38 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Data is about to go to the newly allocated device blocks `[pblk, pblk + len)`: if
+    /// they begin a chunk of `BACKING_CHUNK_BLOCKS` or cross into one, give that chunk (and any
+    /// other they enter) backing storage now (`BlockDevice::preallocate`). On a sparse image
+    /// file every first write of a block made the host allocate (tmpfs a page, ext4 a
+    /// delayed block, and a journal commit at the next flush); an append then cost more than
+    /// an overwrite of written blocks. A file written in order enters a new chunk once per
+    /// 256 blocks, so the rest of its appends land on backed space, as speculative
+    /// preallocation gives XFS's appends space allocated ahead of them. Only the host's
+    /// storage changes, never what the image holds: blocks of the chunk that other files own
+    /// keep their data, free ones stay free. A hint: a device that cannot preallocate (or
+    /// has no room to) leaves the write to allocate as before, which reports any error.
+    fn back_blocks(&self, pblk: u64, len: u64) {
+        debug_assert!(len > 0, "no blocks to back at {pblk}");
+        let (first, last) = (pblk / BACKING_CHUNK_BLOCKS, (pblk + len - 1) / BACKING_CHUNK_BLOCKS);
+        let entered = if pblk.is_multiple_of(BACKING_CHUNK_BLOCKS) { first } else { first + 1 };
+        if entered > last {
+            return;
+        }
+        let start = entered * BACKING_CHUNK_BLOCKS * BS;
+        let bytes = ((last + 1 - entered) * BACKING_CHUNK_BLOCKS * BS).min(self.m.dev.size() - start);
+        // Best effort: the write that follows allocates whatever this could not.
+        let _ = self.m.dev.preallocate(start, bytes);
+    }
+
     /// Write the part of `data` (which starts at file offset `off`) that falls in file
     /// blocks `[lo, hi)`, at device block `pblk`. `fresh` blocks get zeros around the data.
     fn write_span(&self, data: &[u8], off: u64, lo: u64, hi: u64, pblk: u64, fresh: bool) -> Result<()> {
         let (start, end) = ((lo * BS).max(off), (hi * BS).min(off + data.len() as u64));
         debug_assert!(start < end, "blocks [{lo}, {hi}) hold none of the data at {off}");
         let piece = &data[(start - off) as usize..(end - off) as usize];
-        if !fresh {
+        // Fresh blocks the data fills whole need no zeros: written as they are, no copy.
+        if !fresh || (start == lo * BS && end == hi * BS) {
             self.m.dev.write_at(piece, pblk * BS + (start - lo * BS))?;
             return Ok(());
         }

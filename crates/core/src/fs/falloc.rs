@@ -122,10 +122,11 @@ impl FileSystem {
         if zero {
             self.zero_edges(i, g, off, end)?;
         }
+        let goal = self.alloc_goal(i.ino, g, holes.first().map_or(off / BS, |hole| hole.0))?;
         let mut unfilled = Unfilled {
             holes: holes.into_iter().peekable(),
             blocks: need,
-            goal: self.m.geo.ag_layout(ino_ag(i.ino)).data_start,
+            goal,
         };
         self.in_steps(i, g, |tx, updated| {
             if unfilled.blocks > 0 {
