@@ -17,12 +17,13 @@ use super::seeds_results::{Machine, Sample, Skipped};
 use super::shell::{self, check_interrupt, run};
 use super::targets::{passthrough_open_files, Env, Kind, Mounted, Size};
 use super::workloads_tree::{self as tree, Census, Tarball};
+use super::write::{time_writes, Pattern, WRITE_BYTES};
 use super::{report, BenchArgs};
 use crate::failure::{CliResult, Context};
 use crate::units::parse_size;
 use clap::Args;
 use serde::Serialize;
-use std::os::unix::fs::FileExt;
+use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -31,7 +32,6 @@ use std::time::Instant;
 const DEFAULT_TARGETS: [Kind; 6] =
     [Kind::Ferrofs, Kind::Passthrough, Kind::Fuse2fs, Kind::Ext4, Kind::Xfs, Kind::Tmpfs];
 const GENERATED: &str = "generated";
-const WRITE_BYTES: usize = 4096;
 /// dbench data per client at most, to size images.
 const DBENCH_BYTES_PER_CLIENT: u64 = 64 << 20;
 
@@ -123,12 +123,12 @@ const CLONE: &str = "git clone";
 const STATUS: &str = "git status";
 const LOG: &str = "git log -p";
 const DBENCH: &str = "dbench";
-/// (workload, fsync after each write, overwrite rather than append).
-const LATENCIES: [(&str, bool, bool); 4] = [
-    ("append 4 KiB", false, false),
-    ("append 4 KiB + fsync", true, false),
-    ("overwrite 4 KiB", false, true),
-    ("overwrite 4 KiB + fsync", true, true),
+/// (workload, fdatasync after each write, where the writes go).
+const LATENCIES: [(&str, bool, Pattern); 4] = [
+    ("append 4 KiB", false, Pattern::Append),
+    ("append 4 KiB + fdatasync", true, Pattern::Append),
+    ("overwrite 4 KiB", false, Pattern::Overwrite),
+    ("overwrite 4 KiB + fdatasync", true, Pattern::Overwrite),
 ];
 
 /// The repository `git clone` copies.
@@ -496,45 +496,20 @@ impl Ctx<'_> {
         })
     }
 
-    /// 4 KiB `pwrite`s, each timed (with its fsync when asked): appending to a new file, and
-    /// overwriting the blocks of a file written and synced beforehand (untimed).
+    /// 4 KiB `pwrite`s, each timed (with its fdatasync when asked): appending to a new file,
+    /// and overwriting the blocks of a file written and synced beforehand (untimed).
     fn latency(&mut self, m: &Mounted, t: &Target, rep: usize) -> CliResult<()> {
         let n = self.args.writes;
-        for (i, (workload, fsync, overwrite)) in LATENCIES.into_iter().enumerate() {
+        for (i, (workload, datasync, pattern)) in LATENCIES.into_iter().enumerate() {
             let path = m.root().join(format!("latency{i}"));
             self.step(m, t, rep, workload, 0, |_| {
-                let lat = write_latencies(&path, n, fsync, overwrite)?;
-                let s = report::sorted(&lat);
+                let what = || path.display().to_string();
+                let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path).context(what)?;
+                let s = time_writes(&file, pattern, n as usize, datasync).context(what)?;
                 Ok((n, vec![("p50_us", report::quantile(&s, 0.5)), ("p99_us", report::quantile(&s, 0.99))]))
             })?;
             std::fs::remove_file(&path).context(|| format!("rm {}", path.display()))?;
         }
         Ok(())
     }
-}
-
-/// Microseconds of each of `n` 4 KiB `pwrite`s (and fsyncs) at successive offsets of `path`
-/// (created); with `overwrite` the file's blocks are written and synced first.
-fn write_latencies(path: &Path, n: u64, fsync: bool, overwrite: bool) -> CliResult<Vec<f64>> {
-    let what = || path.display().to_string();
-    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(path).context(what)?;
-    let block = [0x5a_u8; WRITE_BYTES];
-    let offset = |i: u64| i * WRITE_BYTES as u64;
-    if overwrite {
-        for i in 0..n {
-            f.write_all_at(&block, offset(i)).context(what)?;
-        }
-        f.sync_all().context(what)?;
-    }
-    let mut out = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let started = Instant::now();
-        f.write_all_at(&block, offset(i)).context(what)?;
-        if fsync {
-            f.sync_all().context(what)?;
-        }
-        out.push(started.elapsed().as_secs_f64() * 1e6);
-    }
-    debug_assert!(out.iter().all(|&us| us >= 0.0));
-    Ok(out)
 }

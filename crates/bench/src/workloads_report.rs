@@ -121,7 +121,7 @@ pub fn markdown(r: &Results) -> String {
     }
     let _ = writeln!(
         o,
-        " dbench: `dbench -t {}` (MB/s, max latency). Write latency: {} 4 KiB `pwrite`s, each timed (with an fsync each in the `+ fsync` rows), appending to a new file or overwriting a file written and synced beforehand.\n",
+        " dbench: `dbench -t {}` (MB/s, max latency). Write latency: {} 4 KiB `pwrite`s, each timed (with an fdatasync each in the `+ fdatasync` rows), appending to a new file or overwriting a file written and synced beforehand.\n",
         r.dbench_seconds,
         grouped(r.writes)
     );

@@ -7,7 +7,7 @@
 //! [`time_writes`] is the measurement itself, over anything that can write at an offset and
 //! fdatasync ([`WriteTarget`]), for other benchmarks to reuse.
 
-use super::report::{Figures, Spread};
+use super::report::{quantile, Figures, Spread};
 use super::scratch;
 use super::targets::{on_each, Env, Kind, Size};
 use super::{BenchArgs, CRED, FILE_MODE};
@@ -97,11 +97,6 @@ pub fn time_writes(file: &dyn WriteTarget, pattern: Pattern, count: usize, datas
     }
     latencies.sort_by(f64::total_cmp);
     Ok(latencies)
-}
-
-/// The value at quantile `q` of sorted `values`.
-fn quantile(values: &[f64], q: f64) -> f64 {
-    values[((values.len() - 1) as f64 * q).round() as usize]
 }
 
 #[derive(Serialize)]
@@ -254,10 +249,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         }
     }
     let figures = WriteFigures { writes_per_case: writes, synced_writes_per_case: writes / SYNCED_SHARE, cases };
-    println!(
-        "ferrofs bench write: {} runs, {} bytes per block: median [min-max]\n",
-        args.runs, BLOCK_SIZE
-    );
+    println!("ferrofs bench write: {} runs, {} bytes per block: median [min-max]\n", args.runs, BLOCK_SIZE);
     figures.print();
     super::write_json(args, &figures)
 }

@@ -88,7 +88,7 @@ fn small_run_on_tmpfs_and_ferrofs_has_every_row_and_cleans_up() {
     if git {
         rows.extend([("git clone", "seconds"), ("git status", "seconds"), ("git log -p", "seconds")]);
     }
-    for w in ["append 4 KiB", "append 4 KiB + fsync", "overwrite 4 KiB", "overwrite 4 KiB + fsync"] {
+    for w in ["append 4 KiB", "append 4 KiB + fdatasync", "overwrite 4 KiB", "overwrite 4 KiB + fdatasync"] {
         rows.extend([(w, "p50_us"), (w, "p99_us")]);
     }
     if on_path("dbench") {

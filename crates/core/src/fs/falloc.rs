@@ -123,11 +123,7 @@ impl FileSystem {
             self.zero_edges(i, g, off, end)?;
         }
         let goal = self.alloc_goal(i.ino, g, holes.first().map_or(off / BS, |hole| hole.0))?;
-        let mut unfilled = Unfilled {
-            holes: holes.into_iter().peekable(),
-            blocks: need,
-            goal,
-        };
+        let mut unfilled = Unfilled { holes: holes.into_iter().peekable(), blocks: need, goal };
         self.in_steps(i, g, |tx, updated| {
             if unfilled.blocks > 0 {
                 self.fill_batch(tx, i.ino, updated, &mut unfilled, &mut remap)?;
