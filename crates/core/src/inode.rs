@@ -11,7 +11,7 @@ use crate::format::{ino_ag, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE};
 use crate::lockstat::{LockClass, Mutex, RwLock};
 use crate::reclaim::Reclaimable;
 use crossbeam_utils::CachePadded;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 
 pub static INODE_LOCK: LockClass = LockClass::new("inode");
@@ -26,10 +26,6 @@ pub struct Inode {
     referenced: AtomicBool,
     /// File data was written in place since the last fsync.
     pub data_dirty: AtomicBool,
-    /// An unnamed file (`FileSystem::tmpfile`) that `link` may name: Linux's I_LINKABLE.
-    pub linkable: AtomicBool,
-    /// Open handles; an unlinked inode is freed when the last one closes.
-    pub open_count: AtomicU32,
     pub ino: u64,
     log_version: AtomicU64,
     /// CIL sequence of the last committed change (fsync forces the log up to it).
@@ -63,8 +59,6 @@ impl Inode {
             last_data_seq: AtomicU64::new(0),
             sharing: AtomicU64::new(0),
             data_dirty: AtomicBool::new(false),
-            linkable: AtomicBool::new(false),
-            open_count: AtomicU32::new(0),
             referenced: AtomicBool::new(true),
         })
     }
@@ -108,10 +102,11 @@ impl Reclaimable for Inode {
         &self.referenced
     }
 
-    /// Its last change is home, no data written in place awaits an fsync (the flag would
-    /// be lost), and no handle is open (an unlinked open inode exists only here).
+    /// Its last change is home and no data written in place awaits an fsync (the flag would
+    /// be lost). Held inodes need not stay: their references are counted apart (`Holds`),
+    /// and an unlinked one is on the orphan list, from where it loads again.
     fn is_clean(&self, home_seq: u64) -> bool {
-        self.last_seq.load(Relaxed) <= home_seq && !self.data_dirty.load(Relaxed) && self.open_count.load(Relaxed) == 0
+        self.last_seq.load(Relaxed) <= home_seq && !self.data_dirty.load(Relaxed)
     }
 }
 

@@ -84,6 +84,7 @@ pub mod format;
 pub(crate) mod format;
 pub(crate) mod fs;
 pub mod fsck;
+pub(crate) mod holds;
 pub(crate) mod inode;
 #[cfg(feature = "testing")]
 pub mod journal;

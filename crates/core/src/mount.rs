@@ -7,6 +7,7 @@ use crate::dev::{BlockDevice, OverlayDevice};
 use crate::error::{Error, Result};
 use crate::format::sb::MAGIC_SB;
 use crate::format::{ino_ag, ino_index, Geometry, Superblock, BLOCK_SIZE};
+use crate::holds::Holds;
 use crate::inode::{InodeCache, InodeRef, INODE_COST};
 use crate::journal::{recover, Journal, JournalConfig, RecoveryReport};
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -66,6 +67,8 @@ pub struct Mount {
     dead: AtomicBool,
     /// Benchmark-only switch (see [`Mount::set_orphan_tracking_unsafe`]).
     orphan_tracking: AtomicBool,
+    /// References to inodes from outside the engine (`FileSystem::open`, `FileSystem::hold`).
+    pub(crate) holds: Holds,
     pub atime: AtimeMode,
     pub nodiratime: bool,
 }
@@ -167,6 +170,7 @@ impl Mount {
             writes_refused: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             orphan_tracking: AtomicBool::new(true),
+            holds: Holds::new(),
             atime: opts.atime,
             nodiratime: opts.nodiratime,
         });

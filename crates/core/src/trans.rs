@@ -166,6 +166,9 @@ impl<'m> Tx<'m> {
                 // until the checkpoint that frees them is on disk), so a program that just
                 // deleted files would see ENOSPC for space it has freed: make them reusable,
                 // as XFS flushes its busy extents. Nothing of this transaction is in the log.
+                // Files unlinked while the FUSE kernel held them are freed once it forgets
+                // them: those about to be freed first.
+                self.m.holds.wait_for_frees();
                 self.m.journal.release_busy()?;
             }
         }
@@ -189,6 +192,7 @@ impl<'m> Tx<'m> {
                 }
             }
             if attempt == 0 {
+                self.m.holds.wait_for_frees();
                 self.m.journal.release_busy()?;
             }
         }

@@ -1,9 +1,13 @@
 //! The FUSE request handlers: each one calls the engine, then replies with what it returned.
 //!
 //! Inode numbers pass through unchanged (the engine's root is 1 = FUSE_ROOT_ID). File handles
-//! carry nothing: the engine keeps one open count per inode, taken by `open`/`opendir`/
-//! `create` and dropped by `release`/`releasedir`, so an unlinked file lives until its last
-//! close. `forget` is a no-op: the engine keeps its own inode cache.
+//! carry nothing. An inode lives as long as the kernel may use its number: every reply that
+//! gives the kernel a reference (an entry: lookup, create, mknod, mkdir, symlink, link,
+//! tmpfile, each readdirplus entry but `.` and `..`) takes one in the engine (`hold`), and
+//! FORGET drops what the kernel says it dropped. The kernel forgets an unlinked inode only
+//! after its last open file closed, so an unlinked file lives until its last close without
+//! OPEN or RELEASE, which the kernel is then told it need not send (docs/DESIGN.md, "Lifetime
+//! of an inode: the kernel's lookup count").
 //!
 //! Unless the kernel checks permissions (`default_permissions`), each request is checked
 //! against the engine's attributes with [`crate::access`] before the engine changes anything.
@@ -47,6 +51,10 @@ pub struct FerroFuse {
     /// Writes, truncates and chowns drop set-id bits and capabilities here, not in the kernel
     /// (`FUSE_HANDLE_KILLPRIV_V2`, set at init if the kernel offers it).
     drops_privileges: bool,
+    /// Answer OPEN and OPENDIR with ENOSYS, so that the kernel sends neither again, nor
+    /// RELEASE and RELEASEDIR: set when an open has nothing to check (see `open`).
+    no_open: bool,
+    no_opendir: bool,
     /// Set once the session exists: drops names the kernel may no longer cache.
     notifier: Arc<OnceLock<Notifier>>,
     /// Expires every cached name at once, where the kernel can.
@@ -62,17 +70,19 @@ type Res<T> = std::result::Result<T, Errno>;
 impl FerroFuse {
     pub fn new(fs: Arc<FileSystem>, opts: &MountConfig) -> std::io::Result<FerroFuse> {
         Ok(FerroFuse {
-            fs,
             image: opts.image.display().to_string().into(),
             entry_ttl: opts.entry_timeout,
             attr_ttl: opts.attr_timeout,
             writeback_cache: opts.writeback_cache,
             checks: !opts.default_permissions,
             drops_privileges: false,
+            no_open: opts.default_permissions && !fs.accesses_set_atime(false),
+            no_opendir: opts.default_permissions && !fs.accesses_set_atime(true),
             notifier: Arc::new(OnceLock::new()),
             name_epoch: Arc::default(),
             syncs: SyncPool::start(SYNC_THREADS, SYNC_QUEUE_MAX)?,
             workers: Arc::new(Workers::new(opts.thread_count())),
+            fs,
         })
     }
 
@@ -102,9 +112,14 @@ impl FerroFuse {
         self.syncs.submit(move || reply_empty(reply, call_engine(&fs, &image, op, |fs| fs.fsync(ino, datasync))));
     }
 
+    /// Reply with an entry, which the kernel counts as a reference to the inode: held first,
+    /// as a FORGET of it may follow the reply at once.
     fn reply_entry(&self, reply: ReplyEntry, entry_ttl: Duration, res: Res<Attr>) {
         match res {
-            Ok(a) => reply.entry_with_ttls(&self.attr_ttl, &entry_ttl, &file_attr(&a), Generation(a.generation as u64)),
+            Ok(a) => {
+                self.fs.hold(a.ino);
+                reply.entry_with_ttls(&self.attr_ttl, &entry_ttl, &file_attr(&a), Generation(a.generation as u64))
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -223,6 +238,14 @@ impl fuser::Filesystem for FerroFuse {
         Ok(())
     }
 
+    /// The connection is over: the kernel forgets nothing at unmount, so every reference it
+    /// held goes now, and the unlinked inodes they kept are freed before the checkpoint.
+    fn destroy(&mut self) {
+        if let Err(e) = self.call("destroy", |fs| fs.forget_all()) {
+            log::error!(image = &*self.image; "unlinked inodes left on the orphan list for the next mount: {e:?}");
+        }
+    }
+
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _serving = self.workers.serving(req.pid());
         let ttl = match self.enter_dir(req, "lookup", parent.0, MAY_EXEC) {
@@ -235,6 +258,14 @@ impl fuser::Filesystem for FerroFuse {
             }
             res => self.reply_entry(reply, ttl, res),
         }
+    }
+
+    /// The kernel dropped `nlookup` references (it evicted the inode): the last reference to
+    /// an unlinked inode frees it.
+    fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64) {
+        let _serving = self.workers.serving(req.pid());
+        // No reply to fail; the engine has logged what matters.
+        let _ = self.call("forget", |fs| fs.forget(ino.0, nlookup));
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -350,10 +381,21 @@ impl fuser::Filesystem for FerroFuse {
         self.make_entry(req, "link", newparent.0, reply, |fs| fs.link(ino.0, newparent.0, newname.as_bytes()));
     }
 
+    /// An open is needed for two things only, as the inode lives by the kernel's lookup
+    /// count: the permission check when the kernel does not check (no `default_permissions`),
+    /// and atime. When neither applies, ENOSYS: the kernel then never sends OPEN (nor RELEASE)
+    /// again on this mount and opens with the page cache kept (FOPEN_KEEP_CACHE).
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _serving = self.workers.serving(req.pid());
+        if self.no_open {
+            return reply.error(Errno::ENOSYS);
+        }
+        let a = match self.getattr("open", ino.0) {
+            Ok(a) => a,
+            Err(e) => return reply.error(e),
+        };
         if self.checks {
-            if let Err(e) = self.getattr("open", ino.0).and_then(|a| caller(req).may_open(&a, flags.0)) {
+            if let Err(e) = caller(req).may_open(&a, flags.0) {
                 return reply.error(e);
             }
         }
@@ -361,13 +403,12 @@ impl fuser::Filesystem for FerroFuse {
         // reads it serves from there never reach the engine, which keeps atime (the kernel
         // keeps none for FUSE): when a read would set it (by relatime, after a change), the
         // cache is dropped so that the next read comes to `read`, and the kernel then asks
-        // for atime again (fuse_invalidate_atime).
-        match self.call("open", |fs| fs.open(ino.0)) {
-            Ok(a) if flags.0 & libc::O_ACCMODE != libc::O_WRONLY && self.fs.atime_update_due(&a) => {
-                reply.opened(FileHandle(0), FopenFlags::empty())
-            }
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(e) => reply.error(e),
+        // for atime again (fuse_invalidate_atime). No other hook sees every read: without
+        // OPEN, the first read after a change could come from the cache.
+        if flags.0 & libc::O_ACCMODE != libc::O_WRONLY && self.fs.atime_update_due(&a) {
+            reply.opened(FileHandle(0), FopenFlags::empty())
+        } else {
+            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
         }
     }
 
@@ -421,10 +462,12 @@ impl fuser::Filesystem for FerroFuse {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Nothing to do: an open holds nothing (the kernel's lookup count keeps the inode).
+    /// Still sent for a file made by CREATE, and for every file while OPEN is answered.
     fn release(
         &self,
         req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         _fh: FileHandle,
         _flags: OpenFlags,
         _lock: Option<fuser::LockOwner>,
@@ -432,10 +475,7 @@ impl fuser::Filesystem for FerroFuse {
         reply: ReplyEmpty,
     ) {
         let _serving = self.workers.serving(req.pid());
-        match self.call("release", |fs| fs.release(ino.0)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply.ok();
     }
 
     fn fsync(&self, req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
@@ -445,12 +485,16 @@ impl fuser::Filesystem for FerroFuse {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _serving = self.workers.serving(req.pid());
-        if self.checks {
-            if let Err(e) = self.getattr("opendir", ino.0).and_then(|a| caller(req).check(&a, MAY_READ)) {
-                return reply.error(e);
-            }
+        // As for `open`: without OPENDIR the kernel also caches listings (FOPEN_CACHE_DIR),
+        // which it drops itself on every change it makes in the directory.
+        if self.no_opendir {
+            return reply.error(Errno::ENOSYS);
         }
-        match self.call("opendir", |fs| fs.open(ino.0)) {
+        match self.getattr("opendir", ino.0) {
+            Ok(a) if self.checks => match caller(req).check(&a, MAY_READ) {
+                Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+                Err(e) => reply.error(e),
+            },
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
@@ -466,12 +510,10 @@ impl fuser::Filesystem for FerroFuse {
         self.list_dir_plus(ino.0, offset, reply);
     }
 
-    fn releasedir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    /// As `release`: nothing held.
+    fn releasedir(&self, req: &Request, _ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
         let _serving = self.workers.serving(req.pid());
-        match self.call("releasedir", |fs| fs.release(ino.0)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply.ok();
     }
 
     fn fsyncdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
@@ -550,6 +592,12 @@ impl fuser::Filesystem for FerroFuse {
         reply: ReplyCreate,
     ) {
         let _serving = self.workers.serving(req.pid());
+        // Without OPEN a created file would still cost its RELEASE (the kernel sends one for
+        // every handle CREATE returns). ENOSYS makes the kernel create by MKNOD from now on,
+        // then open without asking: one request per file instead of two.
+        if self.no_open {
+            return reply.error(Errno::ENOSYS);
+        }
         let ttl = match self.enter_dir(req, "create", parent.0, MAY_WRITE | MAY_EXEC) {
             Ok(ttl) => ttl,
             Err(e) => return reply.error(e),
@@ -576,7 +624,8 @@ impl fuser::Filesystem for FerroFuse {
                     }
                 },
             )
-            .and_then(|a| self.call("create", |fs| fs.open(a.ino)));
+            // The reply is an entry for the kernel: a reference, held before it goes.
+            .inspect(|a| self.fs.hold(a.ino));
         reply_created(reply, &ttl, res)
     }
 

@@ -951,6 +951,86 @@ fn fx_remount_check(mut fx: Fixture, f: &Path, want: ((i64, i64), (i64, i64))) -
     fx
 }
 
+fn fixture_with_options(name: &str, options: &[&str]) -> Option<Fixture> {
+    Fixture::new(name, |c| c.options = options.iter().map(|o| o.to_string()).collect())
+}
+
+/// Wait until the free block and inode counts are `base`'s again (the kernel forgets an
+/// evicted inode asynchronously).
+fn wait_freed(mnt: &Path, base: &libc::statvfs, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = statvfs(mnt);
+        if (now.f_bfree, now.f_ffree) == (base.f_bfree, base.f_ffree) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {} of {} inodes free", now.f_ffree, base.f_ffree);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A directory removed while open: its descriptor still works (fstat shows no links, a
+/// listing finds it dead, ENOENT, as the VFS says of every removed directory), it is freed
+/// at the last close, not before, and the image stays consistent; with and without OPENDIR.
+#[test]
+fn directory_removed_while_open() {
+    for options in [&[][..], &["noatime"]] {
+        let name = format!("rmdir-open{}", options.join(""));
+        let Some(mut fx) = fixture_with_options(&name, options) else { return };
+        let base = statvfs(&fx.mnt);
+        fs::create_dir(fx.path("d")).unwrap();
+        fs::write(fx.path("d/f"), b"x").unwrap();
+        let dir = File::open(fx.path("d")).unwrap();
+        fs::remove_file(fx.path("d/f")).unwrap();
+        fs::remove_dir(fx.path("d")).unwrap();
+        assert_eq!(errno(fs::metadata(fx.path("d"))), libc::ENOENT);
+        let md = dir.metadata().unwrap();
+        assert!(md.is_dir() && md.nlink() == 0, "{options:?}: fstat of the removed directory: {md:?}");
+        let mut buf = [0u8; 4096];
+        let rc = unsafe { libc::syscall(libc::SYS_getdents64, dir.as_raw_fd(), buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(errno(check(rc as i32)), libc::ENOENT, "{options:?}: getdents on a removed directory");
+        // Still held: its inode stays in use until the close.
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(statvfs(&fx.mnt).f_ffree < base.f_ffree, "{options:?}: freed while open");
+        drop(dir);
+        wait_freed(&fx.mnt, &base, &format!("{options:?}: directory not freed after its last close"));
+        fx.unmount();
+        assert_fsck_clean(&fx.image);
+    }
+}
+
+/// A directory of 5,000 entries listed whole, again (from the kernel's cache when OPENDIR is
+/// skipped), and after changes made in it, which the next listing must show; with and
+/// without OPENDIR.
+#[test]
+fn large_directory_listed_again_after_changes() {
+    for options in [&[][..], &["noatime"]] {
+        let name = format!("bigdir{}", options.join(""));
+        let Some(fx) = fixture_with_options(&name, options) else { return };
+        let d = fx.path("d");
+        fs::create_dir(&d).unwrap();
+        let mut expected: Vec<String> = (0..5000).map(|i| format!("entry-with-a-longish-name-{i:05}")).collect();
+        for n in &expected {
+            File::create(d.join(n)).unwrap();
+        }
+        let list = || {
+            let mut names: Vec<String> =
+                fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            names.sort();
+            names
+        };
+        assert_eq!(list(), expected, "{options:?}: first listing");
+        assert_eq!(list(), expected, "{options:?}: second listing");
+        fs::remove_file(d.join(&expected[17])).unwrap();
+        fs::rename(d.join(&expected[42]), d.join("renamed")).unwrap();
+        File::create(d.join("added")).unwrap();
+        expected.retain(|n| n != "entry-with-a-longish-name-00017" && n != "entry-with-a-longish-name-00042");
+        expected.extend(["added".to_string(), "renamed".to_string()]);
+        expected.sort();
+        assert_eq!(list(), expected, "{options:?}: listing after changes");
+    }
+}
+
 /// (seconds, nanoseconds) of a file's atime and mtime, as `stat` shows them.
 fn atime_mtime(p: &Path) -> ((i64, i64), (i64, i64)) {
     let m = fs::metadata(p).unwrap();
@@ -1192,7 +1272,18 @@ fn sparse_files_seek_data_and_hole() {
 
 #[test]
 fn statfs_and_open_unlinked_files() {
-    let Some(mut fx) = Fixture::new("statfs", |_| {}) else { return };
+    statfs_and_open_unlinked_files_with("statfs", &[]);
+}
+
+/// As above with `noatime`, where the kernel opens files and directories without asking the
+/// daemon (no OPEN, no RELEASE): the kernel's lookup count alone keeps unlinked files.
+#[test]
+fn statfs_and_open_unlinked_files_without_open() {
+    statfs_and_open_unlinked_files_with("statfs-noopen", &["noatime"]);
+}
+
+fn statfs_and_open_unlinked_files_with(name: &str, options: &[&str]) {
+    let Some(mut fx) = fixture_with_options(name, options) else { return };
     let st = statvfs(&fx.mnt);
     assert_eq!((st.f_bsize, st.f_frsize, st.f_namemax), (4096, 4096, 255));
     assert!(st.f_blocks * st.f_frsize <= IMAGE_SIZE && st.f_blocks * st.f_frsize > IMAGE_SIZE / 2);

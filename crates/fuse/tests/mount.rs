@@ -243,7 +243,20 @@ fn readdir_of_10000_entries() {
 
 #[test]
 fn unlinked_file_lives_until_last_close() {
-    let Some(fx) = Fixture::new("unlinkopen", |_| {}) else { return };
+    unlinked_file_lives_until_last_close_with("unlinkopen", &[]);
+}
+
+/// As above with `noatime`: the kernel opens and closes files without asking the daemon, and
+/// the inode lives by the kernel's lookup count; the image is consistent afterwards.
+#[test]
+fn unlinked_file_lives_until_last_close_without_open() {
+    unlinked_file_lives_until_last_close_with("unlinkopen-noopen", &["noatime"]);
+}
+
+fn unlinked_file_lives_until_last_close_with(name: &str, options: &[&str]) {
+    let Some(mut fx) = Fixture::new(name, |c| c.options = options.iter().map(|o| o.to_string()).collect()) else {
+        return;
+    };
     let statvfs = || {
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
         check(unsafe { libc::statvfs(cpath(&fx.mnt).as_ptr(), &mut st) }).unwrap();
@@ -289,6 +302,8 @@ fn unlinked_file_lives_until_last_close() {
         assert!(Instant::now() < deadline, "inode and blocks not freed after last close");
         std::thread::sleep(Duration::from_millis(10));
     }
+    fx.unmount();
+    assert_fsck_clean(&fx.image);
 }
 
 #[test]

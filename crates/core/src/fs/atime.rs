@@ -27,6 +27,14 @@ impl FileSystem {
         self.atime_due(a.kind == FileType::Directory, a.atime, a.mtime, a.ctime, now())
     }
 
+    /// Whether an access to a directory (`dir`) or to a file may ever set its atime on this
+    /// mount: not with `noatime`, on a read-only mount, nor for a directory with `nodiratime`.
+    /// When it cannot, the FUSE adapter lets the kernel open such files without asking.
+    pub fn accesses_set_atime(&self, dir: bool) -> bool {
+        let mount = self.mount();
+        !(mount.atime == AtimeMode::Never || mount.is_read_only() || (dir && mount.nodiratime))
+    }
+
     /// The kernel's rule (`atime_needs_update`, `relatime_need_update`) for an access at `t`.
     fn atime_due(&self, dir: bool, atime: Timespec, mtime: Timespec, ctime: Timespec, time: Timespec) -> bool {
         let mount = self.mount();

@@ -65,30 +65,6 @@ impl FileSystem {
 
     // ---- file data --------------------------------------------------------------------
 
-    /// Open a handle: the inode stays allocated until the last handle is released, even if
-    /// it is unlinked meanwhile.
-    pub fn open(&self, ino: u64) -> Result<Attr> {
-        let i = self.m.iget(ino)?;
-        let g = i.core.read();
-        if g.nlink == 0 && g.orphan_slot == 0 {
-            return Err(Error::Stale);
-        }
-        i.open_count.fetch_add(1, AcqRel);
-        Ok(Attr::from_inode(ino, &g))
-    }
-
-    /// Close a handle `open` gave; the last close of an unlinked inode frees it. Never
-    /// fails for an inode no longer cached (nothing left to do).
-    pub fn release(&self, ino: u64) -> Result<()> {
-        let Some(i) = self.m.icache.get(ino) else { return Ok(()) };
-        let prev = i.open_count.fetch_sub(1, AcqRel);
-        debug_assert!(prev > 0, "release without open on inode {}", ino);
-        if prev == 1 {
-            return self.reap_if_unused(&i);
-        }
-        Ok(())
-    }
-
     /// Read up to `len` bytes at `off`; an access, which may set atime (`MountOptions::atime`).
     pub fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
         let i = self.m.iget(ino)?;

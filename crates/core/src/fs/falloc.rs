@@ -114,7 +114,9 @@ impl FileSystem {
         let need: u64 = holes.iter().map(|(lo, hi)| hi - lo).sum();
         // Blocks `remap` frees are not counted: freed space may be reused only after the
         // transaction that freed it is durable.
-        if need > 0 && need + MAP_RESERVE > self.statfs().bfree {
+        let fits = || need + MAP_RESERVE <= self.statfs().bfree;
+        // Files just unlinked while the FUSE kernel held them come back once it forgets them.
+        if need > 0 && !fits() && !(self.m.holds.wait_for_frees() && fits()) {
             return Err(Error::NoSpace);
         }
         let size = if extend { g.size.max(end) } else { g.size };

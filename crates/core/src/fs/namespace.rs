@@ -125,10 +125,14 @@ impl FileSystem {
         new_inode.nlink = 0;
         tx.orphan_add(ino, &mut new_inode)?;
         let inode = Inode::new(ino, new_inode.clone(), log_version);
-        inode.open_count.store(1, Release);
-        inode.linkable.store(linkable, Release);
         tx.log_inode(&inode, &new_inode, true);
-        self.commit_with_new_inode(tx, Some(inode))?;
+        // Held before anyone can see the number, and not past a failed commit.
+        self.m.holds.take_unnamed(ino, linkable);
+        self.commit_with_new_inode(tx, Some(inode)).inspect_err(|_| {
+            if self.m.holds.drop(ino, 1) {
+                self.m.holds.freed();
+            }
+        })?;
         Ok(Attr::from_inode(ino, &new_inode))
     }
 
@@ -252,9 +256,7 @@ impl FileSystem {
         }
         // A file without names comes back only as a linkable tmpfile (Linux: I_LINKABLE),
         // and only while open: at its last close it is freed.
-        if parent_inode.nlink == 0
-            || (inode_copy.nlink == 0 && !(i.linkable.load(Acquire) && i.open_count.load(Acquire) > 0))
-        {
+        if parent_inode.nlink == 0 || (inode_copy.nlink == 0 && !self.m.holds.is_linkable(ino)) {
             return Err(Error::NotFound);
         }
         if inode_copy.nlink >= LINK_MAX {
@@ -279,7 +281,7 @@ impl FileSystem {
         tx.log_inode(&i, &inode_copy, false);
         tx.log_inode(&parent_dir, &parent_inode, false);
         tx.commit()?;
-        i.linkable.store(false, Release);
+        self.m.holds.named(ino);
         let attr = Attr::from_inode(ino, &inode_copy);
         locked.set(ino, inode_copy);
         locked.set(newparent, parent_inode);
@@ -396,7 +398,7 @@ impl FileSystem {
         let small =
             matches!(child_inode.fork, Fork::Empty | Fork::Inline { .. } | Fork::Device(_) | Fork::Extents { .. })
                 && child_inode.xattr_root == 0;
-        if child.open_count.load(Acquire) == 0 && small {
+        if !self.m.holds.unlinked(child.ino) && small {
             self.free_small(tx, child, child_inode)?;
             return Ok(true);
         }

@@ -1,18 +1,70 @@
-//! Freeing inodes that lost their last name: at the last close, after an unlink or a
-//! rename replaced them, and at mount for those the orphan lists say were in flight.
+//! Freeing inodes that lost their last name: at their last reference (a close, the kernel's
+//! forget), after an unlink or a rename replaced them, and at mount for those the orphan
+//! lists say were in flight.
 
 use super::data::Step;
 use super::*;
 
 impl FileSystem {
-    /// If the inode has no links and no open handles, free it (in batches, on the orphan
+    /// Open a handle: the inode stays allocated until the last handle is released, even if
+    /// it is unlinked meanwhile.
+    pub fn open(&self, ino: u64) -> Result<Attr> {
+        let i = self.m.iget(ino)?;
+        let g = i.core.read();
+        if g.nlink == 0 && g.orphan_slot == 0 {
+            return Err(Error::Stale);
+        }
+        // Under the inode's lock: an unlink either sees this handle or freed the inode first.
+        self.m.holds.take(ino, 1);
+        Ok(Attr::from_inode(ino, &g))
+    }
+
+    /// Close a handle `open` gave; the last close of an unlinked inode frees it.
+    pub fn release(&self, ino: u64) -> Result<()> {
+        self.forget(ino, 1)
+    }
+
+    /// Take a reference to `ino` for a client that was just given its number and keeps it
+    /// (the FUSE kernel's lookup count: each entry it is sent counts one): the inode stays
+    /// allocated, even unlinked, until `forget` drops every reference. Costs no inode load:
+    /// the references live in a table apart from the inode cache.
+    pub fn hold(&self, ino: u64) {
+        self.m.holds.take(ino, 1);
+    }
+
+    /// Drop `n` references that `hold` or `open` took; the last one of an unlinked inode
+    /// frees it. Loads the inode only then.
+    pub fn forget(&self, ino: u64, n: u64) -> Result<()> {
+        if !self.m.holds.drop(ino, n) {
+            return Ok(());
+        }
+        let reaped = self.m.iget(ino).and_then(|i| self.reap_if_unused(&i));
+        self.m.holds.freed();
+        reaped
+    }
+
+    /// Drop every reference (the client that held them is gone, as at unmount: the kernel
+    /// forgets nothing then) and free the unlinked inodes they kept. Those that cannot be
+    /// freed now (the file system is read-only or failed) stay on the orphan list, which the
+    /// next mount processes.
+    pub fn forget_all(&self) -> Result<()> {
+        let mut result = Ok(());
+        for ino in self.m.holds.drain() {
+            let reaped = self.m.iget(ino).and_then(|i| self.reap_if_unused(&i));
+            self.m.holds.freed();
+            result = result.and(reaped);
+        }
+        result
+    }
+
+    /// If the inode has no links and no references, free it (in batches, on the orphan
     /// list until done). Only while `i` itself is the cached inode of its number: once it
     /// was freed, a create may have reused the number for a new inode, which is not ours to
     /// free.
     pub(super) fn reap_if_unused(&self, i: &InodeRef) -> Result<()> {
         let mut g = i.core.write();
         if g.nlink > 0
-            || i.open_count.load(Acquire) > 0
+            || self.m.holds.is_held(i.ino)
             || !self.m.ags[ino_ag(i.ino) as usize].inode_in_use(crate::format::ino_index(i.ino))
             || !self.m.icache.get(i.ino).is_some_and(|cached| Arc::ptr_eq(&cached, i))
         {

@@ -4,7 +4,7 @@ use super::{caller, FerroFuse, Res};
 use crate::access::searchable_by_all;
 use ferrofs::{Attr, SetAttr, Timespec};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyCreate, Request, TimeOrNow,
+    FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyCreate, Request, TimeOrNow,
 };
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -24,7 +24,7 @@ impl FerroFuse {
     ) {
         let before = match self.checks.then(|| self.getattr("setattr", ino)).transpose() {
             Ok(b) => b,
-            Err(e) => return reply_setattr_error(ino, &sa, e, reply),
+            Err(e) => return reply.error(e),
         };
         if let Some(b) = &before {
             if let Err(e) = caller(req).may_setattr(b, &mut sa, has_handle) {
@@ -44,7 +44,7 @@ impl FerroFuse {
                 reply.attr(&self.attr_ttl, &file_attr(&a));
                 self.forget_names(ino, names);
             }
-            Err(e) => reply_setattr_error(ino, &sa, e, reply),
+            Err(e) => reply.error(e),
         }
     }
 }
@@ -53,23 +53,6 @@ impl FerroFuse {
 /// the changes that drop its privileges.
 fn changes_content_or_owner(sa: &SetAttr) -> bool {
     sa.size.is_some() || sa.uid.is_some() || sa.gid.is_some()
-}
-
-/// With the writeback cache the kernel keeps a regular file's mtime and ctime and sends them
-/// in a SETATTR of those two alone (`fuse_flush_times`). Unlinking a file, or renaming over
-/// it, stamps its ctime in the kernel, which sends them at once (`fuse_update_ctime`), after
-/// the reply that let the engine free a closed file. An error there is recorded against the
-/// mount and a later `syncfs` fails with it; and times nobody can see any more (no name, no
-/// handle) need not be kept: so that flush of a gone inode is answered done. Any other
-/// change of a gone inode stays ESTALE.
-fn reply_setattr_error(ino: u64, sa: &SetAttr, e: Errno, reply: ReplyAttr) {
-    let times_flush = SetAttr { mtime: sa.mtime, ctime: sa.ctime, ..SetAttr::default() };
-    if e == Errno::ESTALE && sa.mtime.is_some() && *sa == times_flush {
-        // `fuse_flush_times` reads nothing of this reply; the zero timeout makes any other
-        // reader ask again (and be told ESTALE).
-        return reply.attr(&Duration::ZERO, &FileAttr { ino: INodeNo(ino), ..negative_attr() });
-    }
-    reply.error(e)
 }
 
 pub(super) fn system_time(t: Timespec) -> SystemTime {

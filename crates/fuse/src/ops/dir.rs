@@ -38,14 +38,22 @@ impl FerroFuse {
             // Attributes are read after the batch, without the directory's lock. An entry
             // removed meanwhile is left out, as if the listing had been taken a moment later.
             match self.call("readdirplus", |fs| fs.getattr(e.ino)) {
-                Ok(a) => reply.add(
-                    INodeNo(e.ino),
-                    e.cookie,
-                    OsStr::from_bytes(e.name),
-                    &ttl,
-                    &file_attr(&a),
-                    Generation(a.generation as u64),
-                ),
+                Ok(a) => {
+                    let full = reply.add(
+                        INodeNo(e.ino),
+                        e.cookie,
+                        OsStr::from_bytes(e.name),
+                        &ttl,
+                        &file_attr(&a),
+                        Generation(a.generation as u64),
+                    );
+                    // Each entry in the reply but `.` and `..` is a reference the kernel
+                    // takes (fuse_direntplus_link), or forgets at once if it cannot.
+                    if !full && e.name != b"." && e.name != b".." {
+                        self.fs.hold(e.ino);
+                    }
+                    full
+                }
                 Err(_) => false,
             }
         });

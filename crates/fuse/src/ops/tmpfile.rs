@@ -5,8 +5,8 @@ use crate::access::{MAY_EXEC, MAY_WRITE};
 use fuser::{ReplyCreate, Request};
 
 impl FerroFuse {
-    /// As for a create, write and search on the directory; the new file is open once for
-    /// the caller (released as any handle is). O_EXCL makes it a file `link` will not name
+    /// As for a create, write and search on the directory; the engine holds the new file
+    /// once, the kernel's reference from this reply (dropped by its FORGET). O_EXCL makes it a file `link` will not name
     /// (the kernel refuses that link itself too; the engine keeps it true for every client).
     pub(super) fn open_tmpfile(&self, req: &Request, dir: u64, mode: u16, flags: i32, reply: ReplyCreate) {
         let ttl = match self.enter_dir(req, "tmpfile", dir, MAY_WRITE | MAY_EXEC) {
