@@ -29,6 +29,7 @@ mod seeds_results;
 mod session;
 mod shell;
 mod targets;
+mod undo;
 mod unlinked;
 mod unmount;
 mod workloads;
