@@ -422,6 +422,19 @@ mod tests {
         assert_eq!(other.join().unwrap(), before, "a thread that is no worker is not pinned");
     }
 
+    /// Each of the `extras` workers after the core serves one request of client 1, on a
+    /// thread of its own (it parks after it while too few clients are active).
+    fn serve_one_on_each_extra(w: &Arc<Workers>, extras: usize) -> Vec<JoinHandle<()>> {
+        (0..extras)
+            .map(|i| {
+                as_worker(w.core + i, {
+                    let w = w.clone();
+                    move || drop(w.serving(1))
+                })
+            })
+            .collect()
+    }
+
     #[test]
     fn extras_read_only_while_many_clients_are_active() {
         let (conn, end) = pipe();
@@ -429,14 +442,7 @@ mod tests {
         let w = pool(extras, conn);
         let core = w.core;
         // One client: the extras each serve a request, then park.
-        let parked: Vec<_> = (0..extras)
-            .map(|i| {
-                as_worker(core + i, {
-                    let w = w.clone();
-                    move || drop(w.serving(1))
-                })
-            })
-            .collect();
+        let parked = serve_one_on_each_extra(&w, extras);
         wait_until("the extras park", || w.stats().parked == extras);
         // A client per core worker and more: still too few to wake anyone.
         requests_from(&w, CLIENTS_PER_CORE * core, 5);
@@ -452,14 +458,7 @@ mod tests {
         // and each extra parks as its next request ends.
         std::thread::sleep(CLIENT_WINDOW + RECOUNT);
         requests_from(&w, 1, 2);
-        let parked: Vec<_> = (0..extras)
-            .map(|i| {
-                as_worker(core + i, {
-                    let w = w.clone();
-                    move || drop(w.serving(1))
-                })
-            })
-            .collect();
+        let parked = serve_one_on_each_extra(&w, extras);
         wait_until("the extras park again", || w.stats().parked == extras);
         assert_eq!(w.stats().parks, 2 * extras as u64);
         // The connection ends: parked extras notice, without a request, and return.
