@@ -3,6 +3,7 @@
 mod bench;
 mod fsck;
 mod geometry;
+mod grow;
 mod image;
 mod info;
 mod lockstat;
@@ -37,6 +38,8 @@ enum Command {
     Fsck(fsck::FsckArgs),
     /// Show the superblock, free space and per-allocation-group layout of an image.
     Info(info::InfoArgs),
+    /// Grow an unmounted file system onto a larger image file or block device.
+    Grow(grow::GrowArgs),
     /// Mount an image through FUSE (foreground unless --daemon or --shared).
     Mount(mount_config::MountArgs),
     /// List what the shared daemon (`ferrofs mount --shared`) serves.
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Command::Mkfs(a) => (mkfs::run(a).map(|()| 0), 1),
         Command::Fsck(a) => (fsck::run(a), fsck::EXIT_OPERATIONAL),
         Command::Info(a) => (info::run(a).map(|()| 0), 1),
+        Command::Grow(a) => (grow::run(a).map(|()| 0), 1),
         Command::Lockstat(a) => (lockstat::run(a).map(|()| 0), 1),
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
         Command::Mounts(a) => (shared::list(a).map(|()| 0), 1),

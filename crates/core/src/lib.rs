@@ -11,6 +11,7 @@
 //! The main calls:
 //! - [`mkfs::mkfs`] (or [`FileSystem::mkfs`]) writes a new file system; [`fsck::check`] checks
 //!   and repairs one that is not mounted.
+//! - [`grow::grow`] grows one that is not mounted onto a larger device.
 //! - [`FileSystem::mount_device`] mounts one with [`MountOptions`] (read-only, journal
 //!   tunables, a cache budget shared by several file systems, atime policy);
 //!   [`FileSystem::unmount`] checkpoints and leaves a clean log.
@@ -46,7 +47,8 @@
 //!
 //! ```text
 //! stats                 the counters' snapshot
-//! fs, fsck              the API (namespace, data, rename, orphans); the checker and repair
+//! fs, fsck, grow        the API (namespace, data, rename, orphans); the checker and repair;
+//!                       growing an unmounted file system
 //! xattr                 extended attributes
 //! dir, file             directories and block maps, on B+trees
 //! store                 B+tree nodes as a transaction sees them
@@ -84,6 +86,7 @@ pub mod format;
 pub(crate) mod format;
 pub(crate) mod fs;
 pub mod fsck;
+pub mod grow;
 pub(crate) mod holds;
 pub(crate) mod inode;
 #[cfg(feature = "testing")]

@@ -135,7 +135,10 @@ fn bitmap_block(blkno: u64, agno: u32, first_bit: u64, used_below: u64) -> Box<[
     b
 }
 
-fn write_ag(dev: &dyn BlockDevice, sb: &Superblock, agno: u32) -> Result<()> {
+/// Write AG `agno`'s superblock copy, header, bitmaps and orphan table (not its inode table:
+/// a slot is read only once its bitmap bit is set, and its first write is whole). Also what
+/// a grow writes into each new AG.
+pub(crate) fn write_ag(dev: &dyn BlockDevice, sb: &Superblock, agno: u32) -> Result<()> {
     let geo = &sb.geo;
     let l = geo.ag_layout(agno);
     dev.write_at(&sb.encode(l.start)[..], l.start * BLOCK_SIZE as u64)?;

@@ -74,6 +74,26 @@ impl FileDevice {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Lengthen an image file to `size` bytes, sparse (the new bytes read as zeros and take no
+    /// space until written; the next flush makes the length durable). Never shortens. A block
+    /// device keeps its size: one smaller than `size` fails.
+    pub fn extend(&mut self, size: u64) -> io::Result<()> {
+        if size <= self.size {
+            return Ok(());
+        }
+        if self.file.metadata()?.file_type().is_block_device() {
+            let msg = format!("a block device of {} bytes cannot hold {size}", self.size);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        }
+        if self.read_only {
+            let msg = format!("image {} is open read-only", self.path.display());
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, msg));
+        }
+        self.file.set_len(size)?;
+        self.size = size;
+        Ok(())
+    }
 }
 
 /// Regular files report their length in metadata; block devices only by seeking to the end.

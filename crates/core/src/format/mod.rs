@@ -145,4 +145,12 @@ pub mod agh {
         put_u32(&mut b[..], ORPHAN_SLOTS, orphan_slots);
         b
     }
+
+    /// Whether a header's `blocks` fits an AG the superblock gives `layout_blocks`: equal, or
+    /// fewer (but at least an AG's minimum) in the header of an AG that was the short last
+    /// one before the file system grew, which the grow had yet to rewrite when it stopped
+    /// (docs/SPEC.md §5). The superblock is authoritative either way.
+    pub fn blocks_fit(header_blocks: u64, layout_blocks: u64) -> bool {
+        header_blocks == layout_blocks || (sb::MIN_AG_BLOCKS..layout_blocks).contains(&header_blocks)
+    }
 }

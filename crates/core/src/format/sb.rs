@@ -194,6 +194,16 @@ impl Superblock {
         b
     }
 
+    /// Whether `older` is this file system's superblock from before it grew: the same in every
+    /// field but the size (fewer blocks, perhaps fewer AGs). A copy a grow had yet to rewrite
+    /// when it stopped (docs/SPEC.md §4).
+    pub fn grew_from(&self, older: &Superblock) -> bool {
+        let mut resized = self.clone();
+        resized.geo.block_count = older.geo.block_count;
+        resized.geo.ag_count = older.geo.ag_count;
+        resized == *older && older.geo.block_count < self.geo.block_count
+    }
+
     /// Decode and check the superblock read from block `blkno`: checksum, version, sizes
     /// and a geometry mkfs could have written (docs/SPEC.md §3.3).
     pub fn decode(b: &[u8], blkno: u64) -> Result<Superblock> {

@@ -3,6 +3,7 @@
 
 use crate::dev::BlockDevice;
 use crate::error::Result;
+use crate::buf::Block;
 use crate::format::{agh, AgLayout, Superblock, BLOCK_SIZE, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN};
 use crate::{format, mount};
 
@@ -16,7 +17,9 @@ pub(super) fn trusted_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
     let sb = mount::read_superblock(dev)?;
     let mut b = Box::new([0u8; BLOCK_SIZE]);
     dev.read_at(&mut b[..], 0)?;
-    let Some(copy) = mount::backup_superblock(dev, &b[..]).filter(|c| *c != sb && c.geo.ag_count > 2) else {
+    // A copy the primary grew from is not a rival: a grow writes the primary first.
+    let rival = |c: &Superblock| *c != sb && c.geo.ag_count > 2 && !sb.grew_from(c);
+    let Some(copy) = mount::backup_superblock(dev, &b[..]).filter(rival) else {
         return Ok(sb);
     };
     let second = 2 * copy.geo.ag_blocks;
@@ -59,6 +62,11 @@ impl<'a> Checker<'a> {
         let b = self.read_block(l.start)?;
         let problem = match Superblock::decode(&b[..], l.start) {
             Err(e) => detail(&e),
+            Ok(copy) if self.sb.grew_from(&copy) => {
+                let what = format!("AG {} superblock copy (block {})", l.agno, l.start);
+                self.note_grow_left(what, copy.geo.block_count, l.start, self.sb.encode(l.start));
+                return Ok(());
+            }
             Ok(copy) if copy != self.sb => "differs from the primary".into(),
             Ok(_) => return Ok(()),
         };
@@ -73,13 +81,38 @@ impl<'a> Checker<'a> {
         let mut want = agh::build(l.header, l.agno, l.blocks, self.geo.inodes_per_ag, self.geo.orphan_slots_per_ag);
         let problem = match format::verify_block(&b[..], "AG header", MAGIC_AGH, l.header, Some(u64::from(l.agno))) {
             Err(e) => detail(&e),
-            Ok(()) if b[HDR_SIZE..] != want[HDR_SIZE..] => "geometry disagrees with the superblock".into(),
-            Ok(()) => return Ok(()),
+            Ok(()) if b[HDR_SIZE..] == want[HDR_SIZE..] => return Ok(()),
+            Ok(()) if self.is_header_before_grow(&b[..], l) => {
+                format::seal_block(&mut want[..], 0);
+                let what = format!("AG {} header (block {})", l.agno, l.header);
+                self.note_grow_left(what, format::get_u64(&b[..], agh::BLOCKS), l.header, want);
+                return Ok(());
+            }
+            Ok(()) => "geometry disagrees with the superblock".into(),
         };
         self.out.fixable(format!("AG {} header (block {}): {problem}", l.agno, l.header));
         format::seal_block(&mut want[..], 0);
         self.block_writes.insert(l.header, want);
         Ok(())
+    }
+
+    /// Whether `b` is exactly what mkfs or a grow wrote for this AG when it was shorter: the
+    /// header of the last AG of before a grow, which the grow had yet to rewrite.
+    fn is_header_before_grow(&self, b: &[u8], l: &AgLayout) -> bool {
+        let blocks = format::get_u64(b, agh::BLOCKS);
+        let then = agh::build(l.header, l.agno, blocks, self.geo.inodes_per_ag, self.geo.orphan_slots_per_ag);
+        blocks != l.blocks && agh::blocks_fit(blocks, l.blocks) && b[HDR_SIZE..] == then[HDR_SIZE..]
+    }
+
+    /// A block a grow left as it was before the file system grew (it rewrites them after its
+    /// commit point, the primary superblock): not an error, but brought up to date by a repair.
+    fn note_grow_left(&mut self, what: String, old_blocks: u64, blkno: u64, now: Box<Block>) {
+        let fate = if self.out.repair { "rewritten" } else { "a repair rewrites it" };
+        self.out.note(format!(
+            "{what}: from before the file system grew from {old_blocks} to {} blocks; {fate}",
+            self.geo.block_count
+        ));
+        self.block_writes.insert(blkno, now);
     }
 
     fn load_tables(&mut self, l: &AgLayout) -> Result<AgTables> {
