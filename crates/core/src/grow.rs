@@ -27,7 +27,9 @@
 use crate::dev::{BlockDevice, SECTOR_SIZE};
 use crate::error::{Error, Result};
 use crate::format::sb::{MAX_AGS, MIN_AG_BLOCKS};
-use crate::format::{agh, seal_block, verify_block, Geometry, Superblock, BLOCK_SIZE, MAGIC_AGH};
+use crate::format::{
+    agh, seal_block, verify_block, Geometry, Superblock, BITMAP_BITS, BLOCK_SIZE, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP,
+};
 use crate::journal::recover;
 use crate::mkfs;
 use crate::mount::read_superblock;
@@ -95,7 +97,27 @@ pub fn check(dev: &dyn BlockDevice, size: u64) -> Result<(Superblock, Geometry)>
         )));
     }
     let geo = plan(&sb.geo, size)?;
+    check_last_ag_tail(dev, &sb.geo)?;
     Ok((sb, geo))
+}
+
+/// The bits past the end of the last AG are what its new blocks will be marked with: they
+/// must be clear, as they are on every image fsck passes (docs/SPEC.md §6), or those blocks
+/// would be in use by nothing.
+fn check_last_ag_tail(dev: &dyn BlockDevice, old: &Geometry) -> Result<()> {
+    let l = old.ag_layout(old.ag_count - 1);
+    let mut b = vec![0u8; BLOCK_SIZE];
+    for i in 0..l.block_bitmap_blocks {
+        let (blkno, first) = (l.block_bitmap + i, i * BITMAP_BITS);
+        dev.read_at(&mut b, blkno * BS)?;
+        verify_block(&b, "bitmap", MAGIC_BITMAP, blkno, Some(l.agno as u64))?;
+        let past_end = l.blocks.max(first) - first..old.ag_blocks.min(first + BITMAP_BITS).saturating_sub(first);
+        if past_end.clone().any(|bit| b[HDR_SIZE + (bit / 8) as usize] >> (bit % 8) & 1 == 1) {
+            let why = "bits past the end of the last AG are set (run fsck first)";
+            return Err(Error::corrupt("bitmap", blkno, why));
+        }
+    }
+    Ok(())
 }
 
 /// Grow the file system on `dev`, which must not be mounted, to `size` bytes of it (see

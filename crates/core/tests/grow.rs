@@ -3,6 +3,7 @@
 //! or the new file system, each one that mounts and checks clean.
 
 use ferrofs::dev::{crash_image_torn, keep_sets, unflushed_epoch, BlockDevice, CrashDevice, MemDevice, Op, Tear};
+use ferrofs::format::{self, BLOCK_SIZE};
 use ferrofs::fsck::{self, FsckOptions, FsckReport};
 use ferrofs::*;
 use std::collections::BTreeSet;
@@ -136,6 +137,23 @@ fn bad_sizes_and_dirty_logs_are_refused() {
     assert!(refused(SMALL + 4096 * 10).contains("adds no usable space"));
     assert!(refused(LARGE + 4096).contains("asked of a device"));
     assert_eq!(dev.to_bytes(), before, "a refused grow writes nothing");
+
+    // A block bitmap that marks blocks past the end of the last AG (damage fsck repairs) would
+    // leave those blocks in use by nothing once they are in the AG.
+    let partial = image(SMALL, LARGE).0;
+    grow::grow(&partial, PARTIAL, &|_, _| {}).unwrap();
+    let last = read_superblock(&partial).unwrap().geo.ag_layout(4);
+    let mut bitmap = vec![0u8; BLOCK_SIZE];
+    partial.read_at(&mut bitmap, last.block_bitmap * 4096).unwrap();
+    let past_end = format::HDR_SIZE + last.blocks as usize / 8 + 1;
+    bitmap[past_end] = 1;
+    format::seal_block(&mut bitmap, 0);
+    partial.write_at(&bitmap, last.block_bitmap * 4096).unwrap();
+    let err = grow::grow(&partial, LARGE, &|_, _| {}).unwrap_err().to_string();
+    assert!(err.contains("past the end of the last AG"), "{err}");
+    assert!(fsck(&partial, true).errors_fixed > 0);
+    grow::grow(&partial, LARGE, &|_, _| {}).unwrap();
+    assert_clean(&partial, "grown after the repair");
 
     // A log a crash left (a mount that synced, never unmounted) must be replayed first.
     let crash = Arc::new(CrashDevice::new(dev.snapshot()));
