@@ -60,7 +60,7 @@ pub fn run(args: &GrowArgs) -> CliResult<()> {
     let sb = ferrofs::read_superblock(&*dev).context(what)?;
     let size = match args.size {
         Some(NewSize::To(bytes)) => bytes,
-        Some(NewSize::By(bytes)) => sb.geo.block_count * BS + bytes,
+        Some(NewSize::By(bytes)) => (sb.geo.block_count * BS).saturating_add(bytes),
         None => dev.size(),
     };
     // Everything that refuses does so before the image file is touched.

@@ -145,6 +145,7 @@ fn bad_grow_arguments_are_refused_with_a_reason() {
     assert!(refused(&["grow"], &image).contains("nothing to grow"), "default: the file's own size");
     assert!(refused(&["grow", "+64K"], &image).contains("adds no usable space"));
     assert!(refused(&["grow", "+0"], &image).contains("nothing to grow"));
+    assert!(refused(&["grow", "+16000000T"], &image).contains("more than the file system can grow to"));
     let o = ferrofs(&["grow", "100001"], &image);
     assert_eq!(o.status.code(), Some(2), "a usage error");
     assert!(stderr(&o).contains("not a whole number of 4096-byte blocks"), "{}", stderr(&o));

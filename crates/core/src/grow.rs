@@ -39,7 +39,7 @@ const BS: u64 = BLOCK_SIZE as u64;
 /// The geometry `old` grows into on a device of `size` bytes: AGs of the same size, the last
 /// one filled up first, then new ones. A tail too short for an AG and its metadata stays
 /// unused, as xfs_growfs leaves it. [`Error::Geometry`] says why when that would shrink the
-/// file system or add nothing to it.
+/// file system, add nothing to it, or take more than `MAX_AGS` AGs.
 pub fn plan(old: &Geometry, size: u64) -> Result<Geometry> {
     let old_bytes = old.block_count * BS;
     if size / BS < old.block_count {
@@ -51,7 +51,15 @@ pub fn plan(old: &Geometry, size: u64) -> Result<Geometry> {
         return Err(Error::Geometry(format!("the file system already has {old_bytes} bytes: nothing to grow")));
     }
     let most = old.ag_blocks * MAX_AGS as u64;
-    let with_tail = sized(old, (size / BS).min(most));
+    if size / BS > most {
+        return Err(Error::Geometry(format!(
+            "{size} bytes is more than the file system can grow to: at most {} bytes ({MAX_AGS} allocation \
+             groups of {} bytes)",
+            most * BS,
+            old.ag_blocks * BS
+        )));
+    }
+    let with_tail = sized(old, size / BS);
     let geo = match with_tail.validate() {
         Ok(()) => with_tail,
         // The tail cannot hold a new AG's metadata: the AGs before it are the most that fits.
@@ -204,7 +212,9 @@ mod tests {
         assert!(err.contains("adds no usable space") && err.contains("at least"), "{err}");
         assert!(plan(&full, 4096 * BS).unwrap_err().to_string().contains("cannot shrink"));
         assert!(plan(&full, 2 * 4096 * BS + 100).unwrap_err().to_string().contains("nothing to grow"));
-        let most = plan(&full, u64::MAX).unwrap();
+        let most = plan(&full, MAX_AGS as u64 * 4096 * BS).unwrap();
         assert_eq!((most.ag_count, most.block_count), (MAX_AGS, MAX_AGS as u64 * 4096), "at most MAX_AGS");
+        let err = plan(&full, u64::MAX).unwrap_err().to_string();
+        assert!(err.contains("more than the file system can grow to"), "{err}");
     }
 }
