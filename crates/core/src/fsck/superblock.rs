@@ -1,9 +1,9 @@
 //! Passes 1 and 3: the superblock, its copies and the AG headers, and loading each AG's
 //! bitmaps and orphan table.
 
+use crate::buf::Block;
 use crate::dev::BlockDevice;
 use crate::error::Result;
-use crate::buf::Block;
 use crate::format::{agh, AgLayout, Superblock, BLOCK_SIZE, HDR_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_ORPHAN};
 use crate::{format, mount};
 
@@ -63,8 +63,9 @@ impl<'a> Checker<'a> {
         let problem = match Superblock::decode(&b[..], l.start) {
             Err(e) => detail(&e),
             Ok(copy) if self.sb.grew_from(&copy) => {
-                let what = format!("AG {} superblock copy (block {})", l.agno, l.start);
-                self.note_grow_left(what, copy.geo.block_count, l.start, self.sb.encode(l.start));
+                let what =
+                    format!("AG {} superblock copy (block {}) of {} blocks", l.agno, l.start, copy.geo.block_count);
+                self.note_grow_left(what, l.start, self.sb.encode(l.start));
                 return Ok(());
             }
             Ok(copy) if copy != self.sb => "differs from the primary".into(),
@@ -84,8 +85,9 @@ impl<'a> Checker<'a> {
             Ok(()) if b[HDR_SIZE..] == want[HDR_SIZE..] => return Ok(()),
             Ok(()) if self.is_header_before_grow(&b[..], l) => {
                 format::seal_block(&mut want[..], 0);
-                let what = format!("AG {} header (block {})", l.agno, l.header);
-                self.note_grow_left(what, format::get_u64(&b[..], agh::BLOCKS), l.header, want);
+                let blocks = format::get_u64(&b[..], agh::BLOCKS);
+                let what = format!("AG {} header (block {}) giving it {blocks} blocks", l.agno, l.header);
+                self.note_grow_left(what, l.header, want);
                 return Ok(());
             }
             Ok(()) => "geometry disagrees with the superblock".into(),
@@ -106,12 +108,10 @@ impl<'a> Checker<'a> {
 
     /// A block a grow left as it was before the file system grew (it rewrites them after its
     /// commit point, the primary superblock): not an error, but brought up to date by a repair.
-    fn note_grow_left(&mut self, what: String, old_blocks: u64, blkno: u64, now: Box<Block>) {
+    fn note_grow_left(&mut self, what: String, blkno: u64, now: Box<Block>) {
         let fate = if self.out.repair { "rewritten" } else { "a repair rewrites it" };
-        self.out.note(format!(
-            "{what}: from before the file system grew from {old_blocks} to {} blocks; {fate}",
-            self.geo.block_count
-        ));
+        let blocks = self.geo.block_count;
+        self.out.note(format!("{what}: from before the file system grew to {blocks} blocks; {fate}"));
         self.block_writes.insert(blkno, now);
     }
 
