@@ -11,6 +11,7 @@ mod mount;
 mod mount_config;
 mod shared;
 mod signature;
+mod tune;
 
 // The modules the benchmarks share live in the library; imported here, the commands name
 // them as before (`crate::failure`, `crate::units`, ...).
@@ -37,6 +38,8 @@ enum Command {
     Fsck(fsck::FsckArgs),
     /// Show the superblock, free space and per-allocation-group layout of an image.
     Info(info::InfoArgs),
+    /// Change the label or UUID of an unmounted image.
+    Tune(tune::TuneArgs),
     /// Mount an image through FUSE (foreground unless --daemon or --shared).
     Mount(mount_config::MountArgs),
     /// List what the shared daemon (`ferrofs mount --shared`) serves.
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Command::Mkfs(a) => (mkfs::run(a).map(|()| 0), 1),
         Command::Fsck(a) => (fsck::run(a), fsck::EXIT_OPERATIONAL),
         Command::Info(a) => (info::run(a).map(|()| 0), 1),
+        Command::Tune(a) => (tune::run(a).map(|()| 0), 1),
         Command::Lockstat(a) => (lockstat::run(a).map(|()| 0), 1),
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
         Command::Mounts(a) => (shared::list(a).map(|()| 0), 1),

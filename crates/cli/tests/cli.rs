@@ -77,6 +77,47 @@ fn info_reports_free_counts_as_json() {
     assert!(stdout(&ferrofs(&["info", &img])).contains("log                clean"));
 }
 
+/// The identity as `info --json` shows it: (uuid, label).
+fn identity(img: &str) -> (String, String) {
+    let o = ferrofs(&["info", img, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    (v["uuid"].as_str().unwrap().to_string(), v["label"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn mkfs_and_tune_set_the_label_and_uuid() {
+    let s = Scratch::new("identity");
+    let (a, b) = (s.path("a.img"), s.path("b.img"));
+    let given = "0b5e6c1a-8f3d-4e2b-9a47-1c2d3e4f5a6b";
+    let o = ferrofs(&["mkfs", &a, "--size", "64M", "-L", "backups", "-U", given]);
+    assert!(o.status.success() && stdout(&o).contains("label              \"backups\""), "{}", stdout(&o));
+    assert_eq!(identity(&a), (given.to_string(), "backups".to_string()));
+    // By default a random version 4 UUID: no two images share a prefix.
+    assert!(ferrofs(&["mkfs", &b, "--size", "64M"]).status.success());
+    let (uuid_b, label_b) = identity(&b);
+    assert_eq!((&uuid_b[14..15], label_b.as_str()), ("4", ""), "{uuid_b}");
+    assert!(ferrofs(&["mkfs", &b, "--size", "64M", "--force"]).status.success());
+    assert_ne!(identity(&b).0[..8], uuid_b[..8]);
+    // tune changes what it is given and nothing else; the image stays clean.
+    let o = ferrofs(&["tune", &a, "-L", "archive"]);
+    assert!(o.status.success() && stdout(&o).contains(&format!("label \"archive\", uuid {given}")), "{}", stdout(&o));
+    let o = ferrofs(&["tune", &a, "--uuid", "random", "--label", ""]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (uuid, label) = identity(&a);
+    assert!(uuid != given && label.is_empty(), "{uuid} {label:?}");
+    assert!(stdout(&ferrofs(&["info", &a])).contains("label              (none)"));
+    assert_eq!(ferrofs(&["fsck", "-n", &a]).status.code(), Some(0));
+    // Bad values are named; nothing changes.
+    let o = ferrofs(&["tune", &a, "-L", &"x".repeat(33)]);
+    assert!(o.status.code() == Some(2) && stderr(&o).contains("label longer than 32 bytes"), "{}", stderr(&o));
+    let o = ferrofs(&["mkfs", &b, "--force", "-U", "0b5e6c1a-8f3d"]);
+    assert!(o.status.code() == Some(2) && stderr(&o).contains("--uuid"), "{}", stderr(&o));
+    assert_eq!(identity(&a), (uuid, label));
+    std::fs::write(s.path("zeros.img"), vec![0u8; 1 << 20]).unwrap();
+    assert_clean_failure(&ferrofs(&["tune", &s.path("zeros.img"), "-L", "x"]), "not a ferrofs image");
+}
+
 /// An image left with an orphan (a file unlinked while open, then a crash): `info` counts it
 /// as pending on disk, and shows the free counts a mount will have once it is freed (its
 /// read-only mount frees it in memory).
