@@ -6,6 +6,7 @@ mod geometry;
 mod image;
 mod info;
 mod lockstat;
+mod manual;
 mod mkfs;
 mod mount;
 mod mount_config;
@@ -50,6 +51,12 @@ enum Command {
     /// lists its workloads and options).
     #[command(disable_help_flag = true)]
     Bench(bench::BenchArgs),
+    /// Write the man pages (ferrofs.8, ferrofs-SUBCOMMAND.8) into a directory.
+    #[command(hide = true)]
+    Manpages(manual::ManpagesArgs),
+    /// Print the completion script for a shell (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions(manual::CompletionsArgs),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +83,8 @@ fn main() -> ExitCode {
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
         Command::Mounts(a) => (shared::list(a).map(|()| 0), 1),
         Command::Bench(a) => (bench::run(a).map(|()| 0), 1),
+        Command::Manpages(a) => (manual::manpages(a).map(|()| 0), 1),
+        Command::Completions(a) => (manual::completions(a).map(|()| 0), 1),
     };
     match result {
         Ok(code) => ExitCode::from(code),

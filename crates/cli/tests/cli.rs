@@ -118,6 +118,64 @@ fn mkfs_and_tune_set_the_label_and_uuid() {
     assert_clean_failure(&ferrofs(&["tune", &s.path("zeros.img"), "-L", "x"]), "not a ferrofs image");
 }
 
+/// A man page as groff lays it out (its warnings turned on: a page with any is a bug), each
+/// line's justified spacing collapsed; or, where groff is missing, its source checked to be
+/// a man page.
+fn render_man_page(page: &std::path::Path) -> String {
+    let source = std::fs::read_to_string(page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+    let Ok(o) = Command::new("groff").args(["-t", "-man", "-Tascii", "-ww", "-P-cbou"]).arg(page).output() else {
+        eprintln!("groff not installed: checking the source of {} only", page.display());
+        assert!(source.starts_with(".ie \\n(.g .ds Aq") || source.contains("\n.TH "), "{source}");
+        return source.replace("\\-", "-");
+    };
+    assert!(o.status.success() && o.stderr.is_empty(), "{}: {}", page.display(), stderr(&o));
+    stdout(&o).lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ") + "\n").collect()
+}
+
+/// The man pages and completions come from the clap definition: every subcommand that
+/// `ferrofs --help` lists, new ones included, gets a page that renders and a place in the
+/// bash, zsh and fish completions, installed where those look for them.
+#[test]
+fn install_docs_gives_every_subcommand_a_page_and_completions() {
+    let s = Scratch::new("docs");
+    let prefix = s.path("usr");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/install-docs.sh");
+    let o = Command::new(script).args([env!("CARGO_BIN_EXE_ferrofs"), &prefix]).output().unwrap();
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let help = stdout(&ferrofs(&["--help"]));
+    let subcommands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .collect();
+    assert!(subcommands.len() >= 8 && subcommands.contains(&"tune"), "{help}");
+    let share = PathBuf::from(&prefix).join("share");
+    let top = render_man_page(&share.join("man/man8/ferrofs.8"));
+    let read = |path: &str| std::fs::read_to_string(share.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let (bash, zsh, fish) = (
+        read("bash-completion/completions/ferrofs"),
+        read("zsh/site-functions/_ferrofs"),
+        read("fish/vendor_completions.d/ferrofs.fish"),
+    );
+    for name in &subcommands {
+        let page = render_man_page(&share.join(format!("man/man8/ferrofs-{name}.8")));
+        assert!(page.contains(&format!("ferrofs-{name} - ")), "NAME of ferrofs-{name}:\n{page}");
+        assert!(page.contains(&format!("ferrofs {name} ")), "SYNOPSIS of ferrofs-{name}:\n{page}");
+        assert!(top.contains(&format!("ferrofs-{name}(8)")), "ferrofs(8) does not list {name}:\n{top}");
+        assert!(bash.contains(&format!("ferrofs,{name})")), "bash completion lacks {name}");
+        assert!(zsh.contains(&format!("'{name}:")), "zsh completion lacks {name}");
+        assert!(fish.contains(&format!("-a \"{name}\"")), "fish completion lacks {name}");
+    }
+    let pages = std::fs::read_dir(share.join("man/man8")).unwrap().count();
+    assert_eq!(pages, subcommands.len() + 1, "one page per subcommand and ferrofs(8), no others");
+    // Options come along too: tune's page has -L and -U.
+    let tune = render_man_page(&share.join("man/man8/ferrofs-tune.8"));
+    assert!(tune.contains("-L, --label") && tune.contains("-U, --uuid"), "{tune}");
+}
+
 /// An image left with an orphan (a file unlinked while open, then a crash): `info` counts it
 /// as pending on disk, and shows the free counts a mount will have once it is freed (its
 /// read-only mount frees it in memory).
