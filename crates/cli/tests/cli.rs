@@ -116,6 +116,19 @@ fn mkfs_and_tune_set_the_label_and_uuid() {
     assert_eq!(identity(&a), (uuid, label));
     std::fs::write(s.path("zeros.img"), vec![0u8; 1 << 20]).unwrap();
     assert_clean_failure(&ferrofs(&["tune", &s.path("zeros.img"), "-L", "x"]), "not a ferrofs image");
+    // Copies that disagree with the primary are fsck's to settle first, and tune says so.
+    use ferrofs::dev::{BlockDevice, FileDevice};
+    let dev = FileDevice::open(&a, false).unwrap();
+    let sb = ferrofs::read_superblock(&dev).unwrap();
+    let copy = sb.geo.ag_layout(1).start;
+    let stale = ferrofs::Superblock { label: "stale".into(), ..sb.clone() };
+    dev.write_at(&stale.encode(copy)[..], copy * ferrofs::BLOCK_SIZE as u64).unwrap();
+    drop(dev);
+    assert_clean_failure(&ferrofs(&["tune", &a, "-L", "x"]), "differs from the primary (`ferrofs fsck -y` repairs");
+    assert_eq!(ferrofs(&["fsck", "-y", &a]).status.code(), Some(1));
+    assert!(ferrofs(&["tune", &a, "-L", "x"]).status.success());
+    assert_eq!(identity(&a).1, "x");
+    assert_eq!(ferrofs(&["fsck", "-n", &a]).status.code(), Some(0));
 }
 
 /// A man page as groff lays it out (its warnings turned on: a page with any is a bug), each
