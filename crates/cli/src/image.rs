@@ -90,3 +90,43 @@ pub fn identity(path: &Path) -> Option<(String, String)> {
     let sb = ferrofs::read_superblock(&dev).ok()?;
     Some((sb.label, crate::geometry::uuid_string(&sb.uuid)))
 }
+
+/// The block device that `LABEL=x` or `UUID=x` (fstab's forms) names: the one ferrofs file
+/// system with that label or UUID among the block devices the kernel lists (partitions, loop
+/// devices), read without a lock. blkid does not know ferrofs, so this looks itself; image
+/// files are not searched (their path names them). `None`: `source` is a path, not a tag.
+pub fn resolve_tag(source: &Path) -> CliResult<Option<std::path::PathBuf>> {
+    let Some(tag) = source.to_str().filter(|_| !source.exists()) else {
+        return Ok(None);
+    };
+    let wanted: Box<dyn Fn(&ferrofs::Superblock) -> bool> = if let Some(label) = tag.strip_prefix("LABEL=") {
+        Box::new(move |sb| sb.label == label)
+    } else if let Some(uuid) = tag.strip_prefix("UUID=") {
+        let uuid = crate::tune::parse_uuid(uuid).map_err(|why| Failure::new(tag, why))?.into_bytes();
+        Box::new(move |sb| sb.uuid == uuid)
+    } else {
+        return Ok(None);
+    };
+    let devices = std::fs::read_dir("/sys/class/block").context(|| format!("{tag}: list block devices"))?;
+    let found: Vec<_> = devices
+        .flatten()
+        .map(|d| Path::new("/dev").join(d.file_name()))
+        .filter(|dev| ferrofs_superblock(dev).is_some_and(|sb| wanted(&sb)))
+        .collect();
+    match &found[..] {
+        [dev] => Ok(Some(dev.clone())),
+        [] => Err(Failure::new(
+            tag,
+            "no block device holds a ferrofs file system with it (image files are not searched: give their path)",
+        )),
+        _ => Err(Failure::new(tag, format!("held by several block devices: {found:?}"))),
+    }
+}
+
+/// The superblock of a device that starts with ferrofs's magic, if it is readable.
+fn ferrofs_superblock(dev: &Path) -> Option<ferrofs::Superblock> {
+    let dev = FileDevice::open_unlocked(dev).ok()?;
+    let mut first = vec![0u8; ferrofs::BLOCK_SIZE];
+    dev.read_at(&mut first, 0).ok()?;
+    ferrofs::has_superblock_magic(&first).then(|| ferrofs::read_superblock(&dev).ok()).flatten()
+}

@@ -615,3 +615,42 @@ fn info_reads_a_mounted_image_and_leaves_the_mount_alone() {
     s.fsck_clean();
     assert_eq!(info_json()["label"], serde_json::json!("live"));
 }
+
+/// `ferrofs mount LABEL=x DIR` and `UUID=x`: the block device holding that file system (here a
+/// loop device of the image) is found and mounted; an unknown label is named.
+#[test]
+fn mount_by_label_or_uuid_finds_the_block_device() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED mount_by_label: {why}");
+    }
+    let s = Scratch::new("by-label");
+    // Unique to this run: other images may be on loop devices of this machine.
+    let label = format!("tag-{}", std::process::id());
+    let uuid = format!("{:08x}-5d1e-4c3b-8a29-7f6e5d4c3b2a", std::process::id());
+    let o = run(Command::new(BIN).args(["mkfs", "--size", "128M", "-L", &label, "-U", &uuid]).arg(&s.image));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let Some(dev) = Loop::attach(&s.image) else {
+        return eprintln!("SKIPPED mount_by_label: losetup cannot attach a loop device here");
+    };
+    let canonical = dev.0.canonicalize().unwrap();
+    for tag in [format!("LABEL={label}"), format!("UUID={uuid}")] {
+        let o = run(Command::new(BIN).args(["mount", "--daemon", &tag]).arg(&s.mnt));
+        assert!(o.status.success(), "{tag}: {}", stderr(&o));
+        let (_, source) = top_mount(&s.mnt).unwrap();
+        assert_eq!(std::path::Path::new(&source), canonical, "{tag}");
+        std::fs::write(s.mnt.join("f"), &tag).unwrap();
+        s.umount();
+        s.wait_released();
+    }
+    let o = run(Command::new(BIN).args(["mount", "--daemon", &format!("LABEL={label}-none")]).arg(&s.mnt));
+    assert!(
+        !o.status.success() && stderr(&o).contains("no block device holds a ferrofs file system"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(Command::new(BIN).args(["mount", "--daemon", "UUID=not-a-uuid"]).arg(&s.mnt));
+    assert!(!o.status.success() && stderr(&o).contains("UUID=not-a-uuid"), "{}", stderr(&o));
+    assert!(!is_mounted(&s.mnt));
+    drop(dev);
+    s.fsck_clean();
+}
