@@ -45,8 +45,9 @@ pub fn set_identity(dev: &dyn BlockDevice, new: &Identity) -> Result<Superblock>
 /// The copies beyond AG 2, then AG 1's, the primary, and AG 2's, each group durable before
 /// the next. Mount reads the primary, else AG 1's copy; fsck takes AG 1's and AG 2's copies
 /// over a primary they both differ from. So after a crash at any point both see the same
-/// identity: the old one until the primary is written, the new one once it is (or once its
-/// write is torn, when AG 1's new copy stands in), and fsck repairs the rest to match.
+/// identity: the old one until the primary is written, the new one once it is (a torn write
+/// of it is one or the other whole: only its first sector changes), and fsck repairs the rest
+/// to match.
 fn write_order(ag_count: u32) -> impl Iterator<Item = std::ops::Range<u32>> {
     let n = ag_count;
     [3.min(n)..n, 1.min(n)..2.min(n), 0..1, 2.min(n)..3.min(n)].into_iter().filter(|g| !g.is_empty())
