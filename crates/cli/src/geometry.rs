@@ -6,8 +6,16 @@ use ferrofs::{Geometry, Superblock, BLOCK_SIZE, INODE_SIZE};
 const BS: u64 = BLOCK_SIZE as u64;
 
 pub fn uuid_string(uuid: &[u8; 16]) -> String {
-    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+    uuid::Uuid::from_bytes(*uuid).hyphenated().to_string()
+}
+
+/// A label as the listings show it: quoted, or `(none)`.
+pub fn label_text(label: &str) -> String {
+    if label.is_empty() {
+        "(none)".to_string()
+    } else {
+        format!("{label:?}")
+    }
 }
 
 /// The bytes-per-inode ratio mkfs was given, recovered from the geometry.
@@ -37,6 +45,7 @@ pub fn summary(sb: &Superblock) -> String {
         ("log", format!("{} blocks ({}) in AG 0", grouped(g.log_blocks), human_bytes(g.log_blocks * BS))),
         ("orphan slots", format!("{} per AG", grouped(g.orphan_slots_per_ag as u64))),
         ("uuid", uuid_string(&sb.uuid)),
+        ("label", label_text(&sb.label)),
     ];
     lines.iter().map(|(name, value)| format!("  {name:<18} {value}\n")).collect()
 }

@@ -53,6 +53,80 @@ pub fn require_ferrofs(path: &Path) -> CliResult<()> {
 pub fn mount_read_only(path: &Path) -> CliResult<FileSystem> {
     let dev: Arc<dyn BlockDevice> = open(path, true)?;
     require_ferrofs(path)?;
+    mount_in_memory(path, dev)
+}
+
+fn mount_in_memory(path: &Path, dev: Arc<dyn BlockDevice>) -> CliResult<FileSystem> {
     let opts = MountOptions { read_only: true, ..MountOptions::default() };
     FileSystem::mount_device(dev, &opts).context(|| format!("mount {} read-only", path.display()))
+}
+
+/// [`mount_read_only`], or, when the image is mounted, the same without its lock (like
+/// dumpe2fs on a mounted ext4): what the mount has written so far, the log replayed in memory.
+/// Returns where it is mounted too. A checkpoint writing home while we read may show us blocks
+/// of two moments that do not fit together: then read again, a bounded number of times.
+pub fn mount_read_only_even_if_mounted(path: &Path) -> CliResult<(FileSystem, Option<String>)> {
+    const READS_MAX: u32 = 3;
+    let Some(dir) = path.canonicalize().ok().and_then(|p| mount_config::mounted_on(&p)) else {
+        return mount_read_only(path).map(|fs| (fs, None));
+    };
+    require_ferrofs(path)?;
+    let mut reads = 0;
+    loop {
+        reads += 1;
+        let dev = FileDevice::open_unlocked(path).context(|| format!("open {}", path.display()))?;
+        match mount_in_memory(path, Arc::new(dev)) {
+            Ok(fs) => return Ok((fs, Some(dir))),
+            Err(f) if reads == READS_MAX => return Err(f),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    }
+}
+
+/// The label and UUID of the image at `path`, read without a lock: it may be mounted (they
+/// change only while it is not). `None` when it cannot be read.
+pub fn identity(path: &Path) -> Option<(String, String)> {
+    let dev = FileDevice::open_unlocked(path).ok()?;
+    let sb = ferrofs::read_superblock(&dev).ok()?;
+    Some((sb.label, crate::geometry::uuid_string(&sb.uuid)))
+}
+
+/// The block device that `LABEL=x` or `UUID=x` (fstab's forms) names: the one ferrofs file
+/// system with that label or UUID among the block devices the kernel lists (partitions, loop
+/// devices), read without a lock. blkid does not know ferrofs, so this looks itself; image
+/// files are not searched (their path names them). `None`: `source` is a path, not a tag.
+pub fn resolve_tag(source: &Path) -> CliResult<Option<std::path::PathBuf>> {
+    let Some(tag) = source.to_str().filter(|_| !source.exists()) else {
+        return Ok(None);
+    };
+    let wanted: Box<dyn Fn(&ferrofs::Superblock) -> bool> = if let Some(label) = tag.strip_prefix("LABEL=") {
+        Box::new(move |sb| sb.label == label)
+    } else if let Some(uuid) = tag.strip_prefix("UUID=") {
+        let uuid = crate::tune::parse_uuid(uuid).map_err(|why| Failure::new(tag, why))?.into_bytes();
+        Box::new(move |sb| sb.uuid == uuid)
+    } else {
+        return Ok(None);
+    };
+    let devices = std::fs::read_dir("/sys/class/block").context(|| format!("{tag}: list block devices"))?;
+    let found: Vec<_> = devices
+        .flatten()
+        .map(|d| Path::new("/dev").join(d.file_name()))
+        .filter(|dev| ferrofs_superblock(dev).is_some_and(|sb| wanted(&sb)))
+        .collect();
+    match &found[..] {
+        [dev] => Ok(Some(dev.clone())),
+        [] => Err(Failure::new(
+            tag,
+            "no block device holds a ferrofs file system with it (image files are not searched: give their path)",
+        )),
+        _ => Err(Failure::new(tag, format!("held by several block devices: {found:?}"))),
+    }
+}
+
+/// The superblock of a device that starts with ferrofs's magic, if it is readable.
+fn ferrofs_superblock(dev: &Path) -> Option<ferrofs::Superblock> {
+    let dev = FileDevice::open_unlocked(dev).ok()?;
+    let mut first = vec![0u8; ferrofs::BLOCK_SIZE];
+    dev.read_at(&mut first, 0).ok()?;
+    ferrofs::has_superblock_magic(&first).then(|| ferrofs::read_superblock(&dev).ok()).flatten()
 }

@@ -12,7 +12,8 @@ use std::path::PathBuf;
 #[derive(Args, Debug)]
 pub struct InfoArgs {
     /// Image file or block device holding a ferrofs file system (it is only read; a log
-    /// left by a crash is replayed in memory).
+    /// left by a crash is replayed in memory). It may be mounted: then the figures are the
+    /// image's as written so far, and the mount may be ahead of them.
     pub image: PathBuf,
     /// Print everything as one JSON object instead of the table.
     #[arg(long)]
@@ -22,7 +23,11 @@ pub struct InfoArgs {
 #[derive(Serialize)]
 struct Info {
     image: String,
+    /// Where the image is mounted, if it is: the figures are then what the mount has
+    /// written to the image so far (its last checkpoint, and the log written since).
+    mounted_on: Option<String>,
     uuid: String,
+    label: String,
     mkfs_time: i64,
     block_size: u64,
     blocks: u64,
@@ -43,8 +48,9 @@ struct Info {
 }
 
 pub fn run(args: &InfoArgs) -> CliResult<()> {
-    let fs = image::mount_read_only(&args.image)?;
-    let info = collect(&args.image.display().to_string(), &fs);
+    let (fs, mounted_on) = image::mount_read_only_even_if_mounted(&args.image)?;
+    let mut info = collect(&args.image.display().to_string(), &fs);
+    info.mounted_on = mounted_on;
     if args.json {
         let text = serde_json::to_string_pretty(&info).context(|| "info: JSON".to_string())?;
         println!("{text}");
@@ -59,7 +65,9 @@ fn collect(image: &str, fs: &FileSystem) -> Info {
     let (sb, g) = (&engine.superblock, &engine.superblock.geo);
     Info {
         image: image.to_string(),
+        mounted_on: None,
         uuid: geometry::uuid_string(&sb.uuid),
+        label: sb.label.clone(),
         mkfs_time: sb.mkfs_time,
         block_size: BLOCK_SIZE as u64,
         blocks: g.block_count,
@@ -81,6 +89,9 @@ fn collect(image: &str, fs: &FileSystem) -> Info {
 fn print_table(info: &Info) {
     let bs = info.block_size;
     println!("{}: ferrofs file system", info.image);
+    if let Some(dir) = &info.mounted_on {
+        println!("  mounted on {dir}: figures as of its last checkpoint; the mount may be ahead");
+    }
     print!("{}", geometry::summary(&info.superblock));
     println!("  {:<18} {}", "created", utc_time(info.mkfs_time));
     println!(

@@ -7,11 +7,13 @@ mod grow;
 mod image;
 mod info;
 mod lockstat;
+mod manual;
 mod mkfs;
 mod mount;
 mod mount_config;
 mod shared;
 mod signature;
+mod tune;
 
 // The modules the benchmarks share live in the library; imported here, the commands name
 // them as before (`crate::failure`, `crate::units`, ...).
@@ -40,6 +42,8 @@ enum Command {
     Info(info::InfoArgs),
     /// Grow an unmounted file system onto a larger image file or block device.
     Grow(grow::GrowArgs),
+    /// Change the label or UUID of an unmounted image.
+    Tune(tune::TuneArgs),
     /// Mount an image through FUSE (foreground unless --daemon or --shared).
     Mount(mount_config::MountArgs),
     /// List what the shared daemon (`ferrofs mount --shared`) serves.
@@ -50,6 +54,12 @@ enum Command {
     /// lists its workloads and options).
     #[command(disable_help_flag = true)]
     Bench(bench::BenchArgs),
+    /// Write the man pages (ferrofs.8, ferrofs-SUBCOMMAND.8) into a directory.
+    #[command(hide = true)]
+    Manpages(manual::ManpagesArgs),
+    /// Print the completion script for a shell (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions(manual::CompletionsArgs),
 }
 
 fn main() -> ExitCode {
@@ -72,10 +82,13 @@ fn main() -> ExitCode {
         Command::Fsck(a) => (fsck::run(a), fsck::EXIT_OPERATIONAL),
         Command::Info(a) => (info::run(a).map(|()| 0), 1),
         Command::Grow(a) => (grow::run(a).map(|()| 0), 1),
+        Command::Tune(a) => (tune::run(a).map(|()| 0), 1),
         Command::Lockstat(a) => (lockstat::run(a).map(|()| 0), 1),
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
         Command::Mounts(a) => (shared::list(a).map(|()| 0), 1),
         Command::Bench(a) => (bench::run(a).map(|()| 0), 1),
+        Command::Manpages(a) => (manual::manpages(a).map(|()| 0), 1),
+        Command::Completions(a) => (manual::completions(a).map(|()| 0), 1),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -5,6 +5,7 @@ use crate::geometry;
 use crate::image;
 use crate::progress;
 use crate::signature::{self, Contents};
+use crate::tune;
 use crate::units::{human_bytes, parse_size};
 use clap::Args;
 use ferrofs::dev::{BlockDevice, FileDevice};
@@ -13,6 +14,7 @@ use ferrofs::{MkfsOptions, BLOCK_SIZE};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use uuid::Uuid;
 
 /// Images with at least this many AGs get a progress bar (smaller ones finish at once).
 const PROGRESS_MIN_AGS: u32 = 16;
@@ -40,6 +42,13 @@ pub struct MkfsArgs {
     /// Capped at half an allocation group.
     #[arg(long, value_parser = parse_size)]
     pub log_size: Option<u64>,
+    /// Label of the new file system: up to 32 bytes of UTF-8.
+    #[arg(short = 'L', long, value_parser = tune::parse_label, default_value = "")]
+    pub label: String,
+    /// UUID of the new file system: 8-4-4-4-12 hexadecimal digits, `random` (the default,
+    /// version 4) or `time` (version 7).
+    #[arg(short = 'U', long, value_parser = tune::parse_uuid)]
+    pub uuid: Option<Uuid>,
     /// Overwrite an image or device that holds a file system (ferrofs or another), an
     /// encrypted volume, swap or a partition table.
     #[arg(long)]
@@ -49,7 +58,16 @@ pub struct MkfsArgs {
 impl MkfsArgs {
     /// The defaults, for a new image of `size` bytes (`ferrofs mount --mkfs`).
     pub fn for_new_image(image: PathBuf, size: u64) -> MkfsArgs {
-        MkfsArgs { image, size: Some(size), ags: None, bytes_per_inode: 8 << 10, log_size: None, force: false }
+        MkfsArgs {
+            image,
+            size: Some(size),
+            ags: None,
+            bytes_per_inode: 8 << 10,
+            log_size: None,
+            label: String::new(),
+            uuid: None,
+            force: false,
+        }
     }
 }
 
@@ -134,6 +152,8 @@ fn mkfs_options(args: &MkfsArgs) -> MkfsOptions {
         ag_count: args.ags,
         bytes_per_inode: args.bytes_per_inode,
         log_blocks: args.log_size.map(|b| b.div_ceil(BLOCK_SIZE as u64)),
+        label: args.label.clone(),
+        uuid: args.uuid.map(Uuid::into_bytes),
         ..MkfsOptions::default()
     }
 }

@@ -24,6 +24,14 @@ pub const HELPER_NAMES: [&str; 2] = ["mount.fuse.ferrofs", "mount.ferrofs"];
 
 pub fn run(args: &MountArgs) -> CliResult<()> {
     cap_malloc_arenas();
+    let resolved;
+    let args = match crate::image::resolve_tag(&args.image)? {
+        Some(device) => {
+            resolved = MountArgs { image: device, ..args.clone() };
+            &resolved
+        }
+        None => args,
+    };
     let what = || format!("mount {} on {}", args.image.display(), args.mountpoint.display());
     if args.options.iter().any(|o| o.trim() == "remount") {
         return remount(args);

@@ -13,9 +13,10 @@ use std::time::Duration;
 /// previous unmount of the same image (the kernel lets `umount` return before it has).
 pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(30);
 
-#[derive(Args, Debug)]
+#[derive(Args, Clone, Debug)]
 pub struct MountArgs {
-    /// The image file or block device.
+    /// The image file or block device, or LABEL=label or UUID=uuid: the block device holding
+    /// the ferrofs file system with that label or UUID.
     pub image: PathBuf,
     /// An existing directory to mount on.
     pub mountpoint: PathBuf,

@@ -77,6 +77,11 @@ struct MountStatus {
     image: PathBuf,
     mountpoint: PathBuf,
     cache_bytes: u64,
+    /// The image's label and UUID ("" if unreadable, or from a daemon that did not say).
+    #[serde(default)]
+    label: String,
+    #[serde(default)]
+    uuid: String,
 }
 
 /// Where the shared daemon of this user listens.
@@ -437,10 +442,15 @@ impl Daemon {
                     .mounts
                     .iter()
                     .filter(|m| !m.is_finished())
-                    .map(|m| MountStatus {
-                        image: m.image().to_path_buf(),
-                        mountpoint: m.mountpoint().to_path_buf(),
-                        cache_bytes: m.cache_bytes(),
+                    .map(|m| {
+                        let (label, uuid) = crate::image::identity(m.image()).unwrap_or_default();
+                        MountStatus {
+                            image: m.image().to_path_buf(),
+                            mountpoint: m.mountpoint().to_path_buf(),
+                            cache_bytes: m.cache_bytes(),
+                            label,
+                            uuid,
+                        }
                     })
                     .collect(),
             }),
@@ -478,15 +488,19 @@ pub fn list(args: &MountsArgs) -> CliResult<()> {
         human_bytes(status.cache_used),
         human_bytes(status.cache_limit)
     );
-    let width = status.mounts.iter().map(|m| m.image.as_os_str().len()).max().unwrap_or(0).max("IMAGE".len());
-    let mwidth =
-        status.mounts.iter().map(|m| m.mountpoint.as_os_str().len()).max().unwrap_or(0).max("MOUNT POINT".len());
-    println!("{:width$}  {:mwidth$}  CACHE", "IMAGE", "MOUNT POINT");
+    let column =
+        |title: &str, len: fn(&MountStatus) -> usize| status.mounts.iter().map(len).max().unwrap_or(0).max(title.len());
+    let width = column("IMAGE", |m| m.image.as_os_str().len());
+    let mwidth = column("MOUNT POINT", |m| m.mountpoint.as_os_str().len());
+    let lwidth = column("LABEL", |m| m.label.len());
+    println!("{:width$}  {:mwidth$}  {:lwidth$}  {:36}  CACHE", "IMAGE", "MOUNT POINT", "LABEL", "UUID");
     for m in &status.mounts {
         println!(
-            "{:width$}  {:mwidth$}  {}",
+            "{:width$}  {:mwidth$}  {:lwidth$}  {:36}  {}",
             m.image.display().to_string(),
             m.mountpoint.display().to_string(),
+            m.label,
+            m.uuid,
             human_bytes(m.cache_bytes)
         );
     }

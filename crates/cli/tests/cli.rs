@@ -77,6 +77,118 @@ fn info_reports_free_counts_as_json() {
     assert!(stdout(&ferrofs(&["info", &img])).contains("log                clean"));
 }
 
+/// The identity as `info --json` shows it: (uuid, label).
+fn identity(img: &str) -> (String, String) {
+    let o = ferrofs(&["info", img, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    (v["uuid"].as_str().unwrap().to_string(), v["label"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn mkfs_and_tune_set_the_label_and_uuid() {
+    let s = Scratch::new("identity");
+    let (a, b) = (s.path("a.img"), s.path("b.img"));
+    let given = "0b5e6c1a-8f3d-4e2b-9a47-1c2d3e4f5a6b";
+    let o = ferrofs(&["mkfs", &a, "--size", "64M", "-L", "backups", "-U", given]);
+    assert!(o.status.success() && stdout(&o).contains("label              \"backups\""), "{}", stdout(&o));
+    assert_eq!(identity(&a), (given.to_string(), "backups".to_string()));
+    // By default a random version 4 UUID: no two images share a prefix.
+    assert!(ferrofs(&["mkfs", &b, "--size", "64M"]).status.success());
+    let (uuid_b, label_b) = identity(&b);
+    assert_eq!((&uuid_b[14..15], label_b.as_str()), ("4", ""), "{uuid_b}");
+    assert!(ferrofs(&["mkfs", &b, "--size", "64M", "--force"]).status.success());
+    assert_ne!(identity(&b).0[..8], uuid_b[..8]);
+    // tune changes what it is given and nothing else; the image stays clean.
+    let o = ferrofs(&["tune", &a, "-L", "archive"]);
+    assert!(o.status.success() && stdout(&o).contains(&format!("label \"archive\", uuid {given}")), "{}", stdout(&o));
+    let o = ferrofs(&["tune", &a, "--uuid", "random", "--label", ""]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (uuid, label) = identity(&a);
+    assert!(uuid != given && label.is_empty(), "{uuid} {label:?}");
+    assert!(stdout(&ferrofs(&["info", &a])).contains("label              (none)"));
+    assert_eq!(ferrofs(&["fsck", "-n", &a]).status.code(), Some(0));
+    // Bad values are named; nothing changes.
+    let o = ferrofs(&["tune", &a, "-L", &"x".repeat(33)]);
+    assert!(o.status.code() == Some(2) && stderr(&o).contains("label longer than 32 bytes"), "{}", stderr(&o));
+    let o = ferrofs(&["mkfs", &b, "--force", "-U", "0b5e6c1a-8f3d"]);
+    assert!(o.status.code() == Some(2) && stderr(&o).contains("--uuid"), "{}", stderr(&o));
+    assert_eq!(identity(&a), (uuid, label));
+    std::fs::write(s.path("zeros.img"), vec![0u8; 1 << 20]).unwrap();
+    assert_clean_failure(&ferrofs(&["tune", &s.path("zeros.img"), "-L", "x"]), "not a ferrofs image");
+    // Copies that disagree with the primary are fsck's to settle first, and tune says so.
+    use ferrofs::dev::{BlockDevice, FileDevice};
+    let dev = FileDevice::open(&a, false).unwrap();
+    let sb = ferrofs::read_superblock(&dev).unwrap();
+    let copy = sb.geo.ag_layout(1).start;
+    let stale = ferrofs::Superblock { label: "stale".into(), ..sb.clone() };
+    dev.write_at(&stale.encode(copy)[..], copy * ferrofs::BLOCK_SIZE as u64).unwrap();
+    drop(dev);
+    assert_clean_failure(&ferrofs(&["tune", &a, "-L", "x"]), "differs from the primary (`ferrofs fsck -y` repairs");
+    assert_eq!(ferrofs(&["fsck", "-y", &a]).status.code(), Some(1));
+    assert!(ferrofs(&["tune", &a, "-L", "x"]).status.success());
+    assert_eq!(identity(&a).1, "x");
+    assert_eq!(ferrofs(&["fsck", "-n", &a]).status.code(), Some(0));
+}
+
+/// A man page as groff lays it out (its warnings turned on: a page with any is a bug), each
+/// line's justified spacing collapsed; or, where groff is missing, its source checked to be
+/// a man page.
+fn render_man_page(page: &std::path::Path) -> String {
+    let source = std::fs::read_to_string(page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+    let Ok(o) = Command::new("groff").args(["-t", "-man", "-Tascii", "-ww", "-P-cbou"]).arg(page).output() else {
+        eprintln!("groff not installed: checking the source of {} only", page.display());
+        assert!(source.starts_with(".ie \\n(.g .ds Aq") || source.contains("\n.TH "), "{source}");
+        return source.replace("\\-", "-");
+    };
+    assert!(o.status.success() && o.stderr.is_empty(), "{}: {}", page.display(), stderr(&o));
+    stdout(&o).lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ") + "\n").collect()
+}
+
+/// The man pages and completions come from the clap definition: every subcommand that
+/// `ferrofs --help` lists, new ones included, gets a page that renders and a place in the
+/// bash, zsh and fish completions, installed where those look for them.
+#[test]
+fn install_docs_gives_every_subcommand_a_page_and_completions() {
+    let s = Scratch::new("docs");
+    let prefix = s.path("usr");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/install-docs.sh");
+    let o = Command::new(script).args([env!("CARGO_BIN_EXE_ferrofs"), &prefix]).output().unwrap();
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let help = stdout(&ferrofs(&["--help"]));
+    let subcommands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .collect();
+    assert!(subcommands.len() >= 8 && subcommands.contains(&"tune"), "{help}");
+    let share = PathBuf::from(&prefix).join("share");
+    let top = render_man_page(&share.join("man/man8/ferrofs.8"));
+    let read = |path: &str| std::fs::read_to_string(share.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let (bash, zsh, fish) = (
+        read("bash-completion/completions/ferrofs"),
+        read("zsh/site-functions/_ferrofs"),
+        read("fish/vendor_completions.d/ferrofs.fish"),
+    );
+    for name in &subcommands {
+        let page = render_man_page(&share.join(format!("man/man8/ferrofs-{name}.8")));
+        assert!(page.contains(&format!("ferrofs-{name} - ")), "NAME of ferrofs-{name}:\n{page}");
+        assert!(page.contains(&format!("ferrofs {name} ")), "SYNOPSIS of ferrofs-{name}:\n{page}");
+        assert!(top.contains(&format!("ferrofs-{name}(8)")), "ferrofs(8) does not list {name}:\n{top}");
+        assert!(bash.contains(&format!("ferrofs,{name})")), "bash completion lacks {name}");
+        assert!(zsh.contains(&format!("'{name}:")), "zsh completion lacks {name}");
+        assert!(fish.contains(&format!("-a \"{name}\"")), "fish completion lacks {name}");
+    }
+    let pages = std::fs::read_dir(share.join("man/man8")).unwrap().count();
+    assert_eq!(pages, subcommands.len() + 1, "one page per subcommand and ferrofs(8), no others");
+    // Options come along too: tune's page has -L and -U.
+    let tune = render_man_page(&share.join("man/man8/ferrofs-tune.8"));
+    assert!(tune.contains("-L, --label") && tune.contains("-U, --uuid"), "{tune}");
+}
+
 /// An image left with an orphan (a file unlinked while open, then a crash): `info` counts it
 /// as pending on disk, and shows the free counts a mount will have once it is freed (its
 /// read-only mount frees it in memory).

@@ -565,3 +565,92 @@ fn atime_options_are_accepted() {
     }
     s.fsck_clean();
 }
+
+/// `info` on a mounted image (as dumpe2fs on a mounted ext4): it takes no lock and writes
+/// nothing, so it succeeds and the mount goes on serving; its figures are the image's as the
+/// mount has written it so far, and it says so. `tune`, which writes, is refused.
+#[test]
+fn info_reads_a_mounted_image_and_leaves_the_mount_alone() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED info_on_mounted: {why}");
+    }
+    let s = Scratch::new("info-mounted");
+    let o = run(Command::new(BIN).args(["mkfs", "--size", "128M", "-L", "live"]).arg(&s.image));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let info_json = || {
+        let o = run(Command::new(BIN).args(["info", "--json"]).arg(&s.image));
+        assert!(o.status.success(), "info: {}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let fresh = info_json();
+    assert_eq!((&fresh["label"], &fresh["mounted_on"]), (&serde_json::json!("live"), &serde_json::Value::Null));
+    let o = s.mount(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let pid = daemon_pid(&s.image);
+    write_files(&s.mnt, 50);
+    // FUSE does not pass syncfs on; an fsync makes the files' creation durable in the log.
+    std::fs::File::open(s.mnt.join("f49")).unwrap().sync_all().unwrap();
+    let mnt = s.mnt.canonicalize().unwrap().display().to_string();
+    for round in 0..3 {
+        let live = info_json();
+        assert_eq!(live["mounted_on"], serde_json::json!(mnt));
+        assert_eq!((&live["uuid"], &live["label"]), (&fresh["uuid"], &fresh["label"]));
+        let used = fresh["free_inodes"].as_u64().unwrap() - live["free_inodes"].as_u64().unwrap();
+        assert!(used >= 50, "the fsynced files are in the figures: {used} inodes used");
+        std::fs::create_dir(s.mnt.join(format!("d{round}"))).unwrap();
+        write_files(&s.mnt.join(format!("d{round}")), 10);
+    }
+    let o = run(Command::new(BIN).arg("info").arg(&s.image));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&format!("mounted on {mnt}: figures as of its last checkpoint"))
+    );
+    let o = run(Command::new(BIN).args(["tune", "-L", "other"]).arg(&s.image));
+    assert!(!o.status.success() && stderr(&o).contains(&format!("mounted on {mnt}")), "{}", stderr(&o));
+    // The mount is as it was: same daemon, still writable, its files intact.
+    assert_eq!(daemon_pid(&s.image), pid);
+    std::fs::write(s.mnt.join("after-info"), b"still here").unwrap();
+    assert_eq!(std::fs::read(s.mnt.join("after-info")).unwrap(), b"still here");
+    s.umount();
+    s.wait_released();
+    s.fsck_clean();
+    assert_eq!(info_json()["label"], serde_json::json!("live"));
+}
+
+/// `ferrofs mount LABEL=x DIR` and `UUID=x`: the block device holding that file system (here a
+/// loop device of the image) is found and mounted; an unknown label is named.
+#[test]
+fn mount_by_label_or_uuid_finds_the_block_device() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED mount_by_label: {why}");
+    }
+    let s = Scratch::new("by-label");
+    // Unique to this run: other images may be on loop devices of this machine.
+    let label = format!("tag-{}", std::process::id());
+    let uuid = format!("{:08x}-5d1e-4c3b-8a29-7f6e5d4c3b2a", std::process::id());
+    let o = run(Command::new(BIN).args(["mkfs", "--size", "128M", "-L", &label, "-U", &uuid]).arg(&s.image));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let Some(dev) = Loop::attach(&s.image) else {
+        return eprintln!("SKIPPED mount_by_label: losetup cannot attach a loop device here");
+    };
+    let canonical = dev.0.canonicalize().unwrap();
+    for tag in [format!("LABEL={label}"), format!("UUID={uuid}")] {
+        let o = run(Command::new(BIN).args(["mount", "--daemon", &tag]).arg(&s.mnt));
+        assert!(o.status.success(), "{tag}: {}", stderr(&o));
+        let (_, source) = top_mount(&s.mnt).unwrap();
+        assert_eq!(std::path::Path::new(&source), canonical, "{tag}");
+        std::fs::write(s.mnt.join("f"), &tag).unwrap();
+        s.umount();
+        s.wait_released();
+    }
+    let o = run(Command::new(BIN).args(["mount", "--daemon", &format!("LABEL={label}-none")]).arg(&s.mnt));
+    assert!(
+        !o.status.success() && stderr(&o).contains("no block device holds a ferrofs file system"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(Command::new(BIN).args(["mount", "--daemon", "UUID=not-a-uuid"]).arg(&s.mnt));
+    assert!(!o.status.success() && stderr(&o).contains("UUID=not-a-uuid"), "{}", stderr(&o));
+    assert!(!is_mounted(&s.mnt));
+    drop(dev);
+    s.fsck_clean();
+}

@@ -205,3 +205,25 @@ fn sigterm_unmounts_every_shared_mount_cleanly() {
     s.wait_released("b");
     s.fsck_clean("b");
 }
+
+#[test]
+fn mounts_lists_each_images_label_and_uuid() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED mounts_label: {why}");
+    }
+    let s = Scratch::new("label");
+    let uuid = "6f1c9a52-3b7e-4d08-8c21-5e9f0a7b3d64";
+    let o = Command::new(BIN).args(["mkfs", "--size", "128M", "-L", "photos", "-U", uuid]).arg(s.image("a")).output();
+    assert!(o.as_ref().unwrap().status.success(), "{}", stderr(&o.unwrap()));
+    let o = s.mount("a", &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let status = s.mounts_json();
+    let m = &status["mounts"][0];
+    assert_eq!((&m["label"], &m["uuid"]), (&serde_json::json!("photos"), &serde_json::json!(uuid)), "{status}");
+    let table = String::from_utf8_lossy(&s.ferrofs().arg("mounts").output().unwrap().stdout).into_owned();
+    let line = table.lines().find(|l| l.contains("a.img")).unwrap_or_else(|| panic!("{table}"));
+    assert!(line.contains("photos") && line.contains(uuid), "{table}");
+    s.umount("a");
+    s.wait_released("a");
+    s.fsck_clean("a");
+}

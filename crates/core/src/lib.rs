@@ -102,6 +102,7 @@ pub(crate) mod reclaim;
 pub(crate) mod stats;
 pub(crate) mod store;
 pub(crate) mod trans;
+pub mod tune;
 #[cfg(feature = "testing")]
 pub mod xattr;
 #[cfg(not(feature = "testing"))]
@@ -115,6 +116,7 @@ pub use cache::{CacheBudget, DEFAULT_CACHE_BYTES};
 pub use error::{Error, Result};
 pub use format::inode::Timespec;
 pub use format::inode::{LINK_MAX, MAX_FILE_BLOCKS, SYMLINK_MAX};
+pub use format::sb::{check_label, LABEL_MAX};
 pub use format::{Geometry, Superblock, BLOCK_SIZE, INODE_SIZE, NAME_MAX, ROOT_INO, XATTR_VALUE_MAX};
 pub use fs::*;
 pub use journal::JournalConfig;

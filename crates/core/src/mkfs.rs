@@ -38,6 +38,10 @@ pub struct MkfsOptions {
     pub root_gid: u32,
     /// Permission bits of the root directory (0o755 by default).
     pub root_mode: u16,
+    /// The file system's label (mke2fs `-L`), "" for none; see [`check_label`](crate::check_label).
+    pub label: String,
+    /// The file system's UUID (mke2fs `-U`); default: a random one (version 4).
+    pub uuid: Option<[u8; 16]>,
 }
 
 impl Default for MkfsOptions {
@@ -50,6 +54,8 @@ impl Default for MkfsOptions {
             root_uid: 0,
             root_gid: 0,
             root_mode: 0o755,
+            label: String::new(),
+            uuid: None,
         }
     }
 }
@@ -102,11 +108,10 @@ pub(crate) fn now() -> Timespec {
 /// `progress(done, total)` is called once per AG.
 pub fn mkfs(dev: &dyn BlockDevice, o: &MkfsOptions, progress: &dyn Fn(u64, u64)) -> Result<Superblock> {
     let geo = plan(dev.size(), o)?;
+    sb::check_label(&o.label).map_err(Error::Invalid)?;
     let t = now();
-    let mut uuid = [0u8; 16];
-    uuid[..8].copy_from_slice(&(t.sec as u64 ^ (t.nsec as u64) << 32).to_le_bytes());
-    uuid[8..].copy_from_slice(&(std::process::id() as u64 ^ dev.size()).to_le_bytes());
-    let sb = Superblock { geo, uuid, mkfs_time: t.sec };
+    let uuid = o.uuid.unwrap_or_else(|| uuid::Uuid::new_v4().into_bytes());
+    let sb = Superblock { geo, uuid, mkfs_time: t.sec, label: o.label.clone() };
     for agno in 0..geo.ag_count {
         write_ag(dev, &sb, agno)?;
         progress(agno as u64 + 1, geo.ag_count as u64);
@@ -196,6 +201,41 @@ fn write_root(dev: &dyn BlockDevice, geo: &Geometry, o: &MkfsOptions, t: Timespe
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dev::MemDevice;
+
+    /// Each image gets its own random version 4 UUID (they once shared a time-based prefix and
+    /// ended in zeros), or the one asked for; and the label asked for.
+    #[test]
+    fn uuids_are_random_v4_unless_given() {
+        let made = |o: &MkfsOptions| mkfs(&MemDevice::new(4 << 20), o, &|_, _| {}).unwrap();
+        let (a, b) = (made(&MkfsOptions::default()), made(&MkfsOptions::default()));
+        assert_ne!(a.uuid[..8], b.uuid[..8]);
+        for sb in [&a, &b] {
+            let u = uuid::Uuid::from_bytes(sb.uuid);
+            assert_eq!((u.get_version_num(), u.get_variant()), (4, uuid::Variant::RFC4122), "{u}");
+            assert_eq!(sb.label, "");
+        }
+        let given = made(&MkfsOptions { uuid: Some([9; 16]), label: "données".into(), ..MkfsOptions::default() });
+        assert_eq!((given.uuid, given.label.as_str()), ([9; 16], "données"));
+        let long = MkfsOptions { label: "l".repeat(sb::LABEL_MAX + 1), ..MkfsOptions::default() };
+        let e = mkfs(&MemDevice::new(4 << 20), &long, &|_, _| {}).unwrap_err();
+        assert!(e.to_string().contains("label longer than 32 bytes"), "{e}");
+    }
+
+    /// Images made before labels hold zeros there: no label. A label field that is not UTF-8
+    /// or has bytes after its NUL padding is a damaged superblock.
+    #[test]
+    fn the_label_field_decodes_strictly() {
+        let sb = mkfs(&MemDevice::new(4 << 20), &MkfsOptions::default(), &|_, _| {}).unwrap();
+        let mut b = sb.encode(0);
+        assert!(b[104..136].iter().all(|&c| c == 0), "no label is all zeros, as on old images");
+        for (field, why) in [(&b"\xff\xfe"[..], "not UTF-8"), (b"ab\0c", "NUL")] {
+            b[104..104 + field.len()].copy_from_slice(field);
+            seal_block(&mut b[..], 0);
+            let e = Superblock::decode(&b[..], 0).unwrap_err();
+            assert!(e.to_string().contains(why), "{e}");
+        }
+    }
 
     /// Every size, from nothing up to a few AGs, with any AG count, plans or says why: never
     /// a panic.

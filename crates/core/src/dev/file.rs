@@ -70,6 +70,16 @@ impl FileDevice {
         Ok(Self { file, _identity_lock: identity_lock, path: path.to_path_buf(), size, read_only })
     }
 
+    /// Open an image read-only without any lock, even one another process has mounted: for
+    /// tools that only look (`ferrofs info`, like dumpe2fs), which then see what the writer
+    /// has made durable so far, not its latest changes.
+    pub fn open_unlocked(path: impl AsRef<Path>) -> io::Result<Self> {
+        let path = path.as_ref();
+        let file = File::open(path)?;
+        let size = device_size(&file)?;
+        Ok(Self { file, _identity_lock: None, path: path.to_path_buf(), size, read_only: true })
+    }
+
     /// The path this device was opened from.
     pub fn path(&self) -> &Path {
         &self.path

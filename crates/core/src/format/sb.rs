@@ -12,6 +12,16 @@ pub const MIN_AG_BLOCKS: u64 = 256;
 pub const MAX_AG_BLOCKS: u64 = 1 << 24; // 64 GiB
 pub const MAX_AGS: u32 = 1 << 16;
 pub const MIN_LOG_BLOCKS: u64 = 64;
+/// Where the identity (uuid and label) lies. With the checksum, it is all the superblock
+/// changes after mkfs (`tune`), and it lies in the first 512-byte sector, which the media
+/// write atomically: a rewrite of the block leaves the old identity or the new, never a mix.
+const UUID_OFFSET: usize = 80;
+const LABEL_OFFSET: usize = 104;
+/// The longest label, in bytes of UTF-8 (ext4 allows 16, XFS 12).
+pub const LABEL_MAX: usize = 32;
+/// The end of the identity fields: the bytes `tune` may change all lie below it.
+pub const IDENTITY_END: usize = LABEL_OFFSET + LABEL_MAX;
+const _: () = assert!(IDENTITY_END as u64 <= crate::dev::SECTOR_SIZE);
 
 /// The authoritative, validated description of an image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,10 +45,24 @@ pub struct Geometry {
 pub struct Superblock {
     /// The image's geometry.
     pub geo: Geometry,
-    /// The image's identity, random at mkfs.
+    /// The image's identity: a random (version 4) UUID unless mkfs or tune was given one.
     pub uuid: [u8; 16],
     /// When mkfs wrote it, seconds since the epoch.
     pub mkfs_time: i64,
+    /// The file system's name, "" for none: UTF-8 without NUL, at most [`LABEL_MAX`] bytes
+    /// ([`check_label`]).
+    pub label: String,
+}
+
+/// Why `label` cannot be a file system label, if it cannot.
+pub fn check_label(label: &str) -> std::result::Result<(), &'static str> {
+    if label.len() > LABEL_MAX {
+        return Err("label longer than 32 bytes");
+    }
+    if label.contains('\0') {
+        return Err("label holds a NUL byte");
+    }
+    Ok(())
 }
 
 /// Where each structure of one AG lives, in absolute block numbers.
@@ -183,9 +207,8 @@ impl Superblock {
         put_u32(&mut b[..], 64, g.inodes_per_ag);
         put_u32(&mut b[..], 68, g.orphan_slots_per_ag);
         put_u64(&mut b[..], 72, g.log_blocks);
-        b[80..96].copy_from_slice(&self.uuid);
         put_u64(&mut b[..], 96, self.mkfs_time as u64);
-        seal_block(&mut b[..], 0);
+        put_identity(&mut b[..], &self.uuid, &self.label);
         debug_assert_eq!(
             Superblock::decode(&b[..], blkno).ok().as_ref(),
             Some(self),
@@ -224,6 +247,31 @@ impl Superblock {
             log_blocks: get_u64(b, 72),
         };
         geo.validate().map_err(bad)?;
-        Ok(Superblock { geo, uuid: b[80..96].try_into().unwrap(), mkfs_time: get_u64(b, 96) as i64 })
+        Ok(Superblock {
+            geo,
+            uuid: b[UUID_OFFSET..UUID_OFFSET + 16].try_into().unwrap(),
+            mkfs_time: get_u64(b, 96) as i64,
+            label: decode_label(&b[LABEL_OFFSET..LABEL_OFFSET + LABEL_MAX]).map_err(|e| bad(e.into()))?,
+        })
     }
+}
+
+/// Write `uuid` and `label` into the superblock block `b` and seal it: everything `tune`
+/// changes, all of it in the first sector.
+pub fn put_identity(b: &mut [u8], uuid: &[u8; 16], label: &str) {
+    debug_assert_eq!(check_label(label), Ok(()));
+    b[UUID_OFFSET..UUID_OFFSET + 16].copy_from_slice(uuid);
+    b[LABEL_OFFSET..IDENTITY_END].fill(0);
+    b[LABEL_OFFSET..LABEL_OFFSET + label.len()].copy_from_slice(label.as_bytes());
+    seal_block(b, 0);
+}
+
+/// The label field: UTF-8 padded with zeros (all zeros, as on images made before labels: none).
+fn decode_label(field: &[u8]) -> std::result::Result<String, &'static str> {
+    let len = field.iter().position(|&c| c == 0).unwrap_or(field.len());
+    if field[len..].iter().any(|&c| c != 0) {
+        return Err("label holds a NUL byte");
+    }
+    let label = std::str::from_utf8(&field[..len]).map_err(|_| "label is not UTF-8")?;
+    Ok(label.to_string())
 }
