@@ -52,6 +52,7 @@
 //! store                 B+tree nodes as a transaction sees them
 //! trans                 a transaction: reservation, changes, commit
 //! mount                 one mounted image: superblock, AGs, caches, journal
+//! discard               giving free space back: trim, `-o discard`
 //! ag, inode, journal    allocation groups; the inode cache; the log (CIL, checkpoints, AIL)
 //! cache, btree, mkfs    the memory budget; the B+tree; geometry planning
 //! buf                   block buffers
@@ -75,6 +76,7 @@ pub mod cache;
 #[cfg(not(feature = "testing"))]
 pub(crate) mod cache;
 pub mod dev;
+pub(crate) mod discard;
 pub(crate) mod dir;
 pub(crate) mod error;
 pub(crate) mod file;
@@ -109,6 +111,7 @@ use ferrofs_lockstat as lockstat;
 use ferrofs_lockstat::{memory, sync};
 
 pub use cache::{CacheBudget, DEFAULT_CACHE_BYTES};
+pub use discard::TrimReport;
 pub use error::{Error, Result};
 pub use format::inode::Timespec;
 pub use format::inode::{LINK_MAX, MAX_FILE_BLOCKS, SYMLINK_MAX};
