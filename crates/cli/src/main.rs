@@ -11,6 +11,7 @@ mod mount;
 mod mount_config;
 mod shared;
 mod signature;
+mod trim;
 
 // The modules the benchmarks share live in the library; imported here, the commands name
 // them as before (`crate::failure`, `crate::units`, ...).
@@ -41,6 +42,9 @@ enum Command {
     Mount(mount_config::MountArgs),
     /// List what the shared daemon (`ferrofs mount --shared`) serves.
     Mounts(shared::MountsArgs),
+    /// Give a file system's free space back to the host (like fstrim): punch holes in an
+    /// unmounted image, or ask the daemon serving a mount point to.
+    Trim(trim::TrimArgs),
     /// Show the lock statistics of a running mount.
     Lockstat(lockstat::LockstatArgs),
     /// Run the benchmarks: `ferrofs-bench`, a program of its own (`ferrofs bench --help`
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
         Command::Fsck(a) => (fsck::run(a), fsck::EXIT_OPERATIONAL),
         Command::Info(a) => (info::run(a).map(|()| 0), 1),
         Command::Lockstat(a) => (lockstat::run(a).map(|()| 0), 1),
+        Command::Trim(a) => (trim::run(a).map(|()| 0), 1),
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
         Command::Mounts(a) => (shared::list(a).map(|()| 0), 1),
         Command::Bench(a) => (bench::run(a).map(|()| 0), 1),

@@ -105,8 +105,10 @@ impl Discarder {
             cannot_punch: AtomicBool::new(false),
         });
         let worker = shared.clone();
-        let thread =
-            std::thread::Builder::new().name("ferrofs-discard".into()).spawn(move || worker.run()).expect("spawn discard thread");
+        let thread = std::thread::Builder::new()
+            .name("ferrofs-discard".into())
+            .spawn(move || worker.run())
+            .expect("spawn discard thread");
         Discarder { shared, thread: Some(thread) }
     }
 

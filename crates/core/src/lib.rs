@@ -76,8 +76,8 @@ pub mod cache;
 #[cfg(not(feature = "testing"))]
 pub(crate) mod cache;
 pub mod dev;
-pub(crate) mod discard;
 pub(crate) mod dir;
+pub(crate) mod discard;
 pub(crate) mod error;
 pub(crate) mod file;
 #[cfg(feature = "testing")]

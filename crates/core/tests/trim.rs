@@ -38,6 +38,17 @@ fn remove_half(fs: &FileSystem) {
     }
 }
 
+/// A mount whose files were written, then half of them unlinked and synced; and the pages
+/// the device held before the unlinks.
+fn half_removed(discard: bool) -> (Arc<MemDevice>, FileSystem, usize) {
+    let (dev, fs) = mounted(discard);
+    write_files(&fs);
+    let full = dev.allocated_pages();
+    remove_half(&fs);
+    fs.sync().unwrap();
+    (dev, fs, full)
+}
+
 fn assert_odd_files_intact(fs: &FileSystem) {
     for i in (1..FILES).step_by(2) {
         let ino = fs.resolve(&format!("/f{i}")).unwrap().ino;
@@ -58,11 +69,7 @@ const HALF_PAGES: usize = FILES as usize / 2 * FILE_BYTES / 4096 - 16;
 /// keeps the other files' data and leaves a clean image.
 #[test]
 fn trim_gives_back_what_was_freed() {
-    let (dev, fs) = mounted(false);
-    write_files(&fs);
-    let full = dev.allocated_pages();
-    remove_half(&fs);
-    fs.sync().unwrap();
+    let (dev, fs, full) = half_removed(false);
     assert!(dev.allocated_pages() + 8 > full, "without discard nothing is punched by an unlink");
     let report = fs.trim(0).unwrap();
     assert!(!report.unsupported);
@@ -108,11 +115,7 @@ fn trim_skips_runs_shorter_than_the_minimum() {
 /// trim; the rest of the data stays, and the image is clean.
 #[test]
 fn discard_punches_what_each_checkpoint_freed() {
-    let (dev, fs) = mounted(true);
-    write_files(&fs);
-    let full = dev.allocated_pages();
-    remove_half(&fs);
-    fs.sync().unwrap();
+    let (dev, fs, full) = half_removed(true);
     assert!(full - dev.allocated_pages() >= HALF_PAGES, "{full} pages before, {} after", dev.allocated_pages());
     assert_odd_files_intact(&fs);
     fs.unmount().unwrap();
@@ -135,7 +138,11 @@ fn discard_never_punches_reallocated_blocks() {
         for back in 0..3.min(round + 1) {
             let r = round - back;
             let ino = fs.resolve(&format!("/r{}", r % 3)).unwrap().ino;
-            assert!(fs.read(ino, 0, 64 << 10).unwrap() == pattern(64 << 10, r as u8), "round {round}: r{} lost data", r % 3);
+            assert!(
+                fs.read(ino, 0, 64 << 10).unwrap() == pattern(64 << 10, r as u8),
+                "round {round}: r{} lost data",
+                r % 3
+            );
         }
     }
 }
