@@ -81,6 +81,14 @@ impl FileDevice {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if self.read_only {
+            let msg = format!("image {} is open read-only", self.path.display());
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, msg));
+        }
+        Ok(())
+    }
 }
 
 /// Regular files report their length in metadata; block devices only by seeking to the end.
@@ -102,10 +110,7 @@ impl BlockDevice for FileDevice {
 
     fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
         check_range(off, buf.len(), self.size)?;
-        if self.read_only {
-            let msg = format!("image {} is open read-only", self.path.display());
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, msg));
-        }
+        self.check_writable()?;
         self.file.write_all_at(buf, off)
     }
 
@@ -130,6 +135,7 @@ impl BlockDevice for FileDevice {
 
     fn punch(&self, off: u64, len: u64) -> io::Result<bool> {
         check_range(off, len.try_into().map_err(|_| eio())?, self.size)?;
+        self.check_writable()?;
         let fd = self.file.as_raw_fd();
         let done = if self.block_device {
             let range = [off, len];

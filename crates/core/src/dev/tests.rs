@@ -372,6 +372,9 @@ fn file_punch_frees_the_range_only() {
     assert_eq!(read(&dev, 3 << 20, 4096), pattern(4 << 20, 8)[3 << 20..(3 << 20) + 4096], "and after it");
     assert_eq!(dev.size(), 8 << 20, "the image keeps its size");
     assert!(dev.punch((8 << 20) - 4096, 8192).is_err(), "past the end");
+    drop(dev);
+    let read_only = FileDevice::open(&path.0, true).unwrap();
+    assert_eq!(read_only.punch(0, 4096).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
 }
 
 #[test]
