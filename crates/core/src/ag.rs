@@ -486,21 +486,25 @@ impl Ag {
     /// in-memory map: neither claimed by a running transaction nor freed by a checkpoint that
     /// is not durable yet (those stay set until `release_busy`), so the run is free in the
     /// durable state and no recovery can need it; and the punch runs under the AG lock, so no
-    /// claim can take a block of the run before it is done. Returns the run (relative start,
-    /// length) and whether the device punched it; `None` past the AG's last free run.
+    /// claim can take a block of the run before it is done. `before`: free blocks punched
+    /// just before `from` (a long run punched in pieces), which a run starting at `from`
+    /// continues and counts towards `min_len`. Returns the run (relative start, length) and
+    /// whether the device punched it; `None` past the AG's last free run.
     pub fn punch_free_run(
         &self,
         dev: &dyn BlockDevice,
         from: u64,
         min_len: u64,
         max_len: u64,
+        before: u64,
     ) -> std::io::Result<Option<(u64, u64, bool)>> {
         debug_assert!(min_len >= 1 && max_len >= 1);
         let s = self.lock();
         let mut at = from.max(self.layout.data_start - self.layout.start);
         while let Some(start) = s.blocks.next_clear(at) {
             let len = s.blocks.run_len(start, min_len.max(max_len));
-            if len >= min_len {
+            let continued = if start == from { before } else { 0 };
+            if len + continued >= min_len {
                 debug_assert!(self.layout.start + start >= self.layout.data_start, "AG metadata is never free");
                 let (bs, len) = (format::BLOCK_SIZE as u64, len.min(max_len));
                 let punched = dev.punch((self.layout.start + start) * bs, len * bs)?;

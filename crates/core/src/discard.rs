@@ -34,7 +34,7 @@ const BS: u64 = BLOCK_SIZE as u64;
 pub struct TrimReport {
     /// Bytes punched: free runs of at least the minimum length.
     pub bytes: u64,
-    /// Free runs punched.
+    /// Free runs punched (a run longer than one punch counts once).
     pub extents: u64,
     /// The device cannot punch (a block device without discard, a file system without hole
     /// punching): nothing was given back.
@@ -47,19 +47,24 @@ pub(crate) fn trim(dev: &dyn BlockDevice, ags: &[Ag], minimum_bytes: u64) -> Res
     let min_len = minimum_bytes.div_ceil(BS).max(1);
     let mut report = TrimReport::default();
     for ag in ags {
-        let (mut from, mut continued) = (0, false);
+        // `before`: the blocks of the run being punched in pieces that end at `from`.
+        let (mut from, mut before) = (0, 0);
         // Bounded: every turn moves `from` past a run of at least one block of the AG.
-        while let Some((start, len, punched)) =
-            ag.punch_free_run(dev, from, if continued { 1 } else { min_len }, TRIM_RUN_MAX_BLOCKS)?
-        {
+        while let Some((start, len, punched)) = ag.punch_free_run(dev, from, min_len, TRIM_RUN_MAX_BLOCKS, before)? {
             if !punched {
                 return Ok(TrimReport { unsupported: true, ..report });
             }
+            let continues = before > 0 && start == from;
             report.bytes += len * BS;
-            report.extents += 1;
+            report.extents += u64::from(!continues);
+            before = if len < TRIM_RUN_MAX_BLOCKS {
+                0
+            } else if continues {
+                before + len
+            } else {
+                len
+            };
             from = start + len;
-            // A run longer than one punch: the rest of it qualified with it.
-            continued = len == TRIM_RUN_MAX_BLOCKS;
         }
     }
     // What was punched stays given back across a crash of the host.

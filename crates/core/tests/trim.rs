@@ -156,3 +156,14 @@ fn trim_of_a_read_only_mount_is_refused() {
     let fs = FileSystem::mount_device(dev, &MountOptions { read_only: true, ..MountOptions::default() }).unwrap();
     assert!(matches!(fs.trim(0), Err(Error::ReadOnly)));
 }
+
+/// A free run longer than one punch (4 MiB, the bound of an AG lock hold) is punched in
+/// pieces but counts as one run, also for the minimum: on a fresh file system each AG's free
+/// space is one long run, all of which an 8 MiB minimum takes.
+#[test]
+fn a_long_run_punched_in_pieces_counts_once() {
+    let (_dev, fs) = mounted(false);
+    let all = fs.trim(0).unwrap();
+    assert!(all.bytes > all.extents * (4 << 20), "{all:?}: runs counted per piece");
+    assert_eq!(fs.trim(8 << 20).unwrap(), all, "long runs cut short by the minimum");
+}
