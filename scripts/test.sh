@@ -29,6 +29,10 @@ FERROFS_TEST_WRITEBACK_CACHE=1 cargo test -p ferrofs-fuse --locked "${FUSE_SUITE
     --skip utimensat_now_and_omit 2>&1
 FERROFS_TEST_WRITEBACK_CACHE=1 FERROFS_TEST_DEFAULT_PERMISSIONS=1 cargo test -p ferrofs-fuse --locked \
     "${FUSE_SUITES[@]}" -- "${WRITEBACK_GAPS[@]}" 2>&1
+# Both permission modes again with -o discard (blocks punched once the checkpoint freeing them
+# is durable, by a thread of their own): what the suites see must not change.
+FERROFS_TEST_DISCARD=1 cargo test -p ferrofs-fuse --locked "${FUSE_SUITES[@]}" 2>&1
+FERROFS_TEST_DISCARD=1 FERROFS_TEST_DEFAULT_PERMISSIONS=1 cargo test -p ferrofs-fuse --locked "${FUSE_SUITES[@]}" 2>&1
 # A separate build: with the feature the engine runs on shuttle's primitives, which work only
 # under the checker, so only this test binary may run with it.
 cargo test -p ferrofs --locked --features shuttle --test model_check 2>&1

@@ -14,6 +14,7 @@ mod mount_config;
 mod shared;
 mod signature;
 mod tune;
+mod trim;
 
 // The modules the benchmarks share live in the library; imported here, the commands name
 // them as before (`crate::failure`, `crate::units`, ...).
@@ -48,6 +49,9 @@ enum Command {
     Mount(mount_config::MountArgs),
     /// List what the shared daemon (`ferrofs mount --shared`) serves.
     Mounts(shared::MountsArgs),
+    /// Give a file system's free space back to the host (like fstrim): punch holes in an
+    /// unmounted image, or ask the daemon serving a mount point to.
+    Trim(trim::TrimArgs),
     /// Show the lock statistics of a running mount.
     Lockstat(lockstat::LockstatArgs),
     /// Run the benchmarks: `ferrofs-bench`, a program of its own (`ferrofs bench --help`
@@ -84,6 +88,7 @@ fn main() -> ExitCode {
         Command::Grow(a) => (grow::run(a).map(|()| 0), 1),
         Command::Tune(a) => (tune::run(a).map(|()| 0), 1),
         Command::Lockstat(a) => (lockstat::run(a).map(|()| 0), 1),
+        Command::Trim(a) => (trim::run(a).map(|()| 0), 1),
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
         Command::Mounts(a) => (shared::list(a).map(|()| 0), 1),
         Command::Bench(a) => (bench::run(a).map(|()| 0), 1),

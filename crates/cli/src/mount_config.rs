@@ -25,6 +25,7 @@ pub struct MountArgs {
     /// itself: faster removal, but FIFOs, sockets and device nodes open unchecked),
     /// threads=N, cache_size=SIZE, writeback_cache, entry_timeout=SECS, attr_timeout=SECS
     /// (default 3600), fsname=NAME, relatime (default), strictatime, noatime, nodiratime,
+    /// discard (punch freed blocks in the image once durable), nodiscard (the default),
     /// and the generic ones (nosuid, nodev, noexec, ...), which go to the kernel.
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
@@ -64,6 +65,8 @@ pub(crate) fn config(args: &MountArgs) -> Result<MountConfig, String> {
             "default_permissions" => cfg.default_permissions = true,
             "daemon_permissions" => cfg.default_permissions = false,
             "writeback_cache" => cfg.writeback_cache = true,
+            "discard" => cfg.discard = true,
+            "nodiscard" => cfg.discard = false,
             "threads" => {
                 cfg.threads = value
                     .and_then(|v| v.parse().ok())

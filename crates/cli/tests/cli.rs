@@ -445,3 +445,68 @@ fn bench_runs_ferrofs_bench_with_its_arguments() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Offline `ferrofs trim IMAGE`: after files are deleted (with a log left to replay), the
+/// image's allocated size shrinks, the files kept read back intact and fsck finds it clean.
+#[test]
+fn trim_gives_an_images_free_space_back() {
+    use ferrofs::{dev::FileDevice, Cred, FileSystem, MountOptions};
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::Arc;
+    let s = Scratch::new("trim");
+    let img = s.path("a.img");
+    assert!(ferrofs(&["mkfs", &img, "--size", "128M"]).status.success());
+    let pattern =
+        |seed: u8| (0..1 << 20).map(|i: u32| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1).collect::<Vec<u8>>();
+    let me = Cred { uid: 0, gid: 0 };
+    let mount = || {
+        FileSystem::mount_device(Arc::new(FileDevice::open(&img, false).unwrap()), &MountOptions::default()).unwrap()
+    };
+    let fs = mount();
+    for i in 0..24u8 {
+        fs.write_file(&format!("/f{i}"), &pattern(i), me).unwrap();
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount();
+    for i in 8..24u8 {
+        fs.unlink(ferrofs::ROOT_INO, format!("f{i}").as_bytes()).unwrap();
+    }
+    fs.sync().unwrap();
+    // A copy taken while mounted is what a crash would leave: the unlinks in the log only.
+    let crashed = s.path("crashed.img");
+    assert!(Command::new("cp").args(["--sparse=always", &img, &crashed]).status().unwrap().success());
+    drop(fs);
+    let img = crashed;
+    let sectors = || std::fs::metadata(&img).unwrap().blocks();
+    let full = sectors();
+    let ro = MountOptions { read_only: true, ..MountOptions::default() };
+    let replayed = FileSystem::mount_device(Arc::new(FileDevice::open(&img, true).unwrap()), &ro)
+        .unwrap()
+        .info()
+        .log_records_replayed;
+    assert!(replayed > 0, "the copy has a log to replay");
+    let o = ferrofs(&["trim", "-v", &img]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("trimmed in"), "{}", stdout(&o));
+    assert!(full.saturating_sub(sectors()) >= 15 << 11, "{full} sectors before, {} after", sectors());
+    let o = ferrofs(&["fsck", "-n", &img]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let fs =
+        FileSystem::mount_device(Arc::new(FileDevice::open(&img, false).unwrap()), &MountOptions::default()).unwrap();
+    assert_eq!(fs.info().log_records_replayed, 0, "the trim replayed the log");
+    for i in 0..8u8 {
+        let ino = fs.resolve(&format!("/f{i}")).unwrap().ino;
+        assert!(fs.read(ino, 0, 1 << 20).unwrap() == pattern(i), "f{i} changed");
+    }
+}
+
+#[test]
+fn trim_names_a_bad_argument() {
+    let s = Scratch::new("trim-bad");
+    assert_clean_failure(&ferrofs(&["trim", &s.path("missing.img")]), "No such file");
+    std::fs::write(s.path("zeros.img"), vec![0u8; 1 << 20]).unwrap();
+    assert_clean_failure(&ferrofs(&["trim", &s.path("zeros.img")]), "not a ferrofs image");
+    let o = ferrofs(&["trim", "-m", "lots", &s.path("zeros.img")]);
+    assert_eq!(o.status.code(), Some(2), "clap's usage error");
+}

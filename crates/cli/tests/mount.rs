@@ -654,3 +654,98 @@ fn mount_by_label_or_uuid_finds_the_block_device() {
     drop(dev);
     s.fsck_clean();
 }
+
+/// Sectors (512 bytes) the image takes on its host, as `du` counts them.
+fn image_sectors(image: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(image).unwrap().blocks()
+}
+
+fn pattern(len: usize, seed: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed as u8) | 1).collect()
+}
+
+/// `rm -rf` of 32 MiB through a mount gives the space back to the image's host only with
+/// `-o discard` (punched once its checkpoint is durable) or after `ferrofs trim MOUNTPOINT`;
+/// the files kept read back intact and the image is clean afterwards. Both permission modes.
+#[test]
+fn trim_and_discard_give_what_rm_freed_back_to_the_host() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED trim_and_discard: {why}");
+    }
+    const MIB: usize = 1 << 20;
+    let freed_sectors = 28 * MIB as u64 / 512;
+    for perms in ["default_permissions", "daemon_permissions"] {
+        for discard in [false, true] {
+            let s = Scratch::new(&format!("trim-{perms}-{discard}"));
+            s.mkfs();
+            let opts = if discard { format!("{perms},discard") } else { perms.to_string() };
+            let o = s.mount(&["-o", &opts]);
+            assert!(o.status.success(), "{}", stderr(&o));
+            let (keep, gone) = (s.mnt.join("keep"), s.mnt.join("gone"));
+            std::fs::create_dir(&keep).unwrap();
+            std::fs::create_dir(&gone).unwrap();
+            for i in 0..32 {
+                std::fs::write(gone.join(i.to_string()), pattern(MIB, i)).unwrap();
+            }
+            for i in 0..8 {
+                std::fs::write(keep.join(i.to_string()), pattern(MIB, 100 + i)).unwrap();
+            }
+            let fsync_keep = || std::fs::File::open(keep.join("0")).unwrap().sync_all().unwrap();
+            fsync_keep();
+            let full = image_sectors(&s.image);
+            std::fs::remove_dir_all(&gone).unwrap();
+            fsync_keep(); // the unlinks' checkpoint is durable: discard may punch now
+            let deadline = Instant::now() + Duration::from_secs(if discard { 20 } else { 2 });
+            while full - image_sectors(&s.image).min(full) < freed_sectors && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let after_rm = image_sectors(&s.image);
+            if discard {
+                assert!(
+                    full.saturating_sub(after_rm) >= freed_sectors,
+                    "{opts}: {full} sectors before rm, {after_rm} after"
+                );
+            } else {
+                assert!(
+                    after_rm + 2048 > full,
+                    "{opts}: without discard rm gave {} sectors back",
+                    full.saturating_sub(after_rm)
+                );
+            }
+            let o = run(Command::new(BIN).args(["trim", "-v"]).arg(&s.mnt));
+            assert!(o.status.success(), "{opts}: {}", stderr(&o));
+            assert!(String::from_utf8_lossy(&o.stdout).contains("trimmed"), "{}", String::from_utf8_lossy(&o.stdout));
+            let after_trim = image_sectors(&s.image);
+            assert!(
+                full.saturating_sub(after_trim) >= freed_sectors,
+                "{opts}: {full} sectors before rm, {after_trim} after trim"
+            );
+            for i in 0..8 {
+                assert!(std::fs::read(keep.join(i.to_string())).unwrap() == pattern(MIB, 100 + i), "{opts}: keep/{i}");
+            }
+            s.umount();
+            s.wait_released();
+            s.fsck_clean();
+        }
+    }
+}
+
+/// `ferrofs trim` names what is wrong with its argument: a mounted image (trim the mount
+/// point), a directory no ferrofs daemon serves.
+#[test]
+fn trim_refuses_a_mounted_image_and_a_plain_directory() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED trim_refuses: {why}");
+    }
+    let s = Scratch::new("trim-args");
+    let o = run(Command::new(BIN).arg("trim").arg(&s.mnt));
+    assert!(!o.status.success() && stderr(&o).contains("a ferrofs mount?"), "{}", stderr(&o));
+    s.mkfs();
+    let o = s.mount(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(Command::new(BIN).arg("trim").arg(&s.image));
+    assert!(!o.status.success() && stderr(&o).contains("trim the mount point instead"), "{}", stderr(&o));
+    s.umount();
+    s.wait_released();
+}

@@ -9,6 +9,7 @@
 
 use crate::buf::BufRef;
 use crate::cache::BufCache;
+use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::log::chunks_of;
 use crate::format::{
@@ -109,10 +110,16 @@ impl Bitmap {
         if self.free == 0 {
             return None;
         }
-        let from = if from >= self.len { 0 } else { from };
+        self.next_clear(from).or_else(|| self.next_clear(0))
+    }
+    /// First clear bit at or after `from`, without wrapping; a word at a time.
+    fn next_clear(&self, from: u64) -> Option<u64> {
+        if from >= self.len {
+            return None;
+        }
         let first = (from / 64) as usize;
         let masked = self.words[first] | ((1u64 << (from % 64)) - 1);
-        let rest = (first + 1..self.words.len()).chain(0..=first).map(|w| (w, self.words[w]));
+        let rest = (first + 1..self.words.len()).map(|w| (w, self.words[w]));
         std::iter::once((first, masked))
             .chain(rest)
             .find(|(_, word)| *word != u64::MAX)
@@ -472,6 +479,40 @@ impl Ag {
         debug_assert!(s.busy_blocks >= len, "released more busy blocks than were freed");
         s.busy_blocks -= len;
         self.unclaim_blocks(&mut s, start, len);
+    }
+
+    /// Punch (`dev.punch`) the first run of free blocks at or after `from` (relative to the
+    /// AG) that is at least `min_len` long, at most `max_len` of it (the lock's hold bound). Free here is clear in the
+    /// in-memory map: neither claimed by a running transaction nor freed by a checkpoint that
+    /// is not durable yet (those stay set until `release_busy`), so the run is free in the
+    /// durable state and no recovery can need it; and the punch runs under the AG lock, so no
+    /// claim can take a block of the run before it is done. `before`: free blocks punched
+    /// just before `from` (a long run punched in pieces), which a run starting at `from`
+    /// continues and counts towards `min_len`. Returns the run (relative start, length) and
+    /// whether the device punched it; `None` past the AG's last free run.
+    pub fn punch_free_run(
+        &self,
+        dev: &dyn BlockDevice,
+        from: u64,
+        min_len: u64,
+        max_len: u64,
+        before: u64,
+    ) -> std::io::Result<Option<(u64, u64, bool)>> {
+        debug_assert!(min_len >= 1 && max_len >= 1);
+        let s = self.lock();
+        let mut at = from.max(self.layout.data_start - self.layout.start);
+        while let Some(start) = s.blocks.next_clear(at) {
+            let len = s.blocks.run_len(start, min_len.max(max_len));
+            let continued = if start == from { before } else { 0 };
+            if len + continued >= min_len {
+                debug_assert!(self.layout.start + start >= self.layout.data_start, "AG metadata is never free");
+                let (bs, len) = (format::BLOCK_SIZE as u64, len.min(max_len));
+                let punched = dev.punch((self.layout.start + start) * bs, len * bs)?;
+                return Ok(Some((start, len, punched)));
+            }
+            at = start + len;
+        }
+        Ok(None)
     }
 
     /// Whether inode `idx` is allocated (in memory, claims included), read without the lock:

@@ -54,6 +54,7 @@
 //! store                 B+tree nodes as a transaction sees them
 //! trans                 a transaction: reservation, changes, commit
 //! mount                 one mounted image: superblock, AGs, caches, journal
+//! discard               giving free space back: trim, `-o discard`
 //! ag, inode, journal    allocation groups; the inode cache; the log (CIL, checkpoints, AIL)
 //! cache, btree, mkfs    the memory budget; the B+tree; geometry planning
 //! buf                   block buffers
@@ -78,6 +79,7 @@ pub mod cache;
 pub(crate) mod cache;
 pub mod dev;
 pub(crate) mod dir;
+pub(crate) mod discard;
 pub(crate) mod error;
 pub(crate) mod file;
 #[cfg(feature = "testing")]
@@ -113,6 +115,7 @@ use ferrofs_lockstat as lockstat;
 use ferrofs_lockstat::{memory, sync};
 
 pub use cache::{CacheBudget, DEFAULT_CACHE_BYTES};
+pub use discard::TrimReport;
 pub use error::{Error, Result};
 pub use format::inode::Timespec;
 pub use format::inode::{LINK_MAX, MAX_FILE_BLOCKS, SYMLINK_MAX};

@@ -4,12 +4,13 @@
 use crate::ag::Ag;
 use crate::cache::{BufCache, CacheBudget, CacheOwner, BUF_COST, DEFAULT_CACHE_BYTES};
 use crate::dev::{BlockDevice, OverlayDevice};
+use crate::discard::{self, Discarder, TrimReport};
 use crate::error::{Error, Result};
 use crate::format::sb::MAGIC_SB;
 use crate::format::{ino_ag, ino_index, Geometry, Superblock, BLOCK_SIZE};
 use crate::holds::Holds;
 use crate::inode::{InodeCache, InodeRef, INODE_COST};
-use crate::journal::{recover, Journal, JournalConfig, RecoveryReport};
+use crate::journal::{recover, BusyExtent, Journal, JournalConfig, RecoveryReport};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Weak};
 
@@ -28,6 +29,9 @@ pub struct MountOptions {
     pub atime: AtimeMode,
     /// No access time updates on directories (`nodiratime`), whatever `atime` says.
     pub nodiratime: bool,
+    /// Punch the blocks each checkpoint frees once it is durable (`-o discard`), so the
+    /// image's host gets them back; ignored read-only.
+    pub discard: bool,
 }
 
 /// When an access (a read of a file, a listing of a directory) updates the inode's atime:
@@ -71,6 +75,8 @@ pub struct Mount {
     pub(crate) holds: Holds,
     pub atime: AtimeMode,
     pub nodiratime: bool,
+    /// `-o discard`'s thread; freed blocks reach the allocator through it.
+    discarder: Option<Discarder>,
 }
 
 /// Whether `block` (the start of a device) begins with a ferrofs superblock's magic number,
@@ -148,12 +154,18 @@ impl Mount {
             .clone()
             .unwrap_or_else(|| JournalConfig::for_log(ring_blocks).within_budget(ring_blocks, budget.limit()));
         cfg.background &= !opts.read_only;
-        let busy_ags = ags.clone();
-        let on_durable = Box::new(move |busy: Vec<crate::journal::BusyExtent>| {
-            for e in busy {
-                busy_ags[geo.block_ag(e.blkno) as usize].release_busy(e.blkno, e.len as u64);
+        let discarder = (opts.discard && !opts.read_only).then(|| Discarder::start(dev.clone(), ags.clone(), geo));
+        let on_durable: Box<dyn Fn(Vec<BusyExtent>) + Send + Sync> = match &discarder {
+            Some(d) => Box::new(d.queue_fn()),
+            None => {
+                let busy_ags = ags.clone();
+                Box::new(move |busy: Vec<BusyExtent>| {
+                    for e in busy {
+                        busy_ags[geo.block_ag(e.blkno) as usize].release_busy(e.blkno, e.len as u64);
+                    }
+                })
             }
-        });
+        };
         let journal = Journal::start(dev.clone(), geo, recovery.header, cfg, on_durable);
         let orphans_found = ags.iter().map(|ag| ag.orphans().len()).collect();
         let m = Arc::new(Mount {
@@ -173,6 +185,7 @@ impl Mount {
             holds: Holds::new(),
             atime: opts.atime,
             nodiratime: opts.nodiratime,
+            discarder,
         });
         budget.join(Arc::downgrade(&m) as Weak<dyn CacheOwner>);
         Ok(m)
@@ -278,7 +291,30 @@ impl Mount {
         self.check_alive()?;
         let r = self.journal.shutdown();
         self.dead.store(true, Relaxed);
-        r
+        r?;
+        // The last checkpoints' frees: punched before the device is let go.
+        if let Some(d) = &self.discarder {
+            d.wait_idle();
+            self.dev.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Make every freed extent reusable: force the log, wait for a writeback that held some
+    /// back and, under `-o discard`, for their punches.
+    pub fn release_busy(&self) -> Result<()> {
+        self.journal.release_busy()?;
+        if let Some(d) = &self.discarder {
+            d.wait_idle();
+        }
+        Ok(())
+    }
+
+    /// Give the free space of the durable state back to the host (`FileSystem::trim`).
+    pub fn trim(&self, minimum_bytes: u64) -> Result<TrimReport> {
+        self.check_writable()?;
+        self.release_busy()?;
+        discard::trim(&*self.dev, &self.ags, minimum_bytes)
     }
 }
 

@@ -169,7 +169,7 @@ impl<'m> Tx<'m> {
                 // Files unlinked while the FUSE kernel held them are freed once it forgets
                 // them: those about to be freed first.
                 self.m.holds.wait_for_frees();
-                self.m.journal.release_busy()?;
+                self.m.release_busy()?;
             }
         }
         Err(Error::NoSpace)
@@ -193,7 +193,7 @@ impl<'m> Tx<'m> {
             }
             if attempt == 0 {
                 self.m.holds.wait_for_frees();
-                self.m.journal.release_busy()?;
+                self.m.release_busy()?;
             }
         }
         Err(Error::NoSpace)

@@ -14,6 +14,7 @@
 //! | `memory`       | the daemon's memory as JSON: its cache budget's limit, estimated use and, for a budget that bounds the process, the rest of the process's memory as last sampled (`cache_`), the heap in use (allocations counted whole, touched or not: each worker's 16 MiB request buffer is in it; and of it, chunks malloc mapped on their own) and held free by malloc (`heap_`), RSS and peak RSS |
 //! | `reset`        | zero the counters (to measure one workload); answers `ok` |
 //! | `timing on`/`timing off` | switch hold-time measurement at run time; answers `ok` |
+//! | `trim MIN`     | give the free space of the durable state back to the host (`ferrofs trim`): punch every free run of at least MIN bytes; answers `{"bytes": B, "extents": N, "unsupported": false}` |
 //! | `remount ro`/`remount rw` | refuse every change (EROFS) after writing the log home, or accept changes again (what `mount -o remount,ro` asks for after the kernel's own remount); answers `ok` |
 
 use crate::workers::Workers;
@@ -149,11 +150,23 @@ fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String
             Some(Err(e)) => format!("error: remount {mode}: {e}\n"),
             None => "error: the file system is being unmounted\n".into(),
         },
+        (Some("trim"), minimum, None) => match (engine.upgrade(), minimum.map_or(Ok(0), str::parse::<u64>)) {
+            (_, Err(_)) => format!("error: 'trim' takes a minimum run length in bytes, not '{}'\n", minimum.unwrap_or("")),
+            (Some(fs), Ok(minimum)) => match fs.trim(minimum) {
+                Ok(r) => {
+                    serde_json::json!({"bytes": r.bytes, "extents": r.extents, "unsupported": r.unsupported})
+                        .to_string()
+                        + "\n"
+                }
+                Err(e) => format!("error: trim: {e}\n"),
+            },
+            (None, Ok(_)) => "error: the file system is being unmounted\n".into(),
+        },
         (Some("timing"), Some(on @ ("on" | "off")), None) => {
             lockstat::set_timing(on == "on");
             "ok\n".into()
         }
-        _ => format!("error: unknown command '{command}' (table N, json, journal, memory, reset, timing on|off, remount ro|rw)\n"),
+        _ => format!("error: unknown command '{command}' (table N, json, journal, memory, reset, timing on|off, remount ro|rw, trim MIN)\n"),
     }
 }
 
@@ -207,6 +220,8 @@ mod tests {
         assert!(answer("memory", &gone, &w).starts_with("error: "));
         assert!(answer("remount ro", &gone, &w).starts_with("error: "));
         assert!(answer("remount sideways", &gone, &w).starts_with("error: unknown command"));
+        assert!(answer("trim", &gone, &w).starts_with("error: "));
+        assert!(answer("trim lots", &gone, &w).starts_with("error: 'trim' takes a minimum"));
     }
 
     #[test]
@@ -226,6 +241,21 @@ mod tests {
             serde_json::from_str(&answer("memory", &Arc::downgrade(&fs), &Workers::new(5))).unwrap();
         assert_eq!(m["cache_limit_bytes"].as_u64(), Some(fs.cache_budget().limit()));
         assert!(m["cache_used_bytes"].as_u64().unwrap() > 0 && m["peak_rss_bytes"].as_u64().unwrap() > 0);
+    }
+
+    #[test]
+    fn trim_punches_the_mounts_free_space() {
+        let dev = Arc::new(ferrofs::dev::MemDevice::new(64 << 20));
+        FileSystem::mkfs(&*dev, &ferrofs::MkfsOptions::default()).unwrap();
+        let fs = Arc::new(FileSystem::mount_device(dev.clone(), &ferrofs::MountOptions::default()).unwrap());
+        let me = ferrofs::Cred { uid: 0, gid: 0 };
+        fs.write_file("/f", &vec![7u8; 1 << 20], me).unwrap();
+        fs.unlink(ferrofs::ROOT_INO, b"f").unwrap();
+        let pages = dev.allocated_pages();
+        let r: serde_json::Value =
+            serde_json::from_str(&answer("trim 4096", &Arc::downgrade(&fs), &Workers::new(1))).unwrap();
+        assert!(r["bytes"].as_u64().unwrap() >= 1 << 20 && r["unsupported"] == false, "{r}");
+        assert!(pages - dev.allocated_pages() >= 250, "the unlinked file's 256 pages went back");
     }
 
     #[test]

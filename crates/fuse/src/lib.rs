@@ -195,6 +195,9 @@ pub struct MountConfig {
     /// not yet fsync'ed is less durable, and what the daemon reports of dirty pages
     /// (SEEK_DATA, `st_blocks`, `statfs`) is behind until then).
     pub writeback_cache: bool,
+    /// `-o discard`: punch the blocks each checkpoint frees in the image once it is durable
+    /// (`ferrofs::MountOptions::discard`), so the host gets them back without a trim.
+    pub discard: bool,
     /// Generic mount options passed through (`noatime`, `nodev`, `dirsync`, `subtype=...`,
     /// anything else goes to the kernel as is); the access time ones (`relatime`, the
     /// default, `strictatime`, `noatime`, `nodiratime`) also set the engine's mode. Each string
@@ -228,6 +231,7 @@ impl MountConfig {
             entry_timeout: DEFAULT_TIMEOUT,
             attr_timeout: DEFAULT_TIMEOUT,
             writeback_cache: false,
+            discard: false,
             options: Vec::new(),
             cache_bytes: None,
             cache: None,
@@ -486,7 +490,14 @@ fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
     })?;
     let cache = opts.cache.clone().or_else(|| opts.cache_bytes.map(CacheBudget::new));
     let (atime, nodiratime) = options::atime_options(opts.options.iter().flat_map(|s| s.split(',')));
-    let mopts = MountOptions { read_only: opts.read_only, cache, atime, nodiratime, ..MountOptions::default() };
+    let mopts = MountOptions {
+        read_only: opts.read_only,
+        cache,
+        atime,
+        nodiratime,
+        discard: opts.discard,
+        ..MountOptions::default()
+    };
     FileSystem::mount_device(Arc::new(dev), &mopts).map_err(|source| MountError::Engine { path, source })
 }
 

@@ -21,6 +21,14 @@ pub enum Op {
     },
     /// A flush barrier: every write logged before it is durable once it returns.
     Flush,
+    /// A hole punched at `off..off + len`: in a crash image, zeros where it persisted (the
+    /// harshest of what a punched range may read back as).
+    Punch {
+        /// Byte offset of the hole.
+        off: u64,
+        /// Its length in bytes.
+        len: u64,
+    },
 }
 
 /// The crash harness's recording device. It behaves like a normal device to the workload
@@ -108,6 +116,16 @@ impl BlockDevice for CrashDevice {
         Ok(())
     }
 
+    fn punch(&self, off: u64, len: u64) -> io::Result<bool> {
+        let mut log = self.log.lock();
+        if log.dead() {
+            return Err(eio());
+        }
+        self.current.punch(off, len)?;
+        log.ops.push(Op::Punch { off, len });
+        Ok(true)
+    }
+
     fn size(&self) -> u64 {
         self.current.size()
     }
@@ -156,12 +174,13 @@ pub fn crash_image_torn(
     }
     let image = base.snapshot();
     for (i, op) in ops[..upto].iter().enumerate() {
-        let Op::Write { off, data } = op else {
-            continue;
-        };
-        match tear {
-            Some(t) if t.op == i => apply_torn(&image, *off, data, t.sectors),
-            _ if i < epoch.start || keep(i) => apply(&image, *off, data),
+        let persisted = i < epoch.start || keep(i);
+        match (op, tear) {
+            (Op::Write { off, data }, Some(t)) if t.op == i => apply_torn(&image, *off, data, t.sectors),
+            (Op::Write { off, data }, _) if persisted => apply(&image, *off, data),
+            (Op::Punch { off, len }, _) if persisted => {
+                image.punch(*off, *len).expect("logged punch lies outside the base image");
+            }
             _ => {}
         }
     }

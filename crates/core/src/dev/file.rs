@@ -28,7 +28,12 @@ pub struct FileDevice {
     path: PathBuf,
     size: u64,
     read_only: bool,
+    /// A block-device node: punched by BLKDISCARD, not fallocate.
+    block_device: bool,
 }
+
+/// `BLKDISCARD` of linux/fs.h (`_IO(0x12, 119)`), which the libc crate does not define.
+const BLKDISCARD: libc::c_ulong = 0x1277;
 
 impl FileDevice {
     /// Create (or truncate) a sparse image of `size` bytes at `path`, locked exclusively.
@@ -39,7 +44,8 @@ impl FileDevice {
         let identity_lock = lock_image(&file, path, false)?;
         file.set_len(0)?;
         file.set_len(size)?;
-        Ok(Self { file, _identity_lock: identity_lock, path: path.to_path_buf(), size, read_only: false })
+        let block_device = file.metadata()?.file_type().is_block_device();
+        Ok(Self { file, _identity_lock: identity_lock, path: path.to_path_buf(), size, read_only: false, block_device })
     }
 
     /// Open an existing image or block device; fails with `WouldBlock` if it is locked elsewhere.
@@ -67,7 +73,8 @@ impl FileDevice {
             std::thread::sleep(left.min(LOCK_RETRY));
         };
         let size = device_size(&file)?;
-        Ok(Self { file, _identity_lock: identity_lock, path: path.to_path_buf(), size, read_only })
+        let block_device = file.metadata()?.file_type().is_block_device();
+        Ok(Self { file, _identity_lock: identity_lock, path: path.to_path_buf(), size, read_only, block_device })
     }
 
     /// Open an image read-only without any lock, even one another process has mounted: for
@@ -77,7 +84,8 @@ impl FileDevice {
         let path = path.as_ref();
         let file = File::open(path)?;
         let size = device_size(&file)?;
-        Ok(Self { file, _identity_lock: None, path: path.to_path_buf(), size, read_only: true })
+        let block_device = file.metadata()?.file_type().is_block_device();
+        Ok(Self { file, _identity_lock: None, path: path.to_path_buf(), size, read_only: true, block_device })
     }
 
     /// The path this device was opened from.
@@ -92,16 +100,21 @@ impl FileDevice {
         if size <= self.size {
             return Ok(());
         }
-        if self.file.metadata()?.file_type().is_block_device() {
+        if self.block_device {
             let msg = format!("a block device of {} bytes cannot hold {size}", self.size);
             return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         }
+        self.check_writable()?;
+        self.file.set_len(size)?;
+        self.size = size;
+        Ok(())
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
         if self.read_only {
             let msg = format!("image {} is open read-only", self.path.display());
             return Err(io::Error::new(io::ErrorKind::PermissionDenied, msg));
         }
-        self.file.set_len(size)?;
-        self.size = size;
         Ok(())
     }
 }
@@ -125,10 +138,7 @@ impl BlockDevice for FileDevice {
 
     fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
         check_range(off, buf.len(), self.size)?;
-        if self.read_only {
-            let msg = format!("image {} is open read-only", self.path.display());
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, msg));
-        }
+        self.check_writable()?;
         self.file.write_all_at(buf, off)
     }
 
@@ -147,6 +157,31 @@ impl BlockDevice for FileDevice {
         match err.raw_os_error() {
             // Block devices and file systems without fallocate: nothing to do.
             Some(libc::EOPNOTSUPP | libc::ENODEV) => Ok(()),
+            _ => Err(err),
+        }
+    }
+
+    fn punch(&self, off: u64, len: u64) -> io::Result<bool> {
+        check_range(off, len.try_into().map_err(|_| eio())?, self.size)?;
+        self.check_writable()?;
+        let fd = self.file.as_raw_fd();
+        let done = if self.block_device {
+            let range = [off, len];
+            // SAFETY: `fd` is open for the whole call; BLKDISCARD reads two u64s (start,
+            // length) from the pointer, which points at `range`, alive until the call returns.
+            unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) }
+        } else {
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            // SAFETY: `fd` is open for the whole call; fallocate takes no pointers.
+            unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) }
+        };
+        if done == 0 {
+            return Ok(true);
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            // A file system without hole punching, a device without discard.
+            Some(libc::EOPNOTSUPP | libc::ENOTTY) => Ok(false),
             _ => Err(err),
         }
     }

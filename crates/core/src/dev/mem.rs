@@ -98,6 +98,21 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
 
+    /// Zeros the range and frees its whole pages, as a hole punched in a sparse file would.
+    fn punch(&self, off: u64, len: u64) -> io::Result<bool> {
+        check_range(off, len.try_into().map_err(|_| super::eio())?, self.size)?;
+        let mut pages = self.pages.lock();
+        for piece in split_at_units(off, len as usize, PAGE_SIZE as u64) {
+            let (page, at) = page_pos(off + piece.start as u64);
+            match &mut pages[page] {
+                slot @ Some(_) if piece.len() == PAGE_SIZE => *slot = None,
+                Some(data) => data[at..at + piece.len()].fill(0),
+                None => {}
+            }
+        }
+        Ok(true)
+    }
+
     fn size(&self) -> u64 {
         self.size
     }

@@ -43,6 +43,13 @@ pub trait BlockDevice: Send + Sync {
     fn preallocate(&self, _off: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Give the storage of `off..off + len` back to the host (a hole punched in an image
+    /// file, a discard on a block device): the engine calls it only on free blocks, whose
+    /// contents it never reads, so what reads return afterwards is unspecified (zeros on an
+    /// image file). Like a write, not durable until `flush`. `Ok(false)`: this device cannot.
+    fn punch(&self, _off: u64, _len: u64) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// The unit a write may tear at (see the module docs).

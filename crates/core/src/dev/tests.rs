@@ -354,3 +354,53 @@ fn concurrent_writes_log_in_apply_order() {
     let replay = crash_image(&dev.base(), &ops, ops.len(), &|_| true);
     assert_eq!(replay.to_bytes(), dev.current().to_bytes());
 }
+
+#[test]
+fn file_punch_frees_the_range_only() {
+    use std::os::unix::fs::MetadataExt;
+    let path = TempPath::new("punch");
+    let dev = FileDevice::create(&path.0, 8 << 20).unwrap();
+    dev.write_at(&pattern(4 << 20, 8), 0).unwrap();
+    let sectors = || std::fs::metadata(&path.0).unwrap().blocks();
+    let before = sectors();
+    assert!(before >= 8192, "{before} sectors after writing 4 MiB");
+    assert!(dev.punch(1 << 20, 2 << 20).unwrap(), "tmp file systems punch holes");
+    // 512-byte units: 2 MiB is 4096 of them.
+    assert!(before - sectors() >= 4096, "{before} sectors before, {} after", sectors());
+    assert_eq!(read(&dev, 1 << 20, 4096), [0; 4096]);
+    assert_eq!(read(&dev, 0, 4096), pattern(4 << 20, 8)[..4096], "data before the hole kept");
+    assert_eq!(read(&dev, 3 << 20, 4096), pattern(4 << 20, 8)[3 << 20..(3 << 20) + 4096], "and after it");
+    assert_eq!(dev.size(), 8 << 20, "the image keeps its size");
+    assert!(dev.punch((8 << 20) - 4096, 8192).is_err(), "past the end");
+    drop(dev);
+    let read_only = FileDevice::open(&path.0, true).unwrap();
+    assert_eq!(read_only.punch(0, 4096).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+}
+
+#[test]
+fn mem_punch_zeroes_and_frees_whole_pages() {
+    let dev = MemDevice::new(64 * 1024);
+    dev.write_at(&pattern(16384, 9), 0).unwrap();
+    assert_eq!(dev.allocated_pages(), 4);
+    assert!(dev.punch(100, 8192).unwrap());
+    assert_eq!(dev.allocated_pages(), 3, "page 1 lies whole in the hole, pages 0 and 2 in part");
+    assert_eq!(read(&dev, 100, 8192), vec![0; 8192]);
+    assert_eq!(read(&dev, 0, 100), pattern(16384, 9)[..100]);
+    assert_eq!(read(&dev, 8292, 100), pattern(16384, 9)[8292..8392]);
+}
+
+#[test]
+fn crash_image_applies_a_punch_only_where_it_persisted() {
+    let (dev, durable) = workload();
+    dev.punch(8192, 4096).unwrap();
+    let (base, ops) = (dev.base(), dev.ops());
+    let punch = ops.len() - 1;
+    assert_eq!(ops[punch], Op::Punch { off: 8192, len: 4096 });
+    let kept = crash_image(&base, &ops, ops.len(), &|i| i == punch);
+    let expected = durable.snapshot();
+    expected.write_at(&[0; 4096], 8192).unwrap();
+    assert_eq!(kept.to_bytes(), expected.to_bytes());
+    let lost = crash_image(&base, &ops, ops.len(), &|_| false);
+    assert_eq!(lost.to_bytes(), durable.to_bytes());
+    assert_eq!(crash_image(&base, &ops, ops.len(), &|_| true).to_bytes(), dev.current().to_bytes());
+}

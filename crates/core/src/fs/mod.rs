@@ -202,7 +202,14 @@ impl FileSystem {
     /// Make every completed operation durable (sync(2)), and the space it freed reusable.
     pub fn sync(&self) -> Result<()> {
         self.m.check_alive()?;
-        self.m.journal.release_busy()
+        self.m.release_busy()
+    }
+
+    /// Give the free space of the durable state back to the host, as fstrim does: make every
+    /// completed free durable and reusable, then punch every free run of at least
+    /// `minimum_bytes` (a hole in an image file, a discard on a block device).
+    pub fn trim(&self, minimum_bytes: u64) -> Result<crate::discard::TrimReport> {
+        self.m.trim(minimum_bytes)
     }
 
     /// Space and inode counts for statfs(2); cannot fail.

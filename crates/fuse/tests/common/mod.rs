@@ -70,6 +70,12 @@ pub fn writeback_cache() -> bool {
     }
 }
 
+/// Whether this run's mounts punch the blocks each checkpoint frees (`-o discard`, with
+/// FERROFS_TEST_DISCARD=1; off by default, as the mount's default).
+pub fn discard() -> bool {
+    std::env::var_os("FERROFS_TEST_DISCARD").is_some_and(|v| v == "1")
+}
+
 fn give_root_directory_to_caller(image: &Path) {
     let dev = FileDevice::open_wait(image, false, Duration::from_secs(10)).expect("open image");
     let fs = FileSystem::mount_device(Arc::new(dev), &MountOptions::default()).expect("engine mount");
@@ -133,6 +139,7 @@ impl Fixture {
         cfg.lock_timeout = Duration::from_secs(10);
         cfg.default_permissions = kernel_checks_permissions();
         cfg.writeback_cache = writeback_cache();
+        cfg.discard = discard();
         tweak(&mut cfg);
         let mut fx = Fixture { name: name.to_string(), dir, image, mnt, cfg, handle: None };
         match fx.mount() {
