@@ -28,6 +28,9 @@ pub struct MountOptions {
     pub atime: AtimeMode,
     /// No access time updates on directories (`nodiratime`), whatever `atime` says.
     pub nodiratime: bool,
+    /// Ignore POSIX ACLs (`noacl`): no inheritance of default ACLs, no mode/ACL sync, and
+    /// the `system.posix_acl_*` attributes refused (EOPNOTSUPP) as ext4 refuses them.
+    pub noacl: bool,
 }
 
 /// When an access (a read of a file, a listing of a directory) updates the inode's atime:
@@ -71,6 +74,8 @@ pub struct Mount {
     pub(crate) holds: Holds,
     pub atime: AtimeMode,
     pub nodiratime: bool,
+    /// POSIX ACLs are honoured (no `noacl`).
+    pub acl: bool,
 }
 
 /// Whether `block` (the start of a device) begins with a ferrofs superblock's magic number,
@@ -173,6 +178,7 @@ impl Mount {
             holds: Holds::new(),
             atime: opts.atime,
             nodiratime: opts.nodiratime,
+            acl: !opts.noacl,
         });
         budget.join(Arc::downgrade(&m) as Weak<dyn CacheOwner>);
         Ok(m)
