@@ -464,6 +464,24 @@ mod tests {
     }
 
     #[test]
+    fn acls_are_read_by_anyone_and_set_by_the_owner() {
+        let (owner, other, root) = (
+            Caller::with_groups(1000, 1, &[]),
+            Caller::with_groups(5000, 5000, &[2000]),
+            Caller::with_groups(0, 0, &[]),
+        );
+        let acl = b"system.posix_acl_access";
+        assert_eq!(other.may_xattr(&file(0), acl, MAY_READ), Ok(()));
+        assert_eq!(other.may_xattr(&file(0o666), acl, MAY_WRITE), Err(Errno::EPERM));
+        assert_eq!(owner.may_xattr(&file(0), acl, MAY_WRITE), Ok(()));
+        assert_eq!(root.may_xattr(&file(0), b"system.posix_acl_default", MAY_WRITE), Ok(()));
+        // Setting an ACL keeps setgid for a member of the file's group, or root.
+        assert!(!owner.keeps_setgid(&file(0o2770)));
+        assert!(other.keeps_setgid(&file(0o2770)));
+        assert!(root.keeps_setgid(&file(0o2770)));
+    }
+
+    #[test]
     fn search_by_all() {
         assert!(searchable_by_all(0o755));
         assert!(searchable_by_all(0o1711));
