@@ -23,6 +23,7 @@ pub struct MountArgs {
     /// Mount options, comma separated: ro, rw, allow_other, allow_root, default_permissions
     /// (the kernel checks permissions: the default), daemon_permissions (ferrofs checks them
     /// itself: faster removal, but FIFOs, sockets and device nodes open unchecked),
+    /// acl (POSIX ACLs honoured: the default), noacl,
     /// threads=N, cache_size=SIZE, writeback_cache, entry_timeout=SECS, attr_timeout=SECS
     /// (default 3600), fsname=NAME, relatime (default), strictatime, noatime, nodiratime,
     /// discard (punch freed blocks in the image once durable), nodiscard (the default),

@@ -57,6 +57,9 @@ pub enum Error {
     /// EPERM: not allowed for this inode (a directory's hard link, for one).
     #[error("operation not permitted")]
     NotPermitted,
+    /// EACCES: refused by the inode's kind (a default ACL on a file that is no directory).
+    #[error("permission denied")]
+    Denied,
     /// ENXIO: SEEK_DATA or SEEK_HOLE at or past the end of the file.
     #[error("no data past this offset")]
     NoData,
@@ -113,6 +116,7 @@ impl Error {
             Error::FileTooBig => libc::EFBIG,
             Error::NotSupported => libc::EOPNOTSUPP,
             Error::NotPermitted => libc::EPERM,
+            Error::Denied => libc::EACCES,
             Error::NoData => libc::ENXIO,
             Error::Loop => libc::ELOOP,
             Error::Stale => libc::ESTALE,

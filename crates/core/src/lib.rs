@@ -67,6 +67,7 @@
 //! nothing else may use it.
 #![cfg_attr(not(feature = "testing"), deny(missing_docs))]
 
+pub(crate) mod acl;
 #[cfg(feature = "testing")]
 pub mod ag;
 #[cfg(not(feature = "testing"))]
@@ -114,6 +115,7 @@ pub(crate) mod xattr;
 use ferrofs_lockstat as lockstat;
 use ferrofs_lockstat::{memory, sync};
 
+pub use acl::{Acl, AclKind, ACCESS_XATTR, DEFAULT_XATTR};
 pub use cache::{CacheBudget, DEFAULT_CACHE_BYTES};
 pub use discard::TrimReport;
 pub use error::{Error, Result};

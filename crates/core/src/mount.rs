@@ -32,6 +32,9 @@ pub struct MountOptions {
     /// Punch the blocks each checkpoint frees once it is durable (`-o discard`), so the
     /// image's host gets them back; ignored read-only.
     pub discard: bool,
+    /// Ignore POSIX ACLs (`noacl`): no inheritance of default ACLs, no mode/ACL sync, and
+    /// the `system.posix_acl_*` attributes refused (EOPNOTSUPP) as ext4 refuses them.
+    pub noacl: bool,
 }
 
 /// When an access (a read of a file, a listing of a directory) updates the inode's atime:
@@ -77,6 +80,8 @@ pub struct Mount {
     pub nodiratime: bool,
     /// `-o discard`'s thread; freed blocks reach the allocator through it.
     discarder: Option<Discarder>,
+    /// POSIX ACLs are honoured (no `noacl`).
+    pub acl: bool,
 }
 
 /// Whether `block` (the start of a device) begins with a ferrofs superblock's magic number,
@@ -186,6 +191,7 @@ impl Mount {
             atime: opts.atime,
             nodiratime: opts.nodiratime,
             discarder,
+            acl: !opts.noacl,
         });
         budget.join(Arc::downgrade(&m) as Weak<dyn CacheOwner>);
         Ok(m)

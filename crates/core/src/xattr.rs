@@ -104,7 +104,7 @@ fn tree_name(v: &[u8]) -> Option<&[u8]> {
     decode_record(v).map(|r| r.name)
 }
 
-fn inline_entries(di: &DiskInode) -> Vec<(Vec<u8>, Vec<u8>)> {
+pub(crate) fn inline_entries(di: &DiskInode) -> Vec<(Vec<u8>, Vec<u8>)> {
     let a = di.xattr_inline.bytes();
     let mut out = Vec::new();
     let mut at = 0;

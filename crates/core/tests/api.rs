@@ -668,3 +668,89 @@ fn privileges_dropped_before_a_change() {
     drop(fs);
     fsck_clean(&dev);
 }
+
+/// An ACL in the kernel's xattr form: version 2, then (tag, perm, id) entries.
+fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend(tag.to_le_bytes().iter().chain(&perm.to_le_bytes()).chain(&id.to_le_bytes()));
+    }
+    v
+}
+
+const NOBODY: u32 = u32::MAX;
+
+/// POSIX ACLs through the library: mode/ACL sync, default ACL inheritance without the
+/// umask, chmod moving the mask, setgid clearing, the errors, and `noacl`.
+#[test]
+fn posix_acls() {
+    let (dev, fs) = fresh(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o2764, C).unwrap().ino;
+    // An ACL the mode can say: no xattr, just the mode.
+    fs.set_acl(f, AclKind::Access, &acl(&[(1, 6, 0), (4, 4, 0), (0x20, 0, 0)]), true).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm, 0o2640);
+    assert!(matches!(fs.getxattr(f, ACCESS_XATTR), Err(Error::NoAttr)));
+    // A named user: stored in canonical form; the mask is the group class; setgid goes for
+    // a setter outside the group.
+    let named = acl(&[(1, 7, NOBODY), (2, 6, 3000), (4, 4, NOBODY), (0x10, 6, NOBODY), (0x20, 1, NOBODY)]);
+    fs.set_acl(f, AclKind::Access, &named, false).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm, 0o761);
+    assert_eq!(fs.getxattr(f, ACCESS_XATTR).unwrap(), named);
+    // chmod rewrites owner, mask and other; the owning group's entry stays.
+    fs.setattr(f, &SetAttr { mode: Some(0o604), ..SetAttr::default() }).unwrap();
+    let chmodded = acl(&[(1, 6, NOBODY), (2, 6, 3000), (4, 4, NOBODY), (0x10, 0, NOBODY), (0x20, 4, NOBODY)]);
+    assert_eq!(fs.getxattr(f, ACCESS_XATTR).unwrap(), chmodded);
+    let a = fs.access_acl(f).unwrap().unwrap();
+    assert!(!a.permits(3000, &|_| false, 1000, 4), "the mask takes the named user's read");
+    assert!(a.permits(4000, &|_| false, 1000, 4), "other may read");
+    // Errors: malformed (EINVAL), another version (EOPNOTSUPP), default ACL on a file
+    // (EACCES), any ACL on a symlink (EOPNOTSUPP). Nothing changed by them.
+    let mut torn = named.clone();
+    torn.pop();
+    assert_eq!(fs.set_acl(f, AclKind::Access, &torn, true).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(fs.setxattr(f, ACCESS_XATTR, &[1, 0, 0, 0], 0).unwrap_err().errno(), libc::EOPNOTSUPP);
+    assert_eq!(fs.set_acl(f, AclKind::Default, &named, true).unwrap_err().errno(), libc::EACCES);
+    let l = fs.symlink(ROOT, b"l", b"f", C).unwrap().ino;
+    assert_eq!(fs.set_acl(l, AclKind::Access, &named, true).unwrap_err().errno(), libc::EOPNOTSUPP);
+    assert_eq!(fs.getxattr(f, ACCESS_XATTR).unwrap(), chmodded);
+
+    // A default ACL: inherited by files (access ACL) and directories (both), through levels.
+    let d = fs.mkdir(ROOT, b"d", 0o755, C).unwrap().ino;
+    let default = acl(&[(1, 7, NOBODY), (2, 7, 3000), (4, 5, NOBODY), (0x10, 7, NOBODY), (0x20, 0, NOBODY)]);
+    fs.set_acl(d, AclKind::Default, &default, true).unwrap();
+    assert_eq!(fs.umask_for(d, 0o077).unwrap(), 0, "the default ACL stands in for the umask");
+    assert_eq!(fs.umask_for(ROOT, 0o077).unwrap(), 0o077);
+    let sub = fs.mkdir(d, b"sub", 0o777, C).unwrap();
+    assert_eq!(sub.perm, 0o770);
+    assert_eq!(fs.getxattr(sub.ino, DEFAULT_XATTR).unwrap(), default);
+    assert_eq!(fs.getxattr(sub.ino, ACCESS_XATTR).unwrap(), default);
+    let inner = fs.create(sub.ino, b"inner", 0o644, C).unwrap();
+    assert_eq!(inner.perm, 0o640);
+    let inherited = acl(&[(1, 6, NOBODY), (2, 7, 3000), (4, 5, NOBODY), (0x10, 4, NOBODY), (0x20, 0, NOBODY)]);
+    assert_eq!(fs.getxattr(inner.ino, ACCESS_XATTR).unwrap(), inherited);
+    assert!(matches!(fs.getxattr(inner.ino, DEFAULT_XATTR), Err(Error::NoAttr)), "files get no default ACL");
+    let t = fs.tmpfile(sub.ino, 0o600, C, true).unwrap();
+    assert_eq!(t.perm, 0o600);
+    assert!(fs.access_acl(t.ino).unwrap().is_some());
+    fs.release(t.ino).unwrap();
+    let link = fs.symlink(sub.ino, b"link", b"inner", C).unwrap().ino;
+    assert!(fs.listxattr(link).unwrap().is_empty(), "symlinks take no ACL");
+    // Removing the access ACL leaves the mode.
+    fs.removexattr(f, ACCESS_XATTR).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm, 0o604);
+
+    // Kept across a remount; ignored under noacl.
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.getxattr(inner.ino, ACCESS_XATTR).unwrap(), inherited);
+    fs.unmount().unwrap();
+    drop(fs);
+    let opts = MountOptions { noacl: true, ..MountOptions::default() };
+    let fs = FileSystem::mount_device(dev.clone(), &opts).unwrap();
+    assert_eq!(fs.getxattr(sub.ino, DEFAULT_XATTR).unwrap_err().errno(), libc::EOPNOTSUPP);
+    assert_eq!(fs.set_acl(f, AclKind::Access, &named, true).unwrap_err().errno(), libc::EOPNOTSUPP);
+    assert_eq!(fs.umask_for(sub.ino, 0o022).unwrap(), 0o022);
+    let plain = fs.create(sub.ino, b"plain", 0o666, C).unwrap();
+    assert_eq!(plain.perm, 0o666, "no inheritance under noacl");
+    assert!(fs.listxattr(plain.ino).unwrap().is_empty());
+    assert!(fs.access_acl(inner.ino).unwrap().is_none());
+}

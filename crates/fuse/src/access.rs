@@ -7,9 +7,13 @@
 //! - uid 0 is privileged (CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_CHOWN, CAP_FSETID, CAP_SYS_ADMIN)
 //!   and no other uid is: FUSE tells us the caller's ids, not its capabilities;
 //! - `fs.protected_hardlinks` is taken as 1 (the default of every distribution);
-//! - no access control lists, no immutable or append-only flags (ferrofs stores none).
+//! - no immutable or append-only flags (ferrofs stores none).
+//!
+//! POSIX ACLs are the kernel's `acl_permission_check`: the owner by the mode's owner bits,
+//! anyone else by the access ACL (`posix_acl_permission`, [`ferrofs::Acl::permits`]) when
+//! the inode has one and its group class grants anything, else by the mode.
 
-use ferrofs::{Attr, FileType, SetAttr, TimeOrNow};
+use ferrofs::{Attr, FileSystem, FileType, SetAttr, TimeOrNow};
 use fuser::Errno;
 use std::cell::OnceCell;
 
@@ -28,22 +32,31 @@ const S_ISVTX: u16 = 0o1000;
 
 /// Who is asking: the ids the kernel put in the request, and the pid whose supplementary
 /// groups are read from /proc only if an answer depends on them.
-pub struct Caller {
+pub struct Caller<'a> {
     pub uid: u32,
     pub gid: u32,
     pid: u32,
     groups: OnceCell<Vec<u32>>,
+    /// Where the access ACLs of the inodes asked about are read: None when the mount
+    /// ignores ACLs (`noacl`).
+    acls: Option<&'a FileSystem>,
 }
 
-impl Caller {
-    pub fn new(uid: u32, gid: u32, pid: u32) -> Caller {
-        Caller { uid, gid, pid, groups: OnceCell::new() }
+impl<'a> Caller<'a> {
+    pub fn new(uid: u32, gid: u32, pid: u32, acls: Option<&'a FileSystem>) -> Caller<'a> {
+        Caller { uid, gid, pid, groups: OnceCell::new(), acls }
     }
 
     /// A caller whose supplementary groups are known (tests, or a process already read).
     #[cfg(test)]
-    fn with_groups(uid: u32, gid: u32, groups: &[u32]) -> Caller {
-        Caller { uid, gid, pid: 0, groups: OnceCell::from(groups.to_vec()) }
+    fn with_groups(uid: u32, gid: u32, groups: &[u32]) -> Caller<'static> {
+        Caller { uid, gid, pid: 0, groups: OnceCell::from(groups.to_vec()), acls: None }
+    }
+
+    /// Whether the caller may keep an inode's setgid bit through a change of its ACL
+    /// (`posix_acl_update_mode`): a member of its group, or privileged (CAP_FSETID).
+    pub fn keeps_setgid(&self, a: &Attr) -> bool {
+        self.is_privileged() || self.in_group(a.gid)
     }
 
     fn is_privileged(&self) -> bool {
@@ -72,6 +85,17 @@ impl Caller {
         if self.is_privileged() {
             // Read and write always; execute only if someone may (search: always).
             return mask & MAY_EXEC == 0 || a.kind == FileType::Directory || perm & 0o111 != 0;
+        }
+        if !self.owns(a) && perm & 0o070 != 0 {
+            if let Some(acl) = self.acls.map(|fs| fs.access_acl(a.ino)) {
+                match acl {
+                    Ok(Some(acl)) => return acl.permits(self.uid, &|gid| self.in_group(gid), a.gid, mask as u16),
+                    Ok(None) => {}
+                    // A damaged ACL grants nothing (the request's own engine call, or fsck,
+                    // reports the damage).
+                    Err(_) => return false,
+                }
+            }
         }
         let class = if self.owns(a) {
             perm >> 6
@@ -206,6 +230,10 @@ impl Caller {
         if name.starts_with(b"trusted.") {
             return if self.is_privileged() { Ok(()) } else { Err(refused) };
         }
+        if name.starts_with(b"system.posix_acl_") {
+            // Anyone may read an ACL; only the owner may set one (`inode_owner_or_capable`).
+            return if !write || self.owns_or_privileged(a) { Ok(()) } else { Err(Errno::EPERM) };
+        }
         if name.starts_with(b"security.") {
             return if !write || self.is_privileged() { Ok(()) } else { Err(Errno::EPERM) };
         }
@@ -285,7 +313,7 @@ mod tests {
     #[test]
     fn supplementary_groups_are_read_only_when_they_matter() {
         // pid 0 has no /proc entry: were the groups read, they would be empty.
-        let unread = || Caller::new(3000, 3000, 0);
+        let unread = || Caller::new(3000, 3000, 0, None);
         let c = unread();
         // Group and other bits agree on reading: no need to know the groups.
         assert!(c.permits(&file(0o644), MAY_READ));
@@ -294,9 +322,9 @@ mod tests {
         assert!(!c.permits(&file(0o664), MAY_WRITE));
         assert_eq!(c.groups.get(), Some(&Vec::new()));
         // The owner and the primary group never need them.
-        let c = Caller::new(1000, 1, 0);
+        let c = Caller::new(1000, 1, 0, None);
         assert!(c.permits(&file(0o600), MAY_WRITE));
-        let c = Caller::new(3000, 2000, 0);
+        let c = Caller::new(3000, 2000, 0, None);
         assert!(c.permits(&file(0o660), MAY_WRITE));
         assert!(c.groups.get().is_none());
     }
@@ -433,6 +461,24 @@ mod tests {
         let sticky = attr(FileType::Directory, 0o1777, 1000, 1000);
         assert_eq!(other.may_xattr(&sticky, b"user.a", MAY_WRITE), Err(Errno::EPERM));
         assert_eq!(other.may_xattr(&sticky, b"user.a", MAY_READ), Ok(()));
+    }
+
+    #[test]
+    fn acls_are_read_by_anyone_and_set_by_the_owner() {
+        let (owner, other, root) = (
+            Caller::with_groups(1000, 1, &[]),
+            Caller::with_groups(5000, 5000, &[2000]),
+            Caller::with_groups(0, 0, &[]),
+        );
+        let acl = b"system.posix_acl_access";
+        assert_eq!(other.may_xattr(&file(0), acl, MAY_READ), Ok(()));
+        assert_eq!(other.may_xattr(&file(0o666), acl, MAY_WRITE), Err(Errno::EPERM));
+        assert_eq!(owner.may_xattr(&file(0), acl, MAY_WRITE), Ok(()));
+        assert_eq!(root.may_xattr(&file(0), b"system.posix_acl_default", MAY_WRITE), Ok(()));
+        // Setting an ACL keeps setgid for a member of the file's group, or root.
+        assert!(!owner.keeps_setgid(&file(0o2770)));
+        assert!(other.keeps_setgid(&file(0o2770)));
+        assert!(root.keeps_setgid(&file(0o2770)));
     }
 
     #[test]

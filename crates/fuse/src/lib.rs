@@ -68,7 +68,10 @@
 //! truncate needs write unless through an open file; times to a chosen value need
 //! ownership, to "now" ownership or write), `may_linkat` with `protected_hardlinks`, and
 //! `xattr_permission` (user.* by read/write permission, only on files and directories;
-//! trusted.* root only; security.* written by root only). `access(2)` and `chdir` arrive as
+//! trusted.* root only; security.* written by root only; POSIX ACLs set by the owner or root
+//! only), POSIX ACLs as `acl_permission_check` consults them (docs/DESIGN.md, "POSIX ACLs";
+//! the kernel's own checks need `FUSE_POSIX_ACL`, negotiated only with
+//! `default_permissions`). `access(2)` and `chdir` arrive as
 //! FUSE ACCESS requests and get the same answer. FUSE gives a request's uid, gid and pid
 //! but not its capabilities, so uid 0 is taken as privileged (CAP_DAC_OVERRIDE: read and
 //! write anything, execute what has an x bit, search any directory; CAP_FOWNER, CAP_CHOWN,
@@ -239,6 +242,11 @@ impl MountConfig {
         }
     }
 
+    /// Whether POSIX ACLs are honoured: `options` hold no `noacl` (or a later `acl`).
+    pub fn acl(&self) -> bool {
+        options::acl_option(self.options.iter().flat_map(|s| s.split(',')))
+    }
+
     /// The worker count [`MountConfig::threads`] resolves to.
     pub fn thread_count(&self) -> usize {
         match self.threads {
@@ -255,6 +263,8 @@ impl MountConfig {
                 "allow_other" => acl = SessionACL::All,
                 "allow_root" if acl == SessionACL::Owner => acl = SessionACL::RootAndOwner,
                 "allow_root" => {}
+                // The engine's (`MountConfig::acl`), not the kernel's.
+                "acl" | "noacl" => {}
                 _ => cfg.mount_options.push(parse_option(o)),
             }
         }
@@ -490,12 +500,14 @@ fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
     })?;
     let cache = opts.cache.clone().or_else(|| opts.cache_bytes.map(CacheBudget::new));
     let (atime, nodiratime) = options::atime_options(opts.options.iter().flat_map(|s| s.split(',')));
+    let noacl = !opts.acl();
     let mopts = MountOptions {
         read_only: opts.read_only,
         cache,
         atime,
         nodiratime,
         discard: opts.discard,
+        noacl,
         ..MountOptions::default()
     };
     FileSystem::mount_device(Arc::new(dev), &mopts).map_err(|source| MountError::Engine { path, source })

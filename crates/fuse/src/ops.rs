@@ -48,6 +48,8 @@ pub struct FerroFuse {
     writeback_cache: bool,
     /// Check permissions here: the kernel does not (no `default_permissions`).
     checks: bool,
+    /// POSIX ACLs are honoured (no `noacl`).
+    acl: bool,
     /// Writes, truncates and chowns drop set-id bits and capabilities here, not in the kernel
     /// (`FUSE_HANDLE_KILLPRIV_V2`, set at init if the kernel offers it).
     drops_privileges: bool,
@@ -75,6 +77,7 @@ impl FerroFuse {
             attr_ttl: opts.attr_timeout,
             writeback_cache: opts.writeback_cache,
             checks: !opts.default_permissions,
+            acl: opts.acl(),
             drops_privileges: false,
             no_open: opts.default_permissions && !fs.accesses_set_atime(false),
             no_opendir: opts.default_permissions && !fs.accesses_set_atime(true),
@@ -124,6 +127,11 @@ impl FerroFuse {
         }
     }
 
+    /// Who sent `req`, with the mount's ACLs when it honours them.
+    fn caller(&self, req: &Request) -> Caller<'_> {
+        Caller::new(req.uid(), req.gid(), req.pid(), self.acl.then_some(&*self.fs))
+    }
+
     fn getattr(&self, op: &'static str, ino: u64) -> Res<Attr> {
         self.call(op, |fs| fs.getattr(ino))
     }
@@ -164,8 +172,10 @@ fn cred(req: &Request) -> Cred {
     Cred { uid: req.uid(), gid: req.gid() }
 }
 
-fn caller(req: &Request) -> Caller {
-    Caller::new(req.uid(), req.gid(), req.pid())
+/// The mode of a new inode in `parent`: the caller's umask applied unless the directory's
+/// default ACL stands in for it (`FileSystem::umask_for`).
+fn creation_mode(fs: &FileSystem, parent: u64, mode: u32, umask: u32) -> ferrofs::Result<u16> {
+    Ok(masked(mode, u32::from(fs.umask_for(parent, (umask & 0o777) as u16)?)))
 }
 
 /// Call the engine. An error becomes its errno; a panic (an engine bug) is contained:
@@ -225,6 +235,15 @@ impl fuser::Filesystem for FerroFuse {
         // Dropping set-id bits and capabilities ourselves spares the kernel a GETXATTR of
         // security.capability before every write and a GETATTR before every chown.
         want |= InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+        if self.acl {
+            // The umask is ours to apply: not where a default ACL stands in for it.
+            want |= InitFlags::FUSE_DONT_MASK;
+            // The kernel checks ACLs only with this flag, which also makes it check
+            // permissions (default_permissions): asked only when the kernel checks anyway.
+            if !self.checks {
+                want |= InitFlags::FUSE_POSIX_ACL;
+            }
+        }
         // Ask only for what this kernel offers; the rest silently stays off.
         let _ = config.add_capabilities(want & config.capabilities());
         self.drops_privileges = config.capabilities().contains(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
@@ -319,14 +338,14 @@ impl fuser::Filesystem for FerroFuse {
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         let _serving = self.workers.serving(req.pid());
         self.make_entry(req, "mknod", parent.0, reply, |fs| {
-            fs.mknod(parent.0, name.as_bytes(), masked(mode, umask), rdev as u64, cred(req))
+            fs.mknod(parent.0, name.as_bytes(), creation_mode(fs, parent.0, mode, umask)?, rdev as u64, cred(req))
         });
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let _serving = self.workers.serving(req.pid());
         self.make_entry(req, "mkdir", parent.0, reply, |fs| {
-            fs.mkdir(parent.0, name.as_bytes(), masked(mode & 0o7777, umask), cred(req))
+            fs.mkdir(parent.0, name.as_bytes(), creation_mode(fs, parent.0, mode & 0o7777, umask)?, cred(req))
         });
     }
 
@@ -374,7 +393,7 @@ impl fuser::Filesystem for FerroFuse {
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let _serving = self.workers.serving(req.pid());
         if self.checks {
-            if let Err(e) = self.getattr("link", ino.0).and_then(|a| caller(req).may_link(&a)) {
+            if let Err(e) = self.getattr("link", ino.0).and_then(|a| self.caller(req).may_link(&a)) {
                 return reply.error(e);
             }
         }
@@ -395,7 +414,7 @@ impl fuser::Filesystem for FerroFuse {
             Err(e) => return reply.error(e),
         };
         if self.checks {
-            if let Err(e) = caller(req).may_open(&a, flags.0) {
+            if let Err(e) = self.caller(req).may_open(&a, flags.0) {
                 return reply.error(e);
             }
         }
@@ -491,7 +510,7 @@ impl fuser::Filesystem for FerroFuse {
             return reply.error(Errno::ENOSYS);
         }
         match self.getattr("opendir", ino.0) {
-            Ok(a) if self.checks => match caller(req).check(&a, MAY_READ) {
+            Ok(a) if self.checks => match self.caller(req).check(&a, MAY_READ) {
                 Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
                 Err(e) => reply.error(e),
             },
@@ -540,10 +559,7 @@ impl fuser::Filesystem for FerroFuse {
         reply: ReplyEmpty,
     ) {
         let _serving = self.workers.serving(req.pid());
-        let name = name.as_bytes();
-        let res = self
-            .call_xattr(req, "setxattr", ino.0, name, MAY_WRITE, |fs| fs.setxattr(ino.0, name, value, flags as u32));
-        reply_empty(reply, res);
+        reply_empty(reply, self.set_xattr(req, ino.0, name.as_bytes(), value, flags));
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -575,7 +591,7 @@ impl fuser::Filesystem for FerroFuse {
         let res = self.getattr("access", ino.0).and_then(|a| {
             match (mask & (AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK)).bits() {
                 0 => Ok(()),
-                m => caller(req).check(&a, m as u32),
+                m => self.caller(req).check(&a, m as u32),
             }
         });
         reply_empty(reply, res);
@@ -603,16 +619,18 @@ impl fuser::Filesystem for FerroFuse {
             Err(e) => return reply.error(e),
         };
         let res = self
-            .call("create", |fs| match fs.create(parent.0, name.as_bytes(), masked(mode, umask), cred(req)) {
-                Ok(a) => Ok((a, true)),
-                // Without O_EXCL an existing regular file is opened (another creator won).
-                Err(ferrofs::Error::Exists) if flags & libc::O_EXCL == 0 => {
-                    match fs.lookup(parent.0, name.as_bytes())? {
-                        a if a.kind == ferrofs::FileType::RegularFile => Ok((a, false)),
-                        _ => Err(ferrofs::Error::Exists),
+            .call("create", |fs| {
+                match fs.create(parent.0, name.as_bytes(), creation_mode(fs, parent.0, mode, umask)?, cred(req)) {
+                    Ok(a) => Ok((a, true)),
+                    // Without O_EXCL an existing regular file is opened (another creator won).
+                    Err(ferrofs::Error::Exists) if flags & libc::O_EXCL == 0 => {
+                        match fs.lookup(parent.0, name.as_bytes())? {
+                            a if a.kind == ferrofs::FileType::RegularFile => Ok((a, false)),
+                            _ => Err(ferrofs::Error::Exists),
+                        }
                     }
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
             })
             // A file the caller did not create opens only as its mode allows.
             .and_then(
@@ -620,7 +638,7 @@ impl fuser::Filesystem for FerroFuse {
                     if created || !self.checks {
                         Ok(a)
                     } else {
-                        caller(req).may_open(&a, flags).map(|()| a)
+                        self.caller(req).may_open(&a, flags).map(|()| a)
                     }
                 },
             )
@@ -631,7 +649,7 @@ impl fuser::Filesystem for FerroFuse {
 
     fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
         let _serving = self.workers.serving(req.pid());
-        self.open_tmpfile(req, parent.0, masked(mode, umask), flags, reply);
+        self.open_tmpfile(req, parent.0, mode, umask, flags, reply);
     }
 
     fn copy_file_range(

@@ -23,6 +23,16 @@ pub fn atime_options<'a>(options: impl IntoIterator<Item = &'a str>) -> (AtimeMo
     (mode, nodiratime)
 }
 
+/// Whether POSIX ACLs are honoured: `acl` (the default, as ext4's) unless `noacl`, the last
+/// one given winning. Neither goes to the kernel, which knows neither.
+pub fn acl_option<'a>(options: impl IntoIterator<Item = &'a str>) -> bool {
+    options.into_iter().fold(true, |acl, o| match o {
+        "acl" => true,
+        "noacl" => false,
+        _ => acl,
+    })
+}
+
 /// One option (no commas) as fuser's [`MountOption`]. Names fuser knows become flags or
 /// helper options; anything else is handed to the kernel's FUSE option string unchanged
 /// (e.g. `max_read=131072`, `blksize=4096`).
@@ -63,6 +73,13 @@ mod tests {
         assert_eq!(parse_option("fsname=img"), MountOption::FSName("img".into()));
         assert_eq!(parse_option("max_read=4096"), MountOption::CUSTOM("max_read=4096".into()));
         assert_eq!(parse_option("subtype=x"), MountOption::CUSTOM("subtype=x".into()));
+    }
+
+    #[test]
+    fn acl_by_default() {
+        assert!(acl_option([]));
+        assert!(!acl_option(["rw", "noacl"]));
+        assert!(acl_option(["noacl", "acl"]));
     }
 
     #[test]

@@ -1912,3 +1912,181 @@ fn changes_need_their_permissions() {
     });
     setxattr(&open, "user.a", b"x", 0).unwrap();
 }
+
+// ---- POSIX ACLs ---------------------------------------------------------------------------
+
+/// setfacl/getfacl (the acl package) on `p`; panics with their message on failure.
+fn facl(tool: &str, args: &[&str], p: &Path) -> String {
+    let out = std::process::Command::new(tool).args(args).arg(p).output().expect(tool);
+    assert!(out.status.success(), "{tool} {args:?} {}: {}", p.display(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn getfacl(p: &Path) -> String {
+    facl("getfacl", &["-n", "--omit-header"], p)
+}
+
+/// An access ACL in the kernel's xattr form: (tag, id, perm) entries after version 2.
+fn acl_xattr(entries: &[(u16, u32, u16)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, id, perm) in entries {
+        v.extend(tag.to_le_bytes().iter().chain(&perm.to_le_bytes()).chain(&id.to_le_bytes()));
+    }
+    v
+}
+
+/// What `root` shows of the ACL rules, as lines to compare between file systems: run on a
+/// ferrofs mount and on tmpfs (the kernel's own ACLs), the two must agree line for line.
+fn acl_observations(root: &Path) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut note = |what: &str, value: String| seen.push(format!("{what}: {value}"));
+    let may = |uid, groups: &[u32], p: &Path, how| as_user(uid, uid, groups, || access(p, how).is_ok());
+    // A named user, allowed and then denied by the mask.
+    let f = root.join("f");
+    fs::write(&f, b"x").unwrap();
+    chown(&f, 1000, 2000).unwrap();
+    chmod(&f, 0o640);
+    facl("setfacl", &["-m", "u:3000:rw"], &f);
+    note("named user", format!("{:o} {}", mode(&f), getfacl(&f)));
+    note("3000 rw", format!("{} {}", may(3000, &[], &f, libc::R_OK), may(3000, &[], &f, libc::W_OK)));
+    facl("setfacl", &["-m", "m::r"], &f);
+    note("mask r", format!("{:o} {}", mode(&f), getfacl(&f)));
+    note("3000 rw", format!("{} {}", may(3000, &[], &f, libc::R_OK), may(3000, &[], &f, libc::W_OK)));
+    note("group member w", format!("{}", may(4000, &[2000], &f, libc::R_OK)));
+    // chmod sets the mask, not the owning group's entry.
+    chmod(&f, 0o604);
+    note("chmod 604", format!("{:o} {}", mode(&f), getfacl(&f)));
+    note("3000 r, mask ---", format!("{}", may(3000, &[], &f, libc::R_OK)));
+    chmod(&f, 0o674);
+    note("chmod 674", getfacl(&f));
+    note("3000 w", format!("{}", may(3000, &[], &f, libc::W_OK)));
+    // An ACL the mode can say is stored as the mode alone.
+    let g = root.join("g");
+    fs::write(&g, b"").unwrap();
+    facl("setfacl", &["--set", "u::rw,g::r,o::-"], &g);
+    note("minimal", format!("{:o} {}", mode(&g), errno(getxattr(&g, "system.posix_acl_access"))));
+    // Raw setxattr of the binary form; then malformed values.
+    let named = acl_xattr(&[(1, 0, 7), (2, 5000, 5), (4, 0, 5), (0x10, 0, 7), (0x20, 0, 1)]);
+    setxattr(&g, "system.posix_acl_access", &named, 0).unwrap();
+    note("raw", format!("{:o} {}", mode(&g), getfacl(&g)));
+    let torn = &named[..named.len() - 2];
+    note("torn", format!("{}", errno(setxattr(&g, "system.posix_acl_access", torn, 0))));
+    let no_mask = acl_xattr(&[(1, 0, 7), (2, 5000, 5), (4, 0, 5), (0x20, 0, 1)]);
+    note("no mask", format!("{}", errno(setxattr(&g, "system.posix_acl_access", &no_mask, 0))));
+    let bad_perm = acl_xattr(&[(1, 0, 8), (4, 0, 5), (0x20, 0, 1)]);
+    note("perm 8", format!("{}", errno(setxattr(&g, "system.posix_acl_access", &bad_perm, 0))));
+    note("file default", format!("{}", errno(setxattr(&g, "system.posix_acl_default", &named, 0))));
+    note("after", format!("{:o} {}", mode(&g), getfacl(&g)));
+    // Default ACLs: inherited through mkdir -p, the umask not applied under them.
+    let d = root.join("d");
+    fs::create_dir(&d).unwrap();
+    facl("setfacl", &["-d", "-m", "u:3000:rwx,g::rx,o::-"], &d);
+    let sh = format!("umask 077 && mkdir -p {0}/a/b/c && touch {0}/a/b/c/f && mkdir {0}/plain", d.display());
+    assert!(std::process::Command::new("sh").args(["-c", &sh]).status().unwrap().success());
+    for p in ["d", "d/a", "d/a/b/c", "d/a/b/c/f", "d/plain"] {
+        let p = root.join(p);
+        note("inherited", format!("{:o} {}", mode(&p), facl("getfacl", &["-n", "--omit-header", "-a", "-d"], &p)));
+    }
+    note("3000 in c", format!("{}", may(3000, &[], &d.join("a/b/c/f"), libc::W_OK)));
+    facl("setfacl", &["-k"], &d);
+    let sh = format!("umask 077 && touch {}/masked", d.display());
+    assert!(std::process::Command::new("sh").args(["-c", &sh]).status().unwrap().success());
+    note("after -k", format!("{:o}", mode(&d.join("masked"))));
+    // setgid goes when the owner setting an ACL is outside the file's group.
+    let s = root.join("s");
+    fs::write(&s, b"").unwrap();
+    chown(&s, 1000, 2000).unwrap();
+    chmod(&s, 0o2770);
+    let minimal = acl_xattr(&[(1, 0, 7), (4, 0, 7), (0x20, 0, 0)]);
+    as_user(1000, 1000, &[2000], || setxattr(&s, "system.posix_acl_access", &minimal, 0).unwrap());
+    note("setgid, in group", format!("{:o}", mode(&s)));
+    as_user(1000, 1000, &[], || setxattr(&s, "system.posix_acl_access", &minimal, 0).unwrap());
+    note("setgid, outside", format!("{:o}", mode(&s)));
+    note(
+        "not owner",
+        format!("{}", as_user(3000, 3000, &[], || errno(setxattr(&s, "system.posix_acl_access", &minimal, 0)))),
+    );
+    seen
+}
+
+/// The kernel's own answers for [`acl_observations`]: tmpfs mounted under `dir`, or None
+/// where tmpfs cannot be mounted.
+fn tmpfs_acl_observations(dir: &Path) -> Option<Vec<String>> {
+    let t = dir.join("tmpfs");
+    fs::create_dir_all(&t).unwrap();
+    let mounted = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "mode=755", "none"]).arg(&t).status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        return None;
+    }
+    let seen = std::panic::catch_unwind(|| acl_observations(&t));
+    assert!(std::process::Command::new("umount").arg(&t).status().unwrap().success());
+    Some(seen.unwrap_or_else(|p| std::panic::resume_unwind(p)))
+}
+
+#[test]
+fn posix_acls_as_the_kernel_keeps_them() {
+    let Some(fx) = multi_user_fixture("acl") else { return };
+    let ours = acl_observations(&fx.mnt);
+    let text = ours.join("\n");
+    // What must hold whatever tmpfs says: the mask limits the named user, chmod moves the
+    // mask, a default ACL is inherited without the umask, a bad value is EINVAL.
+    assert!(text.contains("named user: 660 user::rw-\nuser:3000:rw-\ngroup::r--\nmask::rw-\nother::---"), "{text}");
+    assert!(text.contains("3000 rw: true false"), "{text}");
+    assert!(text.contains("mask::---"), "{text}");
+    assert!(text.contains(&format!("minimal: 640 {}", libc::ENODATA)), "{text}");
+    assert!(text.contains(&format!("torn: {}", libc::EINVAL)), "{text}");
+    assert!(text.contains(&format!("file default: {}", libc::EACCES)), "{text}");
+    assert!(text.contains("inherited: 770 user::rwx\nuser:3000:rwx"), "{text}");
+    assert!(text.contains("3000 in c: true"), "{text}");
+    assert!(text.contains("after -k: 600"), "{text}");
+    assert!(text.contains("setgid, in group: 2770\nsetgid, outside: 770"), "{text}");
+    match tmpfs_acl_observations(&fx.dir) {
+        Some(kernel) => {
+            for (i, (k, o)) in kernel.iter().zip(&ours).enumerate() {
+                assert_eq!(o, k, "observation {i} differs from tmpfs");
+            }
+            assert_eq!(ours.len(), kernel.len());
+        }
+        None => skip("acl (tmpfs comparison)", "tmpfs cannot be mounted here"),
+    }
+}
+
+#[test]
+fn acls_survive_cp_a_tar_and_remount() {
+    let Some(mut fx) = multi_user_fixture("acl_copy") else { return };
+    let d = fx.path("d");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("f"), b"data").unwrap();
+    facl("setfacl", &["-m", "u:3000:r,g:4000:rw", "-d", "-m", "u:5000:rx"], &d);
+    facl("setfacl", &["-m", "u:3000:rwx,m::rx"], &d.join("f"));
+    let want = (getfacl(&d), getfacl(&d.join("f")));
+    let run = |args: &[&str]| assert!(std::process::Command::new(args[0]).args(&args[1..]).status().unwrap().success());
+    let (mnt, copy, tar) = (fx.mnt.display().to_string(), fx.path("copy"), fx.dir.join("t.tar"));
+    run(&["cp", "-a", &d.display().to_string(), &copy.display().to_string()]);
+    assert_eq!((getfacl(&copy), getfacl(&copy.join("f"))), want);
+    run(&["tar", "--acls", "-C", &mnt, "-cf", &tar.display().to_string(), "d"]);
+    fs::create_dir(fx.path("x")).unwrap();
+    run(&["tar", "--acls", "-C", &fx.path("x").display().to_string(), "-xf", &tar.display().to_string()]);
+    assert_eq!((getfacl(&fx.path("x/d")), getfacl(&fx.path("x/d/f"))), want);
+    fx.remount();
+    assert_eq!((getfacl(&d), getfacl(&d.join("f"))), want);
+    // The stored form is the kernel's xattr, byte for byte.
+    let raw = getxattr(&d.join("f"), "system.posix_acl_access").unwrap();
+    assert_eq!(
+        raw,
+        acl_xattr(&[(1, u32::MAX, 6), (2, 3000, 7), (4, u32::MAX, 4), (0x10, u32::MAX, 5), (0x20, u32::MAX, 4)])
+    );
+}
+
+#[test]
+fn noacl_refuses_acls() {
+    let Some(fx) = fixture_with_options("noacl", &["noacl"]) else { return };
+    let d = fx.path("d");
+    fs::create_dir(&d).unwrap();
+    let minimal = acl_xattr(&[(1, 0, 7), (4, 0, 5), (0x20, 0, 5)]);
+    assert_eq!(errno(setxattr(&d, "system.posix_acl_default", &minimal, 0)), libc::EOPNOTSUPP);
+    assert_eq!(errno(setxattr(&d, "system.posix_acl_access", &minimal, 0)), libc::EOPNOTSUPP);
+    assert_eq!(errno(getxattr(&d, "system.posix_acl_access")), libc::EOPNOTSUPP);
+    let out = std::process::Command::new("setfacl").args(["-m", "u:3000:r"]).arg(&d).output().unwrap();
+    assert!(!out.status.success());
+}

@@ -20,6 +20,7 @@ mod types;
 
 pub use types::*;
 
+use crate::acl::{Acl, AclKind, ACCESS_XATTR, DEFAULT_XATTR};
 use crate::dev::BlockDevice;
 use crate::dir;
 use crate::error::{Error, Result};

@@ -121,6 +121,7 @@ impl FileSystem {
                 return Err(Error::NotFound);
             }
             inherit_setgid(&parent_guard, &mut new_inode);
+            self.inherit_acls(&mut tx, parent, &parent_guard, ino, &mut new_inode)?;
         }
         new_inode.nlink = 0;
         tx.orphan_add(ino, &mut new_inode)?;
@@ -186,6 +187,7 @@ impl FileSystem {
         let mut new_inode = DiskInode::new(mode, cred.uid, cred.gid, now(), gen);
         inherit_setgid(&parent_guard, &mut new_inode);
         init(&mut tx, ino, &mut new_inode)?;
+        self.inherit_acls(&mut tx, parent, &parent_guard, ino, &mut new_inode)?;
         let mut parent_inode = parent_guard.clone();
         let goal = self.dir_goal(parent, &parent_inode);
         let mut store = TxStore::new(&mut tx, parent, goal);
@@ -205,6 +207,40 @@ impl FileSystem {
         self.commit_with_new_inode(tx, Some(inode))?;
         *parent_guard = parent_inode;
         Ok(Attr::from_inode(ino, &new_inode))
+    }
+
+    /// `posix_acl_create`: a new inode in a directory with a default ACL takes that ACL as
+    /// its access ACL, each class limited by the mode asked for and the mode by each class
+    /// (the umask is not applied: see `umask_for`); a new directory takes it as its default
+    /// ACL too. Symlinks take none. Space for the attributes is reserved here, on this rare
+    /// path only.
+    fn inherit_acls(
+        &self,
+        tx: &mut Tx,
+        parent: u64,
+        parent_inode: &DiskInode,
+        ino: u64,
+        new_inode: &mut DiskInode,
+    ) -> Result<()> {
+        if !self.m.acl || new_inode.mode & S_IFMT == S_IFLNK {
+            return Ok(());
+        }
+        let Some(default) = super::attr::stored_acl(&self.m, parent, parent_inode, DEFAULT_XATTR)? else {
+            return Ok(());
+        };
+        let mut access = default.clone();
+        new_inode.mode = access.create_masq(new_inode.mode);
+        let (_, minimal) = access.equiv_mode(new_inode.mode);
+        tx.reserve(ino_ag(ino), 2 * xattr::set_reserve(crate::acl::ENTRIES_MAX * 8 + 4))?;
+        let mut store = TxStore::new(tx, ino, self.m.geo.ag_layout(ino_ag(ino)).data_start);
+        if !minimal {
+            xattr::set(&mut store, ino, new_inode, ACCESS_XATTR, &access.encode(), 0)?;
+        }
+        if new_inode.is_dir() {
+            xattr::set(&mut store, ino, new_inode, DEFAULT_XATTR, &default.encode(), 0)?;
+        }
+        let blocks = store.blocks;
+        new_inode.add_blocks(ino, blocks)
     }
 
     /// An operation claims space before it locks the directory, so ENOSPC would come before

@@ -1,6 +1,6 @@
 //! Attributes from the engine's types to fuser's and back: times, file types, `FileAttr`.
 
-use super::{caller, FerroFuse, Res};
+use super::{FerroFuse, Res};
 use crate::access::searchable_by_all;
 use ferrofs::{Attr, SetAttr, Timespec};
 use fuser::{
@@ -27,7 +27,7 @@ impl FerroFuse {
             Err(e) => return reply.error(e),
         };
         if let Some(b) = &before {
-            if let Err(e) = caller(req).may_setattr(b, &mut sa, has_handle) {
+            if let Err(e) = self.caller(req).may_setattr(b, &mut sa, has_handle) {
                 return reply.error(e);
             }
         }

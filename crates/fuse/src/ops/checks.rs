@@ -1,7 +1,7 @@
 //! The adapter's own permission checks, made before the engine changes anything when the
 //! kernel does not check (no `default_permissions`).
 
-use super::{caller, FerroFuse, Res};
+use super::{FerroFuse, Res};
 use crate::access::{searchable_by_all, MAY_EXEC, MAY_WRITE};
 use ferrofs::{Attr, FileSystem};
 use fuser::{Errno, ReplyEntry, Request};
@@ -26,7 +26,7 @@ impl FerroFuse {
             return Ok(self.entry_ttl);
         }
         let d = self.getattr(op, dir)?;
-        caller(req).check(&d, mask)?;
+        self.caller(req).check(&d, mask)?;
         Ok(self.entry_ttl_in(&d))
     }
 
@@ -54,7 +54,7 @@ impl FerroFuse {
         if !self.checks {
             return Ok(());
         }
-        let c = caller(req);
+        let c = self.caller(req);
         let d = self.getattr(op, dir)?;
         c.may_create(&d)?;
         if d.perm & libc::S_ISVTX as u16 != 0 {
@@ -71,7 +71,7 @@ impl FerroFuse {
         if !self.checks {
             return Ok(());
         }
-        let c = caller(req);
+        let c = self.caller(req);
         let sticky = |d: &Attr| d.perm & libc::S_ISVTX as u16 != 0;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let moves = from.0 != to.0;

@@ -1,6 +1,7 @@
 //! Extended attributes: the namespaces stored, the checks, and the replies' size protocol.
 
-use super::{caller, FerroFuse, Res};
+use super::{FerroFuse, Res};
+use crate::access::MAY_WRITE;
 use ferrofs::FileSystem;
 use fuser::{Errno, ReplyXattr, Request};
 
@@ -19,6 +20,25 @@ impl FerroFuse {
         check_xattr_name(name)?;
         self.may_xattr(req, op, ino, name, mask)?;
         self.call(op, f)
+    }
+
+    /// setxattr: an ACL as `set_acl`, whose setgid rule needs the caller's groups (checked
+    /// here in both permission modes: the kernel says whether to drop setgid only with
+    /// FUSE_SETXATTR_EXT, which fuser does not decode).
+    pub(super) fn set_xattr(&self, req: &Request, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Res<()> {
+        let Some(kind) = ferrofs::AclKind::of(name) else {
+            return self
+                .call_xattr(req, "setxattr", ino, name, MAY_WRITE, |fs| fs.setxattr(ino, name, value, flags as u32));
+        };
+        let keeps_setgid = self.caller(req).keeps_setgid(&self.getattr("setxattr", ino)?);
+        self.call_xattr(req, "setxattr", ino, name, MAY_WRITE, |fs| fs.set_acl(ino, kind, value, keeps_setgid))?;
+        // The mode may have changed. The kernel refetches attributes after an ACL change only
+        // with FUSE_POSIX_ACL; otherwise its setxattr marks ctime stale alone, which the
+        // writeback cache does not even refetch. A negative offset drops attributes only.
+        if let Some(notifier) = self.notifier.get() {
+            let _ = notifier.inval_inode(fuser::INodeNo(ino), -1, 0);
+        }
+        Ok(())
     }
 
     /// listxattr: the names, each NUL-terminated.
@@ -43,15 +63,18 @@ impl FerroFuse {
         if !self.checks {
             return Ok(());
         }
-        caller(req).may_xattr(&self.getattr(op, ino)?, name, mask)
+        self.caller(req).may_xattr(&self.getattr(op, ino)?, name, mask)
     }
 }
 
-/// The xattr namespaces ferrofs stores. The kernel hands a FUSE server every name, whatever
+/// The xattr namespaces ferrofs stores, and the two POSIX ACLs of system.*. The kernel hands a FUSE server every name, whatever
 /// its prefix (it checks trusted.* privileges and user.* file types itself); a name outside
 /// these is EOPNOTSUPP and a bare prefix EINVAL, as on Linux's local file systems. Without
 /// this check any string became a stored name ("system.foo", "bogus.x").
 fn check_xattr_name(name: &[u8]) -> Res<()> {
+    if ferrofs::AclKind::of(name).is_some() {
+        return Ok(());
+    }
     for prefix in [&b"user."[..], b"trusted.", b"security."] {
         if name.starts_with(prefix) {
             return if name.len() > prefix.len() { Ok(()) } else { Err(Errno::EINVAL) };
