@@ -22,8 +22,9 @@ pub struct MountArgs {
     /// Mount options, comma separated: ro, rw, allow_other, allow_root, default_permissions
     /// (the kernel checks permissions: the default), daemon_permissions (ferrofs checks them
     /// itself: faster removal, but FIFOs, sockets and device nodes open unchecked),
-    /// threads=N, cache_size=SIZE, writeback_cache, entry_timeout=SECS, attr_timeout=SECS
-    /// (default 3600), fsname=NAME, relatime (default), strictatime, noatime, nodiratime,
+    /// threads=N, cache_size=SIZE, writeback_cache, uring (FUSE over io_uring when the kernel
+    /// offers it; uring=force first switches the fuse module's enable_uring on, system-wide),
+    /// entry_timeout=SECS, attr_timeout=SECS (default 3600), fsname=NAME, relatime (default), strictatime, noatime, nodiratime,
     /// and the generic ones (nosuid, nodev, noexec, ...), which go to the kernel.
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
@@ -63,6 +64,13 @@ pub(crate) fn config(args: &MountArgs) -> Result<MountConfig, String> {
             "default_permissions" => cfg.default_permissions = true,
             "daemon_permissions" => cfg.default_permissions = false,
             "writeback_cache" => cfg.writeback_cache = true,
+            "uring" => {
+                cfg.uring = match value {
+                    None => ferrofs_fuse::Uring::On,
+                    Some("force") => ferrofs_fuse::Uring::Force,
+                    Some(_) => return Err(format!("bad option '{o}': uring or uring=force")),
+                }
+            }
             "threads" => {
                 cfg.threads = value
                     .and_then(|v| v.parse().ok())
