@@ -59,6 +59,11 @@ const PASSTHROUGH_SOURCE: &str = "/usr/share/doc/libfuse3-dev/examples/passthrou
 pub enum Kind {
     /// `ferrofs mount` on a fresh image in /dev/shm.
     Ferrofs,
+    /// As `ferrofs`, served through FUSE-over-io_uring rings (`-o uring`); needs the fuse
+    /// module's `enable_uring` on.
+    #[value(name = "ferrofs-uring")]
+    #[serde(rename = "ferrofs-uring")]
+    FerrofsUring,
     /// minifuse.c: in-memory libfuse3 low-level server, the FUSE ceiling.
     Minifuse,
     /// fuse2fs on an ext4 image in /dev/shm.
@@ -84,6 +89,7 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Ferrofs => "ferrofs",
+            Kind::FerrofsUring => "ferrofs-uring",
             Kind::Minifuse => "minifuse",
             Kind::Fuse2fs => "fuse2fs",
             Kind::Ext4 => "ext4",
@@ -98,6 +104,7 @@ impl Kind {
     pub fn description(self) -> &'static str {
         match self {
             Kind::Ferrofs => "ferrofs through FUSE (ferrofs mount), image in /dev/shm",
+            Kind::FerrofsUring => "ferrofs through FUSE over io_uring (ferrofs mount -o uring), image in /dev/shm",
             Kind::Minifuse => "minifuse, in-memory libfuse3 server (FUSE ceiling)",
             Kind::Fuse2fs => "fuse2fs, user-space ext4, image in /dev/shm",
             Kind::Ext4 => "kernel ext4, loop image in /dev/shm",
@@ -110,13 +117,18 @@ impl Kind {
 
     /// Whether it is served by a user-space daemon through /dev/fuse.
     pub fn is_fuse(self) -> bool {
-        matches!(self, Kind::Ferrofs | Kind::Minifuse | Kind::Fuse2fs | Kind::Passthrough)
+        matches!(self, Kind::Ferrofs | Kind::FerrofsUring | Kind::Minifuse | Kind::Fuse2fs | Kind::Passthrough)
+    }
+
+    /// Whether it is a ferrofs mount (with a control socket to ask).
+    pub fn is_ferrofs(self) -> bool {
+        matches!(self, Kind::Ferrofs | Kind::FerrofsUring)
     }
 
     /// Programs its set-up runs.
     fn programs(self) -> &'static [&'static str] {
         match self {
-            Kind::Ferrofs => &["umount"],
+            Kind::Ferrofs | Kind::FerrofsUring => &["umount"],
             Kind::Minifuse => &["gcc", "pkg-config", "umount"],
             Kind::Fuse2fs => &["fuse2fs", "mkfs.ext4", "umount"],
             Kind::Ext4 => &["losetup", "mkfs.ext4", "mount", "umount"],
@@ -148,9 +160,14 @@ impl Kind {
                     return Some(format!("the kernel has no {} support", self.name()));
                 }
             }
-            Kind::Ferrofs => {
+            Kind::Ferrofs | Kind::FerrofsUring => {
                 if let Err(why) = &env.ferrofs {
                     return Some(why.clone());
+                }
+                // The parameter is system-wide: a benchmark does not switch it.
+                let uring = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring");
+                if self == Kind::FerrofsUring && uring.map_or(true, |v| v.trim() != "Y") {
+                    return Some("FUSE over io_uring is off (as root: echo Y > /sys/module/fuse/parameters/enable_uring, a system-wide setting)".into());
                 }
             }
             Kind::Minifuse => {
@@ -185,6 +202,10 @@ impl Kind {
         m.undo.push(Undo::Dir(m.root.clone()));
         match self {
             Kind::Ferrofs => m.mount_ferrofs(env, size, extra)?,
+            Kind::FerrofsUring => {
+                let extra = if extra.is_empty() { "uring".to_string() } else { format!("{extra},uring") };
+                m.mount_ferrofs(env, size, &extra)?
+            }
             Kind::Minifuse => {
                 let exe = env.minifuse()?;
                 let mut cmd = Command::new(exe);
@@ -636,7 +657,7 @@ impl Mounted {
         run(&mut mkfs)?;
         let mut mount = Command::new(env.ferrofs()?);
         mount.arg("mount").arg(&image).arg(&self.root);
-        env.push_options(Kind::Ferrofs, &mut mount, extra);
+        env.push_options(self.kind, &mut mount, extra);
         self.start_daemon(env, mount)
     }
 
