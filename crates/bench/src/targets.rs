@@ -66,6 +66,12 @@ pub enum Kind {
     FerrofsUring,
     /// minifuse.c: in-memory libfuse3 low-level server, the FUSE ceiling.
     Minifuse,
+    /// ferrofs-nullfs: names in memory, no engine, through /dev/fuse (fuser's loops).
+    Null,
+    /// ferrofs-nullfs through FUSE-over-io_uring rings: the ceiling of that transport.
+    #[value(name = "null-uring")]
+    #[serde(rename = "null-uring")]
+    NullUring,
     /// fuse2fs on an ext4 image in /dev/shm.
     Fuse2fs,
     /// Kernel ext4 on a loop image in /dev/shm.
@@ -91,6 +97,8 @@ impl Kind {
             Kind::Ferrofs => "ferrofs",
             Kind::FerrofsUring => "ferrofs-uring",
             Kind::Minifuse => "minifuse",
+            Kind::Null => "null",
+            Kind::NullUring => "null-uring",
             Kind::Fuse2fs => "fuse2fs",
             Kind::Ext4 => "ext4",
             Kind::Xfs => "xfs",
@@ -106,6 +114,8 @@ impl Kind {
             Kind::Ferrofs => "ferrofs through FUSE (ferrofs mount), image in /dev/shm",
             Kind::FerrofsUring => "ferrofs through FUSE over io_uring (ferrofs mount -o uring), image in /dev/shm",
             Kind::Minifuse => "minifuse, in-memory libfuse3 server (FUSE ceiling)",
+            Kind::Null => "ferrofs-nullfs through /dev/fuse: names in memory, no engine (ceiling of /dev/fuse)",
+            Kind::NullUring => "ferrofs-nullfs through io_uring rings: names in memory, no engine (ceiling of the rings)",
             Kind::Fuse2fs => "fuse2fs, user-space ext4, image in /dev/shm",
             Kind::Ext4 => "kernel ext4, loop image in /dev/shm",
             Kind::Xfs => "kernel XFS, loop image in /dev/shm",
@@ -117,7 +127,10 @@ impl Kind {
 
     /// Whether it is served by a user-space daemon through /dev/fuse.
     pub fn is_fuse(self) -> bool {
-        matches!(self, Kind::Ferrofs | Kind::FerrofsUring | Kind::Minifuse | Kind::Fuse2fs | Kind::Passthrough)
+        matches!(
+            self,
+            Kind::Ferrofs | Kind::FerrofsUring | Kind::Minifuse | Kind::Null | Kind::NullUring | Kind::Fuse2fs | Kind::Passthrough
+        )
     }
 
     /// Whether it is a ferrofs mount (with a control socket to ask).
@@ -128,7 +141,7 @@ impl Kind {
     /// Programs its set-up runs.
     fn programs(self) -> &'static [&'static str] {
         match self {
-            Kind::Ferrofs | Kind::FerrofsUring => &["umount"],
+            Kind::Ferrofs | Kind::FerrofsUring | Kind::Null | Kind::NullUring => &["umount"],
             Kind::Minifuse => &["gcc", "pkg-config", "umount"],
             Kind::Fuse2fs => &["fuse2fs", "mkfs.ext4", "umount"],
             Kind::Ext4 => &["losetup", "mkfs.ext4", "mount", "umount"],
@@ -160,13 +173,14 @@ impl Kind {
                     return Some(format!("the kernel has no {} support", self.name()));
                 }
             }
-            Kind::Ferrofs | Kind::FerrofsUring => {
-                if let Err(why) = &env.ferrofs {
+            Kind::Ferrofs | Kind::FerrofsUring | Kind::Null | Kind::NullUring => {
+                let program = if self.is_ferrofs() { &env.ferrofs } else { &env.nullfs };
+                if let Err(why) = program {
                     return Some(why.clone());
                 }
                 // The parameter is system-wide: a benchmark does not switch it.
                 let uring = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring");
-                if self == Kind::FerrofsUring && uring.map_or(true, |v| v.trim() != "Y") {
+                if matches!(self, Kind::FerrofsUring | Kind::NullUring) && uring.map_or(true, |v| v.trim() != "Y") {
                     return Some("FUSE over io_uring is off (as root: echo Y > /sys/module/fuse/parameters/enable_uring, a system-wide setting)".into());
                 }
             }
@@ -205,6 +219,15 @@ impl Kind {
             Kind::FerrofsUring => {
                 let extra = if extra.is_empty() { "uring".to_string() } else { format!("{extra},uring") };
                 m.mount_ferrofs(env, size, &extra)?
+            }
+            Kind::Null | Kind::NullUring => {
+                let exe = env.nullfs.as_deref().map_err(|why| Failure::new("ferrofs-nullfs", why))?;
+                let mut cmd = Command::new(exe);
+                cmd.arg(&m.root);
+                if self == Kind::NullUring {
+                    cmd.arg("uring");
+                }
+                m.start_daemon(env, cmd)?;
             }
             Kind::Minifuse => {
                 let exe = env.minifuse()?;
@@ -394,6 +417,8 @@ pub struct Env {
     images: PathBuf,
     /// The `ferrofs` program (next to this one, else on PATH), or why there is none.
     ferrofs: Result<PathBuf, String>,
+    /// The `ferrofs-nullfs` program, or why there is none.
+    nullfs: Result<PathBuf, String>,
     /// Extra mount options per target, comma-separated as for `-o`.
     mount_options: Vec<(Kind, String)>,
     peers: Option<PathBuf>,
@@ -406,6 +431,7 @@ impl Env {
     /// `args.peers`: the directory holding minifuse.c (else $FERROFS_PEERS).
     pub fn new(args: &FsmarkArgs) -> CliResult<Env> {
         let ferrofs = FERROFS.find();
+        let nullfs = ferrofs_cli::programs::FERROFS_NULLFS.find();
         // Short: fs_mark takes directory names of under 40 bytes only.
         let work = std::env::temp_dir().join(format!("ffb.{}", std::process::id()));
         std::fs::create_dir_all(&work).context(|| format!("mkdir {}", work.display()))?;
@@ -423,6 +449,7 @@ impl Env {
             work,
             images,
             ferrofs,
+            nullfs,
             mount_options: args.mount_options.clone(),
             peers: args.peers.clone().or_else(|| std::env::var_os(PEERS_ENV).map(PathBuf::from)),
             minifuse: OnceCell::new(),

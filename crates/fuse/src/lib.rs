@@ -128,6 +128,7 @@ mod ops;
 mod options;
 mod sync_pool;
 mod uring;
+pub mod null;
 mod workers;
 
 use ferrofs::dev::FileDevice;

@@ -1019,3 +1019,45 @@ fn uring_rings_serve_the_requests() {
     fs::write(plain.path("f"), b"x").unwrap();
     assert_eq!(common::transport_counters(&plain.mnt), (0, 0), "no ring without -o uring");
 }
+
+/// The null server (`ferrofs-nullfs`, the transports' ceiling in `bench`) keeps names: what
+/// fs_mark and `rm -rf` do works on it through /dev/fuse and, where the kernel offers it,
+/// through the rings; it ends when unmounted.
+#[test]
+fn null_server_keeps_names_on_both_transports() {
+    if let Some(why) = common::fuse_unavailable() {
+        return common::skip("null_server_keeps_names_on_both_transports", &why);
+    }
+    if !common::is_root() {
+        return common::skip("null_server_keeps_names_on_both_transports", "mounting it needs root");
+    }
+    for uring in [false, true] {
+        if uring && common::uring_unavailable().is_some() {
+            continue;
+        }
+        let mnt = std::env::temp_dir().join(format!("ferrofs-null-{}-{uring}", std::process::id()));
+        fs::create_dir_all(&mnt).unwrap();
+        let server = std::thread::spawn({
+            let mnt = mnt.clone();
+            move || ferrofs_fuse::null::serve(&mnt, uring, 2)
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !common::is_mounted(&mnt) {
+            assert!(Instant::now() < deadline && !server.is_finished(), "null server did not mount");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let dir = mnt.join("d");
+        fs::create_dir(&dir).unwrap();
+        for i in 0..300 {
+            File::create(dir.join(format!("f{i}"))).unwrap();
+        }
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 300);
+        assert_eq!(errno(fs::create_dir(&dir)), libc::EEXIST);
+        assert_eq!(errno(fs::remove_dir(&dir)), libc::ENOTEMPTY);
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(errno(fs::metadata(&dir)), libc::ENOENT);
+        assert!(std::process::Command::new("umount").arg(&mnt).status().unwrap().success());
+        server.join().unwrap().unwrap_or_else(|e| panic!("null server (uring {uring}): {e}"));
+        fs::remove_dir(&mnt).unwrap();
+    }
+}
