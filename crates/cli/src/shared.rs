@@ -77,6 +77,9 @@ struct MountStatus {
     image: PathBuf,
     mountpoint: PathBuf,
     cache_bytes: u64,
+    /// How requests reach it: "/dev/fuse" or "io_uring" (`-o uring`).
+    #[serde(default)]
+    transport: String,
 }
 
 /// Where the shared daemon of this user listens.
@@ -441,6 +444,7 @@ impl Daemon {
                         image: m.image().to_path_buf(),
                         mountpoint: m.mountpoint().to_path_buf(),
                         cache_bytes: m.cache_bytes(),
+                        transport: m.transport().to_string(),
                     })
                     .collect(),
             }),
@@ -481,12 +485,13 @@ pub fn list(args: &MountsArgs) -> CliResult<()> {
     let width = status.mounts.iter().map(|m| m.image.as_os_str().len()).max().unwrap_or(0).max("IMAGE".len());
     let mwidth =
         status.mounts.iter().map(|m| m.mountpoint.as_os_str().len()).max().unwrap_or(0).max("MOUNT POINT".len());
-    println!("{:width$}  {:mwidth$}  CACHE", "IMAGE", "MOUNT POINT");
+    println!("{:width$}  {:mwidth$}  {:9}  CACHE", "IMAGE", "MOUNT POINT", "TRANSPORT");
     for m in &status.mounts {
         println!(
-            "{:width$}  {:mwidth$}  {}",
+            "{:width$}  {:mwidth$}  {:9}  {}",
             m.image.display().to_string(),
             m.mountpoint.display().to_string(),
+            m.transport,
             human_bytes(m.cache_bytes)
         );
     }

@@ -454,6 +454,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     }
     let mountpoint = opts.mountpoint.clone();
     let workers_for_rings = workers.clone();
+    let handle_workers = workers.clone();
     // Weak: the handle reads the cache usage while the session lives, but must not keep the
     // engine (and its caches, counted against a shared budget) alive after it has ended.
     let engine = Arc::downgrade(&fs);
@@ -476,6 +477,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
         engine,
         kernel: Arc::new(kernel),
         thread: Some(thread),
+        workers: handle_workers,
     })
 }
 
@@ -610,6 +612,7 @@ pub struct MountHandle {
     engine: Weak<FileSystem>,
     kernel: Arc<KernelMount>,
     thread: Option<JoinHandle<Result<(), MountError>>>,
+    workers: Arc<workers::Workers>,
 }
 
 impl MountHandle {
@@ -624,6 +627,16 @@ impl MountHandle {
     /// Bytes this file system's inode and buffer caches hold (0 once the session has ended).
     pub fn cache_bytes(&self) -> u64 {
         self.engine.upgrade().map_or(0, |fs| fs.stats().cache_usage.own_bytes)
+    }
+
+    /// How requests reach the daemon: `"io_uring"` (rings negotiated and started) or
+    /// `"/dev/fuse"`.
+    pub fn transport(&self) -> &'static str {
+        if self.workers.stats().uring {
+            "io_uring"
+        } else {
+            "/dev/fuse"
+        }
     }
 
     /// Whether the session has ended (unmounted from outside, or failed).
