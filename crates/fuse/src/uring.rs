@@ -11,16 +11,19 @@
 //! for ever, so a queue that cannot register makes the kernel give the rings up (see
 //! [`give_up`]). Each completion is a request in an entry's buffers; its reply is written
 //! back into the same buffers and committed together with the fetch of the entry's next
-//! request (`FUSE_IO_URING_CMD_COMMIT_AND_FETCH`): one `io_uring_enter` per batch of replies
-//! instead of a read and a write per request, and no cross-CPU wake-up.
+//! request (`FUSE_IO_URING_CMD_COMMIT_AND_FETCH`): one `io_uring_enter` per reply and one per
+//! wait (which may return several requests) instead of a read and a write per request, and no
+//! cross-CPU wake-up.
 //!
 //! fuser decodes a request from one contiguous buffer, as `/dev/fuse` returns it; the ring
 //! splits it in three (the `fuse_in_header`, the opcode's fixed struct in `op_in`, the rest in
 //! the payload), so the queue thread copies the three into one buffer before dispatching (the
 //! fixed parts are at most 168 bytes; a write's data is copied once more). The reply comes
-//! back through [`fuser::ReplySink`] from any thread: a reply that the sync pool sends later
-//! (fsync) pushes its commit under the queue's submission lock and submits it at once, while
-//! replies sent on the queue thread are submitted together when it next waits.
+//! back through [`fuser::ReplySink`] from any thread (the sync pool answers fsync later): it
+//! pushes its commit under the queue's submission lock and submits it at once, so that, as
+//! with a write to `/dev/fuse`, the kernel has the reply when the send returns (a notification
+//! sent after a reply relies on that: the kernel may hold, until the reply, a lock that the
+//! notification takes).
 //!
 //! Interrupts, forgets and notifications stay on `/dev/fuse` (the kernel sends and takes them
 //! only there), so the `/dev/fuse` workers keep running beside the rings.
@@ -209,11 +212,6 @@ fn with_len(sqe: squeue::Entry128, len: u32) -> squeue::Entry128 {
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(bytes) }
 }
 
-thread_local! {
-    /// The queue whose thread this is, if any: its replies need no submission of their own.
-    static QUEUE_THREAD: std::cell::Cell<Option<u16>> = const { std::cell::Cell::new(None) };
-}
-
 impl Queue {
     fn new(qid: u16, fuse: OwnedFd, config: QueueConfig) -> io::Result<Queue> {
         // Room for one SQE per entry (its commit) plus the registrations at the start; each
@@ -267,12 +265,12 @@ impl Queue {
                 let _ = crate::workers::set_cpu(self.qid as usize);
             }
         }
-        QUEUE_THREAD.set(Some(self.qid));
         // Registered from this thread: the kernel copies each request into an entry's buffers
         // in the context of the task that last submitted the entry's command.
         if let Err(e) = self.register() {
             log::error!("queue {}: registering its ring entries failed: {e}", self.qid);
             give_up(&self.fuse);
+            workers.set_uring(crate::workers::URING_OFF);
             std::mem::forget(self);
             return Err(e);
         }
@@ -401,10 +399,10 @@ impl fuser::ReplySink for EntrySink {
         // SAFETY: pushed under `submit`, the only producer lock. At most one SQE per entry is
         // outstanding and the queue holds one per entry, so it is never full.
         unsafe { queue.ring.submission_shared().push(&sqe) }.map_err(|_| io::Error::other("submission queue full"))?;
-        // The queue thread submits its own replies when it next waits, in one batch.
-        if QUEUE_THREAD.get() != Some(queue.qid) {
-            queue.ring.submit()?;
-        }
+        // Submitted now, not with the queue thread's next wait: as a write to /dev/fuse, the
+        // reply has reached the kernel when this returns, which a notification sent after it
+        // relies on (the kernel may hold a lock it takes until the reply).
+        queue.ring.submit()?;
         Ok(())
     }
 }
