@@ -408,13 +408,13 @@ impl Report {
             "  files/s = files / wall clock from the first process's start to the last one's exit: median [min-max]\n"
         );
         println!(
-            "{:<9} {:>7} {:>27} {:>27} {:>12} {:>17}",
+            "{:<13} {:>7} {:>27} {:>27} {:>12} {:>17}",
             "target", "threads", "create files/s", "remove files/s", "fs_mark f/s", "CPU us/file c/r"
         );
         for t in &self.targets {
             for c in &t.cells {
                 println!(
-                    "{:<9} {:>7} {:>27} {:>27} {:>12} {:>17}",
+                    "{:<13} {:>7} {:>27} {:>27} {:>12} {:>17}",
                     t.target.name(),
                     c.threads,
                     rate_cell(&c.create),

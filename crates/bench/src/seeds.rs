@@ -361,7 +361,7 @@ impl Ctx<'_> {
                     return Ok(None);
                 }
                 let m = k.mount(&self.env, &self.size(w, t))?;
-                if k == Kind::Ferrofs {
+                if k.is_ferrofs() {
                     // Zero the daemon's counters: its mount and root lookup are not the workload.
                     self.fuse_locks(&m)?;
                 }
@@ -372,7 +372,7 @@ impl Ctx<'_> {
                     Workload::Dbench => self.dbench(&m, rep)?,
                     Workload::Unmount => unreachable!("handled above"),
                 }
-                let locks = if k == Kind::Ferrofs { Some(self.fuse_locks(&m)?) } else { None };
+                let locks = if k.is_ferrofs() { Some(self.fuse_locks(&m)?) } else { None };
                 m.unmount()?;
                 Ok(locks)
             }

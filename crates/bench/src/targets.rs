@@ -59,8 +59,19 @@ const PASSTHROUGH_SOURCE: &str = "/usr/share/doc/libfuse3-dev/examples/passthrou
 pub enum Kind {
     /// `ferrofs mount` on a fresh image in /dev/shm.
     Ferrofs,
+    /// As `ferrofs`, served through FUSE-over-io_uring rings (`-o uring`); needs the fuse
+    /// module's `enable_uring` on.
+    #[value(name = "ferrofs-uring")]
+    #[serde(rename = "ferrofs-uring")]
+    FerrofsUring,
     /// minifuse.c: in-memory libfuse3 low-level server, the FUSE ceiling.
     Minifuse,
+    /// ferrofs-nullfs: names in memory, no engine, through /dev/fuse (fuser's loops).
+    Null,
+    /// ferrofs-nullfs through FUSE-over-io_uring rings: the ceiling of that transport.
+    #[value(name = "null-uring")]
+    #[serde(rename = "null-uring")]
+    NullUring,
     /// fuse2fs on an ext4 image in /dev/shm.
     Fuse2fs,
     /// Kernel ext4 on a loop image in /dev/shm.
@@ -84,7 +95,10 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Ferrofs => "ferrofs",
+            Kind::FerrofsUring => "ferrofs-uring",
             Kind::Minifuse => "minifuse",
+            Kind::Null => "null",
+            Kind::NullUring => "null-uring",
             Kind::Fuse2fs => "fuse2fs",
             Kind::Ext4 => "ext4",
             Kind::Xfs => "xfs",
@@ -98,7 +112,10 @@ impl Kind {
     pub fn description(self) -> &'static str {
         match self {
             Kind::Ferrofs => "ferrofs through FUSE (ferrofs mount), image in /dev/shm",
+            Kind::FerrofsUring => "ferrofs through FUSE over io_uring (ferrofs mount -o uring), image in /dev/shm",
             Kind::Minifuse => "minifuse, in-memory libfuse3 server (FUSE ceiling)",
+            Kind::Null => "ferrofs-nullfs through /dev/fuse: names in memory, no engine (ceiling of /dev/fuse)",
+            Kind::NullUring => "ferrofs-nullfs through io_uring rings: names in memory, no engine (ceiling of the rings)",
             Kind::Fuse2fs => "fuse2fs, user-space ext4, image in /dev/shm",
             Kind::Ext4 => "kernel ext4, loop image in /dev/shm",
             Kind::Xfs => "kernel XFS, loop image in /dev/shm",
@@ -110,13 +127,21 @@ impl Kind {
 
     /// Whether it is served by a user-space daemon through /dev/fuse.
     pub fn is_fuse(self) -> bool {
-        matches!(self, Kind::Ferrofs | Kind::Minifuse | Kind::Fuse2fs | Kind::Passthrough)
+        matches!(
+            self,
+            Kind::Ferrofs | Kind::FerrofsUring | Kind::Minifuse | Kind::Null | Kind::NullUring | Kind::Fuse2fs | Kind::Passthrough
+        )
+    }
+
+    /// Whether it is a ferrofs mount (with a control socket to ask).
+    pub fn is_ferrofs(self) -> bool {
+        matches!(self, Kind::Ferrofs | Kind::FerrofsUring)
     }
 
     /// Programs its set-up runs.
     fn programs(self) -> &'static [&'static str] {
         match self {
-            Kind::Ferrofs => &["umount"],
+            Kind::Ferrofs | Kind::FerrofsUring | Kind::Null | Kind::NullUring => &["umount"],
             Kind::Minifuse => &["gcc", "pkg-config", "umount"],
             Kind::Fuse2fs => &["fuse2fs", "mkfs.ext4", "umount"],
             Kind::Ext4 => &["losetup", "mkfs.ext4", "mount", "umount"],
@@ -148,9 +173,15 @@ impl Kind {
                     return Some(format!("the kernel has no {} support", self.name()));
                 }
             }
-            Kind::Ferrofs => {
-                if let Err(why) = &env.ferrofs {
+            Kind::Ferrofs | Kind::FerrofsUring | Kind::Null | Kind::NullUring => {
+                let program = if self.is_ferrofs() { &env.ferrofs } else { &env.nullfs };
+                if let Err(why) = program {
                     return Some(why.clone());
+                }
+                // The parameter is system-wide: a benchmark does not switch it.
+                let uring = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring");
+                if matches!(self, Kind::FerrofsUring | Kind::NullUring) && uring.map_or(true, |v| v.trim() != "Y") {
+                    return Some("FUSE over io_uring is off (as root: echo Y > /sys/module/fuse/parameters/enable_uring, a system-wide setting)".into());
                 }
             }
             Kind::Minifuse => {
@@ -185,6 +216,19 @@ impl Kind {
         m.undo.push(Undo::Dir(m.root.clone()));
         match self {
             Kind::Ferrofs => m.mount_ferrofs(env, size, extra)?,
+            Kind::FerrofsUring => {
+                let extra = if extra.is_empty() { "uring".to_string() } else { format!("{extra},uring") };
+                m.mount_ferrofs(env, size, &extra)?
+            }
+            Kind::Null | Kind::NullUring => {
+                let exe = env.nullfs.as_deref().map_err(|why| Failure::new("ferrofs-nullfs", why))?;
+                let mut cmd = Command::new(exe);
+                cmd.arg(&m.root);
+                if self == Kind::NullUring {
+                    cmd.arg("uring");
+                }
+                m.start_daemon(env, cmd)?;
+            }
             Kind::Minifuse => {
                 let exe = env.minifuse()?;
                 let mut cmd = Command::new(exe);
@@ -373,6 +417,8 @@ pub struct Env {
     images: PathBuf,
     /// The `ferrofs` program (next to this one, else on PATH), or why there is none.
     ferrofs: Result<PathBuf, String>,
+    /// The `ferrofs-nullfs` program, or why there is none.
+    nullfs: Result<PathBuf, String>,
     /// Extra mount options per target, comma-separated as for `-o`.
     mount_options: Vec<(Kind, String)>,
     peers: Option<PathBuf>,
@@ -385,6 +431,7 @@ impl Env {
     /// `args.peers`: the directory holding minifuse.c (else $FERROFS_PEERS).
     pub fn new(args: &FsmarkArgs) -> CliResult<Env> {
         let ferrofs = FERROFS.find();
+        let nullfs = ferrofs_cli::programs::FERROFS_NULLFS.find();
         // Short: fs_mark takes directory names of under 40 bytes only.
         let work = std::env::temp_dir().join(format!("ffb.{}", std::process::id()));
         std::fs::create_dir_all(&work).context(|| format!("mkdir {}", work.display()))?;
@@ -402,6 +449,7 @@ impl Env {
             work,
             images,
             ferrofs,
+            nullfs,
             mount_options: args.mount_options.clone(),
             peers: args.peers.clone().or_else(|| std::env::var_os(PEERS_ENV).map(PathBuf::from)),
             minifuse: OnceCell::new(),
@@ -636,7 +684,7 @@ impl Mounted {
         run(&mut mkfs)?;
         let mut mount = Command::new(env.ferrofs()?);
         mount.arg("mount").arg(&image).arg(&self.root);
-        env.push_options(Kind::Ferrofs, &mut mount, extra);
+        env.push_options(self.kind, &mut mount, extra);
         self.start_daemon(env, mount)
     }
 

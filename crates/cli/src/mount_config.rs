@@ -24,8 +24,9 @@ pub struct MountArgs {
     /// (the kernel checks permissions: the default), daemon_permissions (ferrofs checks them
     /// itself: faster removal, but FIFOs, sockets and device nodes open unchecked),
     /// acl (POSIX ACLs honoured: the default), noacl,
-    /// threads=N, cache_size=SIZE, writeback_cache, entry_timeout=SECS, attr_timeout=SECS
-    /// (default 3600), fsname=NAME, relatime (default), strictatime, noatime, nodiratime,
+    /// threads=N, cache_size=SIZE, writeback_cache, uring (FUSE over io_uring when the kernel
+    /// offers it; uring=force first switches the fuse module's enable_uring on, system-wide),
+    /// entry_timeout=SECS, attr_timeout=SECS (default 3600), fsname=NAME, relatime (default), strictatime, noatime, nodiratime,
     /// discard (punch freed blocks in the image once durable), nodiscard (the default),
     /// and the generic ones (nosuid, nodev, noexec, ...), which go to the kernel.
     #[arg(short = 'o', value_delimiter = ',')]
@@ -68,6 +69,13 @@ pub(crate) fn config(args: &MountArgs) -> Result<MountConfig, String> {
             "writeback_cache" => cfg.writeback_cache = true,
             "discard" => cfg.discard = true,
             "nodiscard" => cfg.discard = false,
+            "uring" => {
+                cfg.uring = match value {
+                    None => ferrofs_fuse::Uring::On,
+                    Some("force") => ferrofs_fuse::Uring::Force,
+                    Some(_) => return Err(format!("bad option '{o}': uring or uring=force")),
+                }
+            }
             "threads" => {
                 cfg.threads = value
                     .and_then(|v| v.parse().ok())

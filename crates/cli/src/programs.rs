@@ -12,6 +12,10 @@ pub const FERROFS: Program = Program { name: "ferrofs", package: "ferrofs-cli", 
 pub const FERROFS_BENCH: Program =
     Program { name: "ferrofs-bench", package: "ferrofs-bench", crate_dir: "crates/bench" };
 
+/// The null FUSE server, the ceiling of each transport (`ferrofs_fuse::null`).
+pub const FERROFS_NULLFS: Program =
+    Program { name: "ferrofs-nullfs", package: "ferrofs-fuse", crate_dir: "crates/fuse" };
+
 /// A program of this repository, and how to build it.
 pub struct Program {
     /// The executable's name.

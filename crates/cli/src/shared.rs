@@ -82,6 +82,9 @@ struct MountStatus {
     label: String,
     #[serde(default)]
     uuid: String,
+    /// How requests reach it: "/dev/fuse" or "io_uring" (`-o uring`).
+    #[serde(default)]
+    transport: String,
 }
 
 /// Where the shared daemon of this user listens.
@@ -450,6 +453,7 @@ impl Daemon {
                             cache_bytes: m.cache_bytes(),
                             label,
                             uuid,
+                            transport: m.transport().to_string(),
                         }
                     })
                     .collect(),
@@ -493,14 +497,15 @@ pub fn list(args: &MountsArgs) -> CliResult<()> {
     let width = column("IMAGE", |m| m.image.as_os_str().len());
     let mwidth = column("MOUNT POINT", |m| m.mountpoint.as_os_str().len());
     let lwidth = column("LABEL", |m| m.label.len());
-    println!("{:width$}  {:mwidth$}  {:lwidth$}  {:36}  CACHE", "IMAGE", "MOUNT POINT", "LABEL", "UUID");
+    println!("{:width$}  {:mwidth$}  {:lwidth$}  {:36}  {:9}  CACHE", "IMAGE", "MOUNT POINT", "LABEL", "UUID", "TRANSPORT");
     for m in &status.mounts {
         println!(
-            "{:width$}  {:mwidth$}  {:lwidth$}  {:36}  {}",
+            "{:width$}  {:mwidth$}  {:lwidth$}  {:36}  {:9}  {}",
             m.image.display().to_string(),
             m.mountpoint.display().to_string(),
             m.label,
             m.uuid,
+            m.transport,
             human_bytes(m.cache_bytes)
         );
     }

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{daemon_pid, damaged_image, is_mounted, run, stderr, unavailable, BIN};
+use common::{
+    daemon_pid, damaged_image, is_mounted, run, served_through_uring, stderr, transport_options, unavailable, uring, BIN,
+};
 
 /// An image and a mount point, unmounted and removed on drop even when the test fails.
 struct Scratch {
@@ -28,7 +30,17 @@ impl Scratch {
     }
 
     fn mount(&self, extra: &[&str]) -> Output {
-        run(Command::new(BIN).arg("mount").arg("--daemon").args(extra).arg(&self.image).arg(&self.mnt))
+        let o = run(Command::new(BIN)
+            .arg("mount")
+            .arg("--daemon")
+            .args(transport_options())
+            .args(extra)
+            .arg(&self.image)
+            .arg(&self.mnt));
+        if uring() && o.status.success() && is_mounted(&self.mnt) {
+            assert!(served_through_uring(&self.mnt), "{} is not served through io_uring", self.mnt.display());
+        }
+        o
     }
 
     fn mkfs(&self) {

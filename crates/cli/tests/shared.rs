@@ -116,7 +116,11 @@ fn shared_daemon_serves_several_images_in_one_process() {
     let o = s.mount("a", &["--mkfs", "128M", "-o", "cache_size=64M,noatime"]);
     assert!(o.status.success(), "{}", stderr(&o));
     // The budget is the first mount's; a later mount asking for another one is told so.
-    let o = s.mount("b", &["--mkfs", "128M", "-o", "cache_size=32M"]);
+    // b through the io_uring rings where the kernel offers them (`ferrofs mounts` names each
+    // mount's transport).
+    let uring = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y");
+    let b_options = if uring { "cache_size=32M,uring" } else { "cache_size=32M" };
+    let o = s.mount("b", &["--mkfs", "128M", "-o", b_options]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("cache_size=32.0 MiB ignored"), "{}", stderr(&o));
     let pid = daemon_pid(&s.image("a"));
@@ -132,6 +136,9 @@ fn shared_daemon_serves_several_images_in_one_process() {
     let mounts = status["mounts"].as_array().unwrap();
     assert_eq!(mounts.len(), 2, "{status}");
     assert!(mounts.iter().all(|m| m["cache_bytes"].as_u64().is_some_and(|b| b > 0)), "{status}");
+    let mut transports: Vec<&str> = mounts.iter().map(|m| m["transport"].as_str().unwrap()).collect();
+    transports.sort();
+    assert_eq!(transports, ["/dev/fuse", if uring { "io_uring" } else { "/dev/fuse" }], "{status}");
     let table = s.ferrofs().arg("mounts").output().unwrap();
     assert!(String::from_utf8_lossy(&table.stdout).contains(&s.mnt("b").canonicalize().unwrap().display().to_string()));
 

@@ -130,6 +130,8 @@ mod kernel_mount;
 mod ops;
 mod options;
 mod sync_pool;
+mod uring;
+pub mod null;
 mod workers;
 
 use ferrofs::dev::FileDevice;
@@ -216,6 +218,9 @@ pub struct MountConfig {
     /// its memory with the budget (`CacheBudget::for_process`, as `ferrofs mount` does).
     /// `None`: a budget of this mount's caches and journal only, of `cache_bytes`.
     pub cache: Option<Arc<CacheBudget>>,
+    /// Serve requests through FUSE-over-io_uring rings (`-o uring`) when the kernel offers
+    /// them: see [`Uring`].
+    pub uring: Uring,
     /// How long to wait for an image lock held by another process (e.g. a daemon that is just
     /// finishing its unmount) before failing with [`MountError::ImageInUse`].
     pub lock_timeout: Duration,
@@ -239,6 +244,7 @@ impl MountConfig {
             cache_bytes: None,
             cache: None,
             lock_timeout: Duration::ZERO,
+            uring: Uring::Off,
         }
     }
 
@@ -287,6 +293,55 @@ impl MountConfig {
         cfg.n_threads = Some(self.thread_count());
         cfg.clone_fd = true;
         cfg
+    }
+}
+
+/// Whether to serve through FUSE-over-io_uring rings (`uring.rs`) beside `/dev/fuse`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Uring {
+    /// `/dev/fuse` only.
+    Off,
+    /// Rings if the kernel offers them now; else `/dev/fuse`, with a one-line notice.
+    On,
+    /// Rings, first switching the fuse module's `enable_uring` parameter on if it is off (a
+    /// system-wide setting; root only).
+    Force,
+}
+
+/// Entries per ring queue ([`uring::DEPTH_DEFAULT`]).
+pub const URING_DEPTH: usize = uring::DEPTH_DEFAULT;
+
+/// Whether the kernel will offer FUSE over io_uring to the next mount, after switching it on
+/// for `Uring::Force`. One line on stderr says why not, or that the setting was changed.
+fn uring_available(mode: Uring) -> bool {
+    match (mode, uring::parameter()) {
+        (Uring::Off, _) => false,
+        (_, None) => {
+            eprintln!("ferrofs: this kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING); serving through /dev/fuse");
+            false
+        }
+        (_, Some(true)) => true,
+        (Uring::On, Some(false)) => {
+            eprintln!(
+                "ferrofs: FUSE over io_uring is off ({} is N); serving through /dev/fuse \
+                 (as root, -o uring=force switches it on, system-wide)",
+                uring::ENABLE_PARAMETER
+            );
+            false
+        }
+        (Uring::Force, Some(false)) => match uring::set_parameter(true) {
+            Ok(()) => {
+                eprintln!(
+                    "ferrofs: switched FUSE over io_uring on ({}=Y): a system-wide setting, for every FUSE server",
+                    uring::ENABLE_PARAMETER
+                );
+                true
+            }
+            Err(e) => {
+                eprintln!("ferrofs: cannot switch FUSE over io_uring on ({e}); serving through /dev/fuse");
+                false
+            }
+        },
     }
 }
 
@@ -377,6 +432,9 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     let notifier = adapter.notifier_slot();
     let name_epoch = adapter.name_epoch();
     let workers = adapter.workers();
+    if uring_available(opts.uring) {
+        workers.set_uring(workers::URING_ASKED);
+    }
     let (fuse, kernel) = KernelMount::mount(&opts.mountpoint, &kernel_options)
         .map_err(|source| abandon(MountError::Fuse { path: opts.mountpoint.clone(), source }))?;
     let session = Session::from_fd(adapter, fuse, config.acl, config).map_err(|source| {
@@ -385,6 +443,12 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
         }
         abandon(MountError::Fuse { path: opts.mountpoint.clone(), source })
     })?;
+    // INIT has been answered: the rings are registered as the session starts, if INIT got them.
+    let rings = match (workers.uring(), session.as_fd().try_clone_to_owned()) {
+        (workers::URING_ON, Ok(conn)) => Some(conn),
+        (workers::URING_ON, Err(e)) => return Err(abandon(MountError::Fuse { path: opts.mountpoint.clone(), source: e })),
+        _ => None,
+    };
     // Before any request is served: the session's threads start only in `run`.
     let _ = notifier.set(session.notifier());
     match session.as_fd().try_clone_to_owned() {
@@ -403,6 +467,8 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
         ),
     }
     let mountpoint = opts.mountpoint.clone();
+    let workers_for_rings = workers.clone();
+    let handle_workers = workers.clone();
     // Weak: the handle reads the cache usage while the session lives, but must not keep the
     // engine (and its caches, counted against a shared budget) alive after it has ended.
     let engine = Arc::downgrade(&fs);
@@ -416,7 +482,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
         .name("ferrofs-session".into())
         .spawn(move || {
             let _control = control;
-            serve(session, fs, mountpoint)
+            serve(session, rings, &workers_for_rings, fs, mountpoint)
         })
         .map_err(|source| MountError::Session { path: opts.mountpoint.clone(), source })?;
     Ok(MountHandle {
@@ -425,6 +491,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
         engine,
         kernel: Arc::new(kernel),
         thread: Some(thread),
+        workers: handle_workers,
     })
 }
 
@@ -514,14 +581,28 @@ fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
 }
 
 /// The session thread: run the workers until the connection ends, then checkpoint.
-fn serve(session: Session<ops::FerroFuse>, fs: Arc<FileSystem>, mountpoint: PathBuf) -> Result<(), MountError> {
+/// `rings`: the connection's descriptor, when INIT negotiated FUSE over io_uring.
+fn serve(
+    session: Session<ops::FerroFuse>,
+    rings: Option<std::os::fd::OwnedFd>,
+    workers: &Arc<workers::Workers>,
+    fs: Arc<FileSystem>,
+    mountpoint: PathBuf,
+) -> Result<(), MountError> {
     // fuser ends a worker's loop quietly when its read finds the connection gone (ENODEV). On
     // this kernel (6.18) a reader can instead get ECONNABORTED as a lazily detached mount is
     // torn down: with 8 workers, in about one SIGTERM-while-busy unmount in five (the mount
     // test `sigterm_unmounts_and_checkpoints`), never with 2. Either way the connection is
     // over and every request was answered or failed by the kernel, so it is an end, not an
     // error.
-    let served = session.run().or_else(|e| match e.raw_os_error() {
+    let start_rings = |dispatcher| match &rings {
+        Some(conn) => {
+            let config = uring::QueueConfig { depth: URING_DEPTH, payload: MAX_WRITE as usize };
+            uring::start(conn, dispatcher, config, workers)
+        }
+        None => Ok(Vec::new()),
+    };
+    let served = session.run_with(start_rings).or_else(|e| match e.raw_os_error() {
         Some(libc::ECONNABORTED) => {
             log::warn!("the kernel aborted the connection of {}", mountpoint.display());
             Ok(())
@@ -554,6 +635,7 @@ pub struct MountHandle {
     engine: Weak<FileSystem>,
     kernel: Arc<KernelMount>,
     thread: Option<JoinHandle<Result<(), MountError>>>,
+    workers: Arc<workers::Workers>,
 }
 
 impl MountHandle {
@@ -568,6 +650,16 @@ impl MountHandle {
     /// Bytes this file system's inode and buffer caches hold (0 once the session has ended).
     pub fn cache_bytes(&self) -> u64 {
         self.engine.upgrade().map_or(0, |fs| fs.stats().cache_usage.own_bytes)
+    }
+
+    /// How requests reach the daemon: `"io_uring"` (rings negotiated and started) or
+    /// `"/dev/fuse"`.
+    pub fn transport(&self) -> &'static str {
+        if self.workers.stats().uring {
+            "io_uring"
+        } else {
+            "/dev/fuse"
+        }
     }
 
     /// Whether the session has ended (unmounted from outside, or failed).

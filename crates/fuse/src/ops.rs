@@ -22,7 +22,7 @@ mod xattr;
 use crate::access::{Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
 use crate::epoch::NameEpoch;
 use crate::sync_pool::{SyncPool, SYNC_QUEUE_MAX, SYNC_THREADS};
-use crate::workers::Workers;
+use crate::workers::{self, Workers};
 use crate::{MountConfig, MAX_WRITE};
 use attr::{file_attr, negative_attr, reply_created, request_time, time_or_now};
 use ferrofs::{Attr, Cred, FileSystem, PrivDrop, SetAttr};
@@ -244,8 +244,16 @@ impl fuser::Filesystem for FerroFuse {
                 want |= InitFlags::FUSE_POSIX_ACL;
             }
         }
+        if self.workers.uring() == workers::URING_ASKED {
+            want |= InitFlags::FUSE_OVER_IO_URING;
+        }
         // Ask only for what this kernel offers; the rest silently stays off.
         let _ = config.add_capabilities(want & config.capabilities());
+        if !config.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+            self.workers.set_uring(workers::URING_OFF);
+        } else if self.workers.uring() == workers::URING_ASKED {
+            self.workers.set_uring(workers::URING_ON);
+        }
         self.drops_privileges = config.capabilities().contains(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         if self.writeback_cache && !config.capabilities().contains(InitFlags::FUSE_WRITEBACK_CACHE) {
             log::warn!(image = &*self.image; "the kernel offers no writeback cache; mounting without it");

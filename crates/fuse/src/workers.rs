@@ -41,7 +41,7 @@
 use ferrofs_lockstat::{Condvar, LockClass, Mutex};
 use std::cell::Cell;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -107,7 +107,16 @@ pub struct Workers {
     epoch: Instant,
     woken: AtomicU64,
     parks: AtomicU64,
+    /// FUSE over io_uring: [`URING_OFF`], [`URING_ASKED`] (INIT is to ask for it) or
+    /// [`URING_ON`] (INIT got it: the rings serve the requests, `uring.rs`).
+    uring: AtomicU8,
+    /// Requests served from ring entries.
+    ring_requests: AtomicU64,
 }
+
+pub const URING_OFF: u8 = 0;
+pub const URING_ASKED: u8 = 1;
+pub const URING_ON: u8 = 2;
 
 /// Held by a worker for the length of one request; dropping it (after the reply) may park an
 /// extra.
@@ -127,17 +136,23 @@ pub struct WorkerStats {
     pub woken: u64,
     /// Times an extra parked, for a client fewer.
     pub parks: u64,
+    /// Requests come through io_uring rings (1) or reads of `/dev/fuse` (0).
+    pub uring: bool,
+    /// Requests served from ring entries so far.
+    pub ring_requests: u64,
 }
 
 impl WorkerStats {
     /// The counters by name, as the control socket's `journal` answer gives them.
-    pub fn counters(&self) -> [(&'static str, u64); 5] {
+    pub fn counters(&self) -> [(&'static str, u64); 7] {
         [
             ("workers_total", self.total as u64),
             ("workers_core", self.core as u64),
             ("workers_parked", self.parked as u64),
             ("workers_woken", self.woken),
             ("workers_parks", self.parks),
+            ("transport_uring", self.uring as u64),
+            ("transport_ring_requests", self.ring_requests),
         ]
     }
 }
@@ -161,6 +176,8 @@ impl Workers {
             epoch: Instant::now(),
             woken: AtomicU64::new(0),
             parks: AtomicU64::new(0),
+            uring: AtomicU8::new(URING_OFF),
+            ring_requests: AtomicU64::new(0),
         }
     }
 
@@ -177,7 +194,25 @@ impl Workers {
             parked: self.parked_now.load(Relaxed),
             woken: self.woken.load(Relaxed),
             parks: self.parks.load(Relaxed),
+            uring: self.uring() == URING_ON,
+            ring_requests: self.ring_requests.load(Relaxed),
         }
+    }
+
+    /// Where FUSE over io_uring stands: [`URING_OFF`], [`URING_ASKED`] or [`URING_ON`].
+    pub fn uring(&self) -> u8 {
+        self.uring.load(Relaxed)
+    }
+
+    pub fn set_uring(&self, state: u8) {
+        debug_assert!(state <= URING_ON);
+        self.uring.store(state, Relaxed);
+    }
+
+    /// A ring's thread serves a request.
+    #[inline]
+    pub fn served_on_ring(&self) {
+        self.ring_requests.fetch_add(1, Relaxed);
     }
 
     /// A worker starts a request from thread `pid`.
@@ -318,7 +353,7 @@ fn empty_set() -> libc::cpu_set_t {
     unsafe { std::mem::zeroed() }
 }
 
-fn allowed_cpus() -> Option<Vec<usize>> {
+pub(crate) fn allowed_cpus() -> Option<Vec<usize>> {
     let mut set = empty_set();
     // SAFETY: `set` is a valid, writable `cpu_set_t` of the size passed.
     if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
@@ -330,7 +365,7 @@ fn allowed_cpus() -> Option<Vec<usize>> {
 }
 
 /// Keep the calling thread on `cpu`.
-fn set_cpu(cpu: usize) -> std::io::Result<()> {
+pub(crate) fn set_cpu(cpu: usize) -> std::io::Result<()> {
     let mut set = empty_set();
     // SAFETY: `cpu` < CPU_SETSIZE: it came from `allowed_cpus`.
     unsafe { libc::CPU_SET(cpu, &mut set) };

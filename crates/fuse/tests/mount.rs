@@ -646,7 +646,13 @@ fn workers_keep_to_one_cpu_each() {
     if cpus < 2 {
         return skip("workers_keep_to_one_cpu_each", "one CPU: every thread keeps to it anyway");
     }
-    let Some(fx) = Fixture::new("pinning", |c| c.threads = 1) else { return };
+    // The /dev/fuse workers' pinning: with the rings they would serve no request to pin at.
+    let Some(fx) = Fixture::new("pinning", |c| {
+        c.threads = 1;
+        c.uring = ferrofs_fuse::Uring::Off;
+    }) else {
+        return;
+    };
     for i in 0..20 {
         fs::write(fx.path(&format!("f{i}")), b"x").unwrap();
     }
@@ -677,7 +683,13 @@ fn mount_counters(fx: &Fixture) -> serde_json::Value {
 /// client threads and park again once one is left (`workers.rs`).
 #[test]
 fn extra_workers_follow_the_clients() {
-    let Some(fx) = Fixture::new("workers", |c| c.threads = ferrofs_fuse::THREADS_MAX) else { return };
+    // The /dev/fuse workers: with the rings they would see no client.
+    let Some(fx) = Fixture::new("workers", |c| {
+        c.threads = ferrofs_fuse::THREADS_MAX;
+        c.uring = ferrofs_fuse::Uring::Off;
+    }) else {
+        return;
+    };
     let c = mount_counters(&fx);
     let (total, core) = (c["workers_total"].as_u64().unwrap(), c["workers_core"].as_u64().unwrap());
     // One client: each extra serves a request or so, then parks.
@@ -966,5 +978,86 @@ fn child_serves_a_mount() {
     if let Err(e) = ferrofs_fuse::mount(&cfg, || {}) {
         eprintln!("child mount: {e}");
         std::process::exit(2);
+    }
+}
+
+/// With `-o uring` and the kernel offering it, requests are served from the io_uring rings
+/// (`uring.rs`), one per possible CPU: every CPU's callers are answered (a queue without
+/// entries would hang them), and the mount says which transport it uses. Without it, none
+/// is.
+#[test]
+fn uring_rings_serve_the_requests() {
+    if let Some(why) = common::uring_unavailable() {
+        return common::skip("uring_rings_serve_the_requests", &why);
+    }
+    let Some(fx) = Fixture::new("uring", |c| c.uring = ferrofs_fuse::Uring::On) else { return };
+    let (uring, before) = common::transport_counters(&fx.mnt);
+    assert_eq!(uring, 1);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // From each CPU this process may run on: each is served by that CPU's queue.
+    for cpu in 0..cpus {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: cpu_set_t is a plain bit set; all zeroes is the empty set.
+                let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+                // SAFETY: `set` is a valid cpu_set_t and `cpu` below CPU_SETSIZE.
+                unsafe { libc::CPU_SET(cpu, &mut set) };
+                // SAFETY: `set` is valid for the size passed; 0 is the calling thread.
+                unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+                for i in 0..50 {
+                    let p = fx.path(&format!("cpu{cpu}-{i}"));
+                    fs::write(&p, format!("{cpu} {i}")).unwrap();
+                    assert_eq!(fs::read_to_string(&p).unwrap(), format!("{cpu} {i}"));
+                }
+            });
+        });
+    }
+    let (_, after) = common::transport_counters(&fx.mnt);
+    assert!(after >= before + 50 * 4 * cpus as u64, "{} requests through the rings, {before} before", after);
+    drop(fx);
+    let Some(plain) = Fixture::new("uring-off", |c| c.uring = ferrofs_fuse::Uring::Off) else { return };
+    fs::write(plain.path("f"), b"x").unwrap();
+    assert_eq!(common::transport_counters(&plain.mnt), (0, 0), "no ring without -o uring");
+}
+
+/// The null server (`ferrofs-nullfs`, the transports' ceiling in `bench`) keeps names: what
+/// fs_mark and `rm -rf` do works on it through /dev/fuse and, where the kernel offers it,
+/// through the rings; it ends when unmounted.
+#[test]
+fn null_server_keeps_names_on_both_transports() {
+    if let Some(why) = common::fuse_unavailable() {
+        return common::skip("null_server_keeps_names_on_both_transports", &why);
+    }
+    if !common::is_root() {
+        return common::skip("null_server_keeps_names_on_both_transports", "mounting it needs root");
+    }
+    for uring in [false, true] {
+        if uring && common::uring_unavailable().is_some() {
+            continue;
+        }
+        let mnt = std::env::temp_dir().join(format!("ferrofs-null-{}-{uring}", std::process::id()));
+        fs::create_dir_all(&mnt).unwrap();
+        let server = std::thread::spawn({
+            let mnt = mnt.clone();
+            move || ferrofs_fuse::null::serve(&mnt, uring, 2)
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !common::is_mounted(&mnt) {
+            assert!(Instant::now() < deadline && !server.is_finished(), "null server did not mount");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let dir = mnt.join("d");
+        fs::create_dir(&dir).unwrap();
+        for i in 0..300 {
+            File::create(dir.join(format!("f{i}"))).unwrap();
+        }
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 300);
+        assert_eq!(errno(fs::create_dir(&dir)), libc::EEXIST);
+        assert_eq!(errno(fs::remove_dir(&dir)), libc::ENOTEMPTY);
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(errno(fs::metadata(&dir)), libc::ENOENT);
+        assert!(std::process::Command::new("umount").arg(&mnt).status().unwrap().success());
+        server.join().unwrap().unwrap_or_else(|e| panic!("null server (uring {uring}): {e}"));
+        fs::remove_dir(&mnt).unwrap();
     }
 }

@@ -34,10 +34,26 @@ use crate::ll::reply::Response;
 use crate::ll::{self};
 use crate::passthrough::BackingId;
 
+/// Where a reply goes when the request did not come from `/dev/fuse` (ferrofs patch): the
+/// FUSE-over-io_uring transport writes it into the request's ring entry and commits it there.
+/// `data` is the whole reply, `fuse_out_header` first, as it would be written to the device.
+pub trait ReplySink: Send + Sync + 'static {
+    /// Send one reply.
+    fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()>;
+}
+
+impl std::fmt::Debug for dyn ReplySink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplySink")
+    }
+}
+
 /// Generic reply callback to send data
 #[derive(Debug)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
+    /// ferrofs patch: a reply to a request read from an io_uring ring entry.
+    Sink(std::sync::Arc<dyn ReplySink>),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -49,6 +65,7 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
+            ReplySender::Sink(sink) => sink.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -63,6 +80,7 @@ impl ReplySender {
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
             ReplySender::Channel(sender) => sender.open_backing(fd),
+            ReplySender::Sink(_) => Err(std::io::Error::from(std::io::ErrorKind::Unsupported)),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -74,6 +92,7 @@ impl ReplySender {
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
+            ReplySender::Sink(_) => unimplemented!("passthrough is not offered over io_uring"),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]

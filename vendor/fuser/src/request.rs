@@ -34,6 +34,8 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// ferrofs patch: where the reply goes instead, for a request read from an io_uring ring.
+    sink: Option<std::sync::Arc<dyn crate::reply::ReplySink>>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +51,26 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self { ch, request, sink: None })
+    }
+
+    /// ferrofs patch: a request read from an io_uring ring entry, answered through `sink`.
+    pub(crate) fn with_sink(
+        ch: ChannelSender,
+        data: &'a [u8],
+        sink: std::sync::Arc<dyn crate::reply::ReplySink>,
+    ) -> Option<RequestWithSender<'a>> {
+        let mut req = Self::new(ch, data)?;
+        req.sink = Some(sink);
+        Some(req)
+    }
+
+    /// Where this request's reply goes.
+    fn reply_sender(&self) -> ReplySender {
+        match &self.sink {
+            Some(sink) => ReplySender::Sink(sink.clone()),
+            None => ReplySender::Channel(self.ch.clone()),
+        }
     }
 
     /// Dispatch request to the given filesystem.
@@ -305,7 +326,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.reply_sender(),
                         x.size() as usize,
                     ),
                 );
@@ -480,7 +501,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.reply_sender(),
                         x.size() as usize,
                     ),
                 );
@@ -556,7 +577,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.reply_sender())
     }
 
     /// Returns a Request reference for this request

@@ -244,6 +244,18 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_with(|_| Ok(Vec::new()))
+    }
+
+    /// ferrofs patch: [`Session::run`], with more threads serving requests that do not come
+    /// from reading `/dev/fuse` (FUSE-over-io_uring's rings). `start` gets a dispatcher for them
+    /// once the filesystem is shared between threads, starts its threads and returns their
+    /// handles; the session ends (and `destroy` runs) once they and the `/dev/fuse` loops
+    /// have all returned. An error from `start` ends nothing: the `/dev/fuse` loops serve on.
+    pub fn run_with(
+        self,
+        start: impl FnOnce(RingDispatcher<FS>) -> io::Result<Vec<JoinHandle<io::Result<()>>>>,
+    ) -> io::Result<()> {
         let Session {
             filesystem,
             ch,
@@ -268,6 +280,14 @@ impl<FS: Filesystem> Session<FS> {
         };
 
         let mut filesystem = Arc::new(filesystem);
+
+        let dispatcher = RingDispatcher(Arc::new(SessionEventLoop {
+            thread_name: "ring".to_string(),
+            filesystem: filesystem.clone(),
+            ch: ch.clone(),
+            allowed,
+            session_owner,
+        }));
 
         let mut channels = Vec::with_capacity(n_threads);
 
@@ -304,6 +324,11 @@ impl<FS: Filesystem> Session<FS> {
                     .name(thread_name)
                     .spawn(move || event_loop.event_loop())?,
             );
+        }
+
+        match start(dispatcher) {
+            Ok(rings) => threads.extend(rings),
+            Err(e) => warn!("request rings not started: {e}"),
         }
 
         let mut reply: io::Result<()> = Ok(());
@@ -552,6 +577,41 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 Err(err) => return Err(err.into()),
             }
         }
+    }
+}
+
+/// ferrofs patch: dispatches requests that arrive other than by reading `/dev/fuse` (from the
+/// entries of FUSE-over-io_uring rings) to the session's filesystem, each with the sink its
+/// reply goes to. Cloned freely; the session's filesystem is destroyed only after every clone
+/// is dropped.
+pub struct RingDispatcher<FS: Filesystem>(Arc<SessionEventLoop<FS>>);
+
+impl<FS: Filesystem> Clone for RingDispatcher<FS> {
+    fn clone(&self) -> Self {
+        RingDispatcher(self.0.clone())
+    }
+}
+
+impl<FS: Filesystem> std::fmt::Debug for RingDispatcher<FS> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RingDispatcher")
+    }
+}
+
+impl<FS: Filesystem> RingDispatcher<FS> {
+    /// Decode the request in `data` (as a read of `/dev/fuse` would return it) and call the
+    /// filesystem; its reply goes to `sink`, now or later from any thread. An error if
+    /// `data` is not a request; `Ok(true)` for DESTROY, which ends the session.
+    pub fn dispatch(&self, data: &[u8], sink: Arc<dyn crate::ReplySink>) -> io::Result<bool> {
+        let Some(req) = RequestWithSender::with_sink(self.0.ch.sender(), data, sink) else {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "Invalid request"));
+        };
+        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+            req.reply::<ReplyEmpty>().ok();
+            return Ok(true);
+        }
+        req.dispatch(&self.0);
+        Ok(false)
     }
 }
 

@@ -23,11 +23,45 @@ pub fn damaged_image() -> Vec<u8> {
     image
 }
 
+/// Whether this run's mounts serve through FUSE over io_uring (FERROFS_TEST_TRANSPORT=uring)
+/// instead of reads of /dev/fuse (`devfuse`, the default).
+pub fn uring() -> bool {
+    match std::env::var("FERROFS_TEST_TRANSPORT").as_deref() {
+        Ok("uring") => true,
+        Ok("devfuse") | Err(_) => false,
+        Ok(v) => panic!("FERROFS_TEST_TRANSPORT={v}: uring or devfuse"),
+    }
+}
+
+/// The `-o` options that choose this run's transport.
+pub fn transport_options() -> &'static [&'static str] {
+    if uring() {
+        &["-o", "uring"]
+    } else {
+        &[]
+    }
+}
+
+/// Whether the mount on `mnt` serves through io_uring, as `ferrofs lockstat --journal` says.
+pub fn served_through_uring(mnt: &Path) -> bool {
+    let o = run(Command::new(BIN).args(["lockstat", "--journal"]).arg(mnt));
+    assert!(o.status.success(), "lockstat --journal: {}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["transport_uring", "1"])
+}
+
 /// Why mounting cannot be tested here, if it cannot.
 pub fn unavailable() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root".into());
+    }
+    // The parameter is system-wide: scripts/test.sh switches it on for its io_uring runs.
+    if uring()
+        && std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").map_or(true, |v| v.trim() != "Y")
+    {
+        return Some("FUSE over io_uring is unavailable (no fuse parameter enable_uring, or it is N)".into());
     }
     std::fs::OpenOptions::new()
         .read(true)

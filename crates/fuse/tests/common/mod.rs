@@ -76,6 +76,35 @@ pub fn discard() -> bool {
     std::env::var_os("FERROFS_TEST_DISCARD").is_some_and(|v| v == "1")
 }
 
+/// Whether this run's mounts serve through FUSE over io_uring (FERROFS_TEST_TRANSPORT=uring)
+/// instead of reads of /dev/fuse (`devfuse`, the default). Every suite must pass both ways.
+pub fn uring() -> bool {
+    match std::env::var("FERROFS_TEST_TRANSPORT").as_deref() {
+        Ok("uring") => true,
+        Ok("devfuse") | Err(_) => false,
+        Ok(v) => panic!("FERROFS_TEST_TRANSPORT={v}: uring or devfuse"),
+    }
+}
+
+/// Why the kernel will not offer FUSE over io_uring now, if it will not. The fuse module's
+/// `enable_uring` is system-wide: scripts/test.sh switches it on for its io_uring runs (as
+/// root) and back afterwards; a test never changes it.
+pub fn uring_unavailable() -> Option<String> {
+    match std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring") {
+        Err(_) => Some("this kernel has no FUSE over io_uring (no fuse parameter enable_uring)".into()),
+        Ok(v) if v.trim() != "Y" => Some("FUSE over io_uring is off (/sys/module/fuse/parameters/enable_uring is N)".into()),
+        Ok(_) => None,
+    }
+}
+
+/// The mount's transport counters (`transport_uring`, `transport_ring_requests`) from its
+/// control socket.
+pub fn transport_counters(mnt: &Path) -> (u64, u64) {
+    let journal: serde_json::Value =
+        serde_json::from_str(&ferrofs_fuse::control_request(mnt, "journal").expect("control socket")).unwrap();
+    (journal["transport_uring"].as_u64().unwrap(), journal["transport_ring_requests"].as_u64().unwrap())
+}
+
 fn give_root_directory_to_caller(image: &Path) {
     let dev = FileDevice::open_wait(image, false, Duration::from_secs(10)).expect("open image");
     let fs = FileSystem::mount_device(Arc::new(dev), &MountOptions::default()).expect("engine mount");
@@ -120,7 +149,7 @@ impl Fixture {
     }
 
     pub fn with_size(name: &str, size: u64, tweak: impl FnOnce(&mut MountConfig)) -> Option<Fixture> {
-        if let Some(why) = fuse_unavailable() {
+        if let Some(why) = fuse_unavailable().or_else(|| uring().then(uring_unavailable).flatten()) {
             skip(name, &why);
             return None;
         }
@@ -140,6 +169,9 @@ impl Fixture {
         cfg.default_permissions = kernel_checks_permissions();
         cfg.writeback_cache = writeback_cache();
         cfg.discard = discard();
+        if uring() {
+            cfg.uring = ferrofs_fuse::Uring::On;
+        }
         tweak(&mut cfg);
         let mut fx = Fixture { name: name.to_string(), dir, image, mnt, cfg, handle: None };
         match fx.mount() {
@@ -156,6 +188,10 @@ impl Fixture {
         assert!(self.handle.is_none(), "already mounted");
         self.handle = Some(spawn_mount(&self.cfg)?);
         assert!(is_mounted(&self.mnt), "spawn_mount returned but {} is not mounted", self.mnt.display());
+        if self.cfg.uring != ferrofs_fuse::Uring::Off {
+            // A run on io_uring that quietly served through /dev/fuse would test nothing new.
+            assert_eq!(transport_counters(&self.mnt).0, 1, "{} is not served through io_uring", self.mnt.display());
+        }
         Ok(())
     }
 
