@@ -115,7 +115,9 @@ impl Kind {
             Kind::FerrofsUring => "ferrofs through FUSE over io_uring (ferrofs mount -o uring), image in /dev/shm",
             Kind::Minifuse => "minifuse, in-memory libfuse3 server (FUSE ceiling)",
             Kind::Null => "ferrofs-nullfs through /dev/fuse: names in memory, no engine (ceiling of /dev/fuse)",
-            Kind::NullUring => "ferrofs-nullfs through io_uring rings: names in memory, no engine (ceiling of the rings)",
+            Kind::NullUring => {
+                "ferrofs-nullfs through io_uring rings: names in memory, no engine (ceiling of the rings)"
+            }
             Kind::Fuse2fs => "fuse2fs, user-space ext4, image in /dev/shm",
             Kind::Ext4 => "kernel ext4, loop image in /dev/shm",
             Kind::Xfs => "kernel XFS, loop image in /dev/shm",
@@ -129,7 +131,13 @@ impl Kind {
     pub fn is_fuse(self) -> bool {
         matches!(
             self,
-            Kind::Ferrofs | Kind::FerrofsUring | Kind::Minifuse | Kind::Null | Kind::NullUring | Kind::Fuse2fs | Kind::Passthrough
+            Kind::Ferrofs
+                | Kind::FerrofsUring
+                | Kind::Minifuse
+                | Kind::Null
+                | Kind::NullUring
+                | Kind::Fuse2fs
+                | Kind::Passthrough
         )
     }
 

@@ -13,8 +13,8 @@ mod mount;
 mod mount_config;
 mod shared;
 mod signature;
-mod tune;
 mod trim;
+mod tune;
 
 // The modules the benchmarks share live in the library; imported here, the commands name
 // them as before (`crate::failure`, `crate::units`, ...).

@@ -497,7 +497,10 @@ pub fn list(args: &MountsArgs) -> CliResult<()> {
     let width = column("IMAGE", |m| m.image.as_os_str().len());
     let mwidth = column("MOUNT POINT", |m| m.mountpoint.as_os_str().len());
     let lwidth = column("LABEL", |m| m.label.len());
-    println!("{:width$}  {:mwidth$}  {:lwidth$}  {:36}  {:9}  CACHE", "IMAGE", "MOUNT POINT", "LABEL", "UUID", "TRANSPORT");
+    println!(
+        "{:width$}  {:mwidth$}  {:lwidth$}  {:36}  {:9}  CACHE",
+        "IMAGE", "MOUNT POINT", "LABEL", "UUID", "TRANSPORT"
+    );
     for m in &status.mounts {
         println!(
             "{:width$}  {:mwidth$}  {:lwidth$}  {:36}  {:9}  {}",

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{
-    daemon_pid, damaged_image, is_mounted, run, served_through_uring, stderr, transport_options, unavailable, uring, BIN,
+    daemon_pid, damaged_image, is_mounted, run, served_through_uring, stderr, transport_options, unavailable, uring,
+    BIN,
 };
 
 /// An image and a mount point, unmounted and removed on drop even when the test fails.

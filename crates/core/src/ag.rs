@@ -165,7 +165,10 @@ impl Ag {
             let h = hdr.read();
             let (blocks, inodes) =
                 (format::get_u64(&h[..], format::agh::BLOCKS), format::get_u32(&h[..], format::agh::INODES));
-            if !format::agh::blocks_fit(blocks, l.blocks) || inodes != geo.inodes_per_ag || format::get_u32(&h[..], format::agh::AGNO) != agno {
+            if !format::agh::blocks_fit(blocks, l.blocks)
+                || inodes != geo.inodes_per_ag
+                || format::get_u32(&h[..], format::agh::AGNO) != agno
+            {
                 return Err(Error::corrupt("AG header", l.header, "geometry disagrees with the superblock"));
             }
         }

@@ -127,11 +127,11 @@ mod access;
 mod control;
 mod epoch;
 mod kernel_mount;
+pub mod null;
 mod ops;
 mod options;
 mod sync_pool;
 mod uring;
-pub mod null;
 mod workers;
 
 use ferrofs::dev::FileDevice;
@@ -317,7 +317,9 @@ fn uring_available(mode: Uring) -> bool {
     match (mode, uring::parameter()) {
         (Uring::Off, _) => false,
         (_, None) => {
-            eprintln!("ferrofs: this kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING); serving through /dev/fuse");
+            eprintln!(
+                "ferrofs: this kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING); serving through /dev/fuse"
+            );
             false
         }
         (_, Some(true)) => true,
@@ -446,7 +448,9 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     // INIT has been answered: the rings are registered as the session starts, if INIT got them.
     let rings = match (workers.uring(), session.as_fd().try_clone_to_owned()) {
         (workers::URING_ON, Ok(conn)) => Some(conn),
-        (workers::URING_ON, Err(e)) => return Err(abandon(MountError::Fuse { path: opts.mountpoint.clone(), source: e })),
+        (workers::URING_ON, Err(e)) => {
+            return Err(abandon(MountError::Fuse { path: opts.mountpoint.clone(), source: e }))
+        }
         _ => None,
     };
     // Before any request is served: the session's threads start only in `run`.

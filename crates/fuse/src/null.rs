@@ -12,8 +12,8 @@ use crate::MAX_WRITE;
 use ferrofs_lockstat::{LockClass, Mutex};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    MountOption, ReplyAttr, ReplyCreate, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyStatfs,
-    Request, Session, SessionACL,
+    MountOption, ReplyAttr, ReplyCreate, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyStatfs, Request, Session,
+    SessionACL,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -155,7 +155,16 @@ impl Filesystem for NullFs {
         self.getattr(req, ino, fh, reply)
     }
 
-    fn mknod(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, _rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
         match self.make(parent, name, mode, false) {
             Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(e),
@@ -256,6 +265,11 @@ pub fn serve(mountpoint: &Path, uring: bool, threads: usize) -> io::Result<()> {
         if !uring {
             return Ok(Vec::new());
         }
-        uring::start(&conn, dispatcher, QueueConfig { depth: crate::URING_DEPTH, payload: MAX_WRITE as usize }, &workers)
+        uring::start(
+            &conn,
+            dispatcher,
+            QueueConfig { depth: crate::URING_DEPTH, payload: MAX_WRITE as usize },
+            &workers,
+        )
     })
 }

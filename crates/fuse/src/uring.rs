@@ -34,8 +34,8 @@
 //! releases their references to `/dev/fuse`, and the connection is aborted as on
 //! `/dev/fuse` alone.
 
-use ferrofs_lockstat::{LockClass, Mutex};
 use crate::workers::Workers;
+use ferrofs_lockstat::{LockClass, Mutex};
 use fuser::{Filesystem, RingDispatcher};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::cell::UnsafeCell;
@@ -309,7 +309,11 @@ impl Queue {
                 if res < 0 {
                     // ENOTCONN / ECONNABORTED: unmount or abort; ECANCELED: the ring is going.
                     if ![libc::ENOTCONN, libc::ECONNABORTED, libc::ECANCELED].contains(&-res) {
-                        log::error!("ring entry {index} of queue {} failed: {}", self.qid, io::Error::from_raw_os_error(-res));
+                        log::error!(
+                            "ring entry {index} of queue {} failed: {}",
+                            self.qid,
+                            io::Error::from_raw_os_error(-res)
+                        );
                     }
                     live -= 1;
                     continue;

@@ -58,8 +58,7 @@ pub fn unavailable() -> Option<String> {
         return Some("not root".into());
     }
     // The parameter is system-wide: scripts/test.sh switches it on for its io_uring runs.
-    if uring()
-        && std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").map_or(true, |v| v.trim() != "Y")
+    if uring() && std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").map_or(true, |v| v.trim() != "Y")
     {
         return Some("FUSE over io_uring is unavailable (no fuse parameter enable_uring, or it is N)".into());
     }

@@ -92,7 +92,9 @@ pub fn uring() -> bool {
 pub fn uring_unavailable() -> Option<String> {
     match std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring") {
         Err(_) => Some("this kernel has no FUSE over io_uring (no fuse parameter enable_uring)".into()),
-        Ok(v) if v.trim() != "Y" => Some("FUSE over io_uring is off (/sys/module/fuse/parameters/enable_uring is N)".into()),
+        Ok(v) if v.trim() != "Y" => {
+            Some("FUSE over io_uring is off (/sys/module/fuse/parameters/enable_uring is N)".into())
+        }
         Ok(_) => None,
     }
 }
