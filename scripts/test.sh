@@ -37,19 +37,16 @@ FERROFS_TEST_DISCARD=1 FERROFS_TEST_DEFAULT_PERMISSIONS=1 cargo test -p ferrofs-
 # remount) again over FUSE-over-io_uring (-o uring), where the kernel has it, in both
 # permission modes. The fuse module's enable_uring is system-wide: switched on (as root) for
 # these runs only and set back afterwards; without it (or without root) the tests skip with a
-# message. Skipped there: the two tests of an unlinked open file's freeing, which catch a
-# known issue of that transport (docs/DESIGN.md, "FUSE over io_uring").
+# message.
 URING_PARAM=/sys/module/fuse/parameters/enable_uring
 if [[ -w $URING_PARAM ]]; then
     uring_was=$(cat "$URING_PARAM")
     trap 'echo "$uring_was" > "$URING_PARAM"' EXIT
     echo Y > "$URING_PARAM"
 fi
-URING_GAPS=(--skip unlinked_file_lives_until_last_close)
-FERROFS_TEST_TRANSPORT=uring cargo test -p ferrofs-fuse --locked --test conformance --test mount --test semantics \
-    -- "${URING_GAPS[@]}" 2>&1
+FERROFS_TEST_TRANSPORT=uring cargo test -p ferrofs-fuse --locked --test conformance --test mount --test semantics 2>&1
 FERROFS_TEST_TRANSPORT=uring FERROFS_TEST_DEFAULT_PERMISSIONS=1 cargo test -p ferrofs-fuse --locked \
-    --test conformance --test mount --test semantics -- "${URING_GAPS[@]}" 2>&1
+    --test conformance --test mount --test semantics 2>&1
 FERROFS_TEST_TRANSPORT=uring cargo test -p ferrofs-cli --locked --test mount 2>&1
 if [[ -n ${uring_was:-} ]]; then
     echo "$uring_was" > "$URING_PARAM"

@@ -27,9 +27,9 @@ use crate::{MountConfig, MAX_WRITE};
 use attr::{file_attr, negative_attr, reply_created, request_time, time_or_now};
 use ferrofs::{Attr, Cred, FileSystem, PrivDrop, SetAttr};
 use fuser::{
-    AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, Notifier, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    AccessFlags, Errno, FileHandle, FopenFlags, ForgetOne, Generation, INodeNo, InitFlags, KernelConfig, Notifier,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -125,6 +125,12 @@ impl FerroFuse {
             }
             Err(e) => reply.error(e),
         }
+    }
+
+    /// Drop `nlookup` of the kernel's references to `ino`. No reply to fail; the engine has
+    /// logged what matters.
+    fn forget_one(&self, ino: u64, nlookup: u64) {
+        let _ = self.call("forget", |fs| fs.forget(ino, nlookup));
     }
 
     /// Who sent `req`, with the mount's ACLs when it honours them.
@@ -291,8 +297,17 @@ impl fuser::Filesystem for FerroFuse {
     /// an unlinked inode frees it.
     fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64) {
         let _serving = self.workers.serving(req.pid());
-        // No reply to fail; the engine has logged what matters.
-        let _ = self.call("forget", |fs| fs.forget(ino.0, nlookup));
+        self.forget_one(ino.0, nlookup);
+    }
+
+    /// Several FORGETs in one request, served under one `serving`: fuser's default calls
+    /// `forget` per node, and an extra worker that parks as the first one's ends would leave
+    /// the rest held (unlinked files never freed) until a recount woke it or the unmount.
+    fn batch_forget(&self, req: &Request, nodes: &[ForgetOne]) {
+        let _serving = self.workers.serving(req.pid());
+        for node in nodes {
+            self.forget_one(node.nodeid().0, node.nlookup());
+        }
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

@@ -31,7 +31,8 @@ use serde::Serialize;
 
 pub use crate::access_flags::AccessFlags;
 pub use crate::bsd_file_flags::BsdFileFlags;
-use crate::forget_one::ForgetOne;
+// ferrofs patch: public, so that a file system can implement `batch_forget` itself.
+pub use crate::forget_one::ForgetOne;
 pub use crate::ll::Errno;
 pub use crate::ll::Generation;
 pub use crate::ll::RequestId;
