@@ -434,6 +434,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     let notifier = adapter.notifier_slot();
     let name_epoch = adapter.name_epoch();
     let workers = adapter.workers();
+    let syncs = adapter.sync_pool();
     if uring_available(opts.uring) {
         workers.set_uring(workers::URING_ASKED);
     }
@@ -486,7 +487,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
         .name("ferrofs-session".into())
         .spawn(move || {
             let _control = control;
-            serve(session, rings, &workers_for_rings, fs, mountpoint)
+            serve(session, rings, &workers_for_rings, syncs, fs, mountpoint)
         })
         .map_err(|source| MountError::Session { path: opts.mountpoint.clone(), source })?;
     Ok(MountHandle {
@@ -590,6 +591,7 @@ fn serve(
     session: Session<ops::FerroFuse>,
     rings: Option<std::os::fd::OwnedFd>,
     workers: &Arc<workers::Workers>,
+    syncs: Arc<sync_pool::SyncPool>,
     fs: Arc<FileSystem>,
     mountpoint: PathBuf,
 ) -> Result<(), MountError> {
@@ -602,7 +604,8 @@ fn serve(
     let start_rings = |dispatcher| match &rings {
         Some(conn) => {
             let config = uring::QueueConfig { depth: URING_DEPTH, payload: MAX_WRITE as usize };
-            uring::start(conn, dispatcher, config, workers)
+            let offload = uring::Offload { fs: fs.clone(), pool: syncs.clone() };
+            uring::start(conn, dispatcher, config, workers, Some(&offload))
         }
         None => Ok(Vec::new()),
     };

@@ -270,6 +270,7 @@ pub fn serve(mountpoint: &Path, uring: bool, threads: usize) -> io::Result<()> {
             dispatcher,
             QueueConfig { depth: crate::URING_DEPTH, payload: MAX_WRITE as usize },
             &workers,
+            None,
         )
     })
 }

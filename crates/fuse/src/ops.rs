@@ -62,7 +62,7 @@ pub struct FerroFuse {
     /// Expires every cached name at once, where the kernel can.
     name_epoch: Arc<NameEpoch>,
     /// Runs fsync and fsyncdir, which wait on the device, off the workers.
-    syncs: SyncPool,
+    syncs: Arc<SyncPool>,
     /// How many workers read `/dev/fuse`, and where they run.
     workers: Arc<Workers>,
 }
@@ -83,7 +83,7 @@ impl FerroFuse {
             no_opendir: opts.default_permissions && !fs.accesses_set_atime(true),
             notifier: Arc::new(OnceLock::new()),
             name_epoch: Arc::default(),
-            syncs: SyncPool::start(SYNC_THREADS, SYNC_QUEUE_MAX)?,
+            syncs: Arc::new(SyncPool::start(SYNC_THREADS, SYNC_QUEUE_MAX)?),
             workers: Arc::new(Workers::new(opts.thread_count())),
             fs,
         })
@@ -98,6 +98,11 @@ impl FerroFuse {
     /// exists.
     pub fn name_epoch(&self) -> Arc<NameEpoch> {
         self.name_epoch.clone()
+    }
+
+    /// The sync pool, which also serves the rings' requests that would wait.
+    pub fn sync_pool(&self) -> Arc<SyncPool> {
+        self.syncs.clone()
     }
 
     /// The worker pool, which needs the session's descriptor once the session exists.

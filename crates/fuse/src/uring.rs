@@ -25,6 +25,11 @@
 //! sent after a reply relies on that: the kernel may hold, until the reply, a lock that the
 //! notification takes).
 //!
+//! A request that changes the file system while the engine would make it wait (a full log or
+//! cache: [`ferrofs::FileSystem::changes_would_wait`]) is handed to the sync pool, as fsync
+//! always is: served on the queue thread it would hold every later request of that CPU's
+//! callers behind the checkpoint it waits for, reads included.
+//!
 //! Interrupts, forgets and notifications stay on `/dev/fuse` (the kernel sends and takes them
 //! only there), so the `/dev/fuse` workers keep running beside the rings.
 //!
@@ -34,7 +39,9 @@
 //! releases their references to `/dev/fuse`, and the connection is aborted as on
 //! `/dev/fuse` alone.
 
+use crate::sync_pool::SyncPool;
 use crate::workers::Workers;
+use ferrofs::FileSystem;
 use ferrofs_lockstat::{LockClass, Mutex};
 use fuser::{Filesystem, RingDispatcher};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
@@ -64,6 +71,12 @@ const ENT_IN_OUT: usize = IN_OUT_LEN + OP_IN_LEN;
 const PAYLOAD_SZ: usize = ENT_IN_OUT + 16;
 /// Offset of `len` in an SQE (`struct io_uring_sqe`), which io-uring's `UringCmd80` leaves 0.
 const SQE_LEN_OFFSET: usize = 24;
+/// Offset of `opcode` in `struct fuse_in_header`.
+const OPCODE_OFFSET: usize = 4;
+/// The opcodes whose requests begin a transaction (include/uapi/linux/fuse.h): SETATTR,
+/// SYMLINK, MKNOD, MKDIR, UNLINK, RMDIR, RENAME, LINK, WRITE, SETXATTR, REMOVEXATTR, CREATE,
+/// FALLOCATE, RENAME2, COPY_FILE_RANGE, TMPFILE. Reads may too (an atime), rarely: they stay.
+const CHANGES: [u32; 16] = [4, 6, 8, 9, 10, 11, 12, 13, 16, 21, 24, 35, 43, 45, 47, 51];
 
 static RING_SUBMIT: LockClass = LockClass::new("fuse-ring-submit");
 
@@ -101,6 +114,16 @@ struct Queue {
 unsafe impl Sync for Queue {}
 // SAFETY: as above; nothing in `Queue` is tied to the thread that built it.
 unsafe impl Send for Queue {}
+
+/// Where a queue sends the requests that would wait (module docs); none for a server
+/// without the engine (the null server).
+#[derive(Clone)]
+pub struct Offload {
+    /// Asked whether a change would wait now.
+    pub fs: Arc<FileSystem>,
+    /// Serves such requests.
+    pub pool: Arc<SyncPool>,
+}
 
 /// How many queues and entries.
 #[derive(Clone, Copy, Debug)]
@@ -151,6 +174,7 @@ pub fn start<FS: Filesystem>(
     dispatcher: RingDispatcher<FS>,
     config: QueueConfig,
     workers: &Arc<Workers>,
+    offload: Option<&Offload>,
 ) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
     debug_assert!(config.depth > 0 && config.depth <= DEPTH_MAX);
     let started = possible_cpus().and_then(|n| {
@@ -158,10 +182,10 @@ pub fn start<FS: Filesystem>(
             .map(|qid| {
                 let queue = Arc::new(Queue::new(qid as u16, fuse.try_clone()?, config)?);
                 let dispatcher = dispatcher.clone();
-                let workers = workers.clone();
+                let (workers, offload) = (workers.clone(), offload.cloned());
                 std::thread::Builder::new()
                     .name(format!("ferrofs-ring-{qid}"))
-                    .spawn(move || queue.serve(&dispatcher, &workers))
+                    .spawn(move || queue.serve(&dispatcher, &workers, offload.as_ref()))
             })
             .collect::<io::Result<Vec<_>>>()
     });
@@ -257,7 +281,12 @@ impl Queue {
 
     /// The queue thread: dispatch each request completed on the ring until every entry has
     /// ended (the connection is gone).
-    fn serve<FS: Filesystem>(self: Arc<Queue>, dispatcher: &RingDispatcher<FS>, workers: &Workers) -> io::Result<()> {
+    fn serve<FS: Filesystem>(
+        self: Arc<Queue>,
+        dispatcher: &RingDispatcher<FS>,
+        workers: &Workers,
+        offload: Option<&Offload>,
+    ) -> io::Result<()> {
         if let Some(cpus) = crate::workers::allowed_cpus() {
             if cpus.contains(&(self.qid as usize)) {
                 // The queue's requests come from callers on this CPU; a failure (the CPU went
@@ -277,7 +306,16 @@ impl Queue {
         let sinks: Vec<Arc<dyn fuser::ReplySink>> = (0..self.entries.len())
             .map(|index| Arc::new(EntrySink { queue: self.clone(), index }) as Arc<dyn fuser::ReplySink>)
             .collect();
-        let served = self.serve_entries(dispatcher, &sinks, workers);
+        // One clone per request handed to the pool, dropped after its dispatcher's clone: the
+        // session destroys the file system once every dispatcher is gone, and refuses to
+        // while one is left.
+        let offloaded = Arc::new(());
+        let served = self.serve_entries(dispatcher, &sinks, workers, offload, &offloaded);
+        while Arc::strong_count(&offloaded) > 1 {
+            // Only at the end of the connection, and only for a reply already sent: the
+            // entries ended, so no job is left but the end of one.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         if served.is_err() {
             // Entries may still be the kernel's, and it writes into their buffers: they must
             // never be freed.
@@ -292,6 +330,8 @@ impl Queue {
         dispatcher: &RingDispatcher<FS>,
         sinks: &[Arc<dyn fuser::ReplySink>],
         workers: &Workers,
+        offload: Option<&Offload>,
+        offloaded: &Arc<()>,
     ) -> io::Result<()> {
         let mut live = self.entries.len();
         let mut request = Vec::with_capacity(IN_HEADER_LEN + OP_IN_LEN + 4096);
@@ -324,6 +364,24 @@ impl Queue {
                     continue;
                 }
                 workers.served_on_ring();
+                if let Some(offload) = offload.filter(|o| changes(&request) && o.fs.changes_would_wait()) {
+                    workers.offloaded_from_ring();
+                    // The request's buffer goes with the job; the loop takes a new one.
+                    let capacity = request.capacity();
+                    let job = std::mem::replace(&mut request, Vec::with_capacity(capacity));
+                    let (dispatcher, sink, qid) = (dispatcher.clone(), sinks[index].clone(), self.qid);
+                    let token = offloaded.clone();
+                    // Waits while the pool's queue is full: a device that far behind holds
+                    // requests back in the kernel.
+                    offload.pool.submit(move || {
+                        if let Err(e) = dispatcher.dispatch(&job, sink) {
+                            log::error!("queue {qid}: {e}");
+                        }
+                        drop(dispatcher);
+                        drop(token);
+                    });
+                    continue;
+                }
                 match dispatcher.dispatch(&request, sinks[index].clone()) {
                     Ok(false) => {}
                     // DESTROY: the connection ends with entries still the kernel's.
@@ -356,6 +414,12 @@ impl Queue {
         out.extend_from_slice(&payload[..payload_len]);
         Ok(())
     }
+}
+
+/// Whether `request` (a `fuse_in_header` and the rest) may begin a transaction.
+fn changes(request: &[u8]) -> bool {
+    let opcode = u32::from_ne_bytes(request[OPCODE_OFFSET..OPCODE_OFFSET + 4].try_into().unwrap());
+    CHANGES.contains(&opcode)
 }
 
 /// A bare error reply to the request whose `fuse_in_header` starts `request`.

@@ -112,6 +112,8 @@ pub struct Workers {
     uring: AtomicU8,
     /// Requests served from ring entries.
     ring_requests: AtomicU64,
+    /// Of those, requests handed to the sync pool (a change that would wait: `uring.rs`).
+    ring_offloads: AtomicU64,
 }
 
 pub const URING_OFF: u8 = 0;
@@ -140,11 +142,13 @@ pub struct WorkerStats {
     pub uring: bool,
     /// Requests served from ring entries so far.
     pub ring_requests: u64,
+    /// Of those, requests handed to the sync pool.
+    pub ring_offloads: u64,
 }
 
 impl WorkerStats {
     /// The counters by name, as the control socket's `journal` answer gives them.
-    pub fn counters(&self) -> [(&'static str, u64); 7] {
+    pub fn counters(&self) -> [(&'static str, u64); 8] {
         [
             ("workers_total", self.total as u64),
             ("workers_core", self.core as u64),
@@ -153,6 +157,7 @@ impl WorkerStats {
             ("workers_parks", self.parks),
             ("transport_uring", self.uring as u64),
             ("transport_ring_requests", self.ring_requests),
+            ("transport_ring_offloads", self.ring_offloads),
         ]
     }
 }
@@ -178,6 +183,7 @@ impl Workers {
             parks: AtomicU64::new(0),
             uring: AtomicU8::new(URING_OFF),
             ring_requests: AtomicU64::new(0),
+            ring_offloads: AtomicU64::new(0),
         }
     }
 
@@ -196,6 +202,7 @@ impl Workers {
             parks: self.parks.load(Relaxed),
             uring: self.uring() == URING_ON,
             ring_requests: self.ring_requests.load(Relaxed),
+            ring_offloads: self.ring_offloads.load(Relaxed),
         }
     }
 
@@ -213,6 +220,11 @@ impl Workers {
     #[inline]
     pub fn served_on_ring(&self) {
         self.ring_requests.fetch_add(1, Relaxed);
+    }
+
+    /// A ring's request goes to the sync pool.
+    pub fn offloaded_from_ring(&self) {
+        self.ring_offloads.fetch_add(1, Relaxed);
     }
 
     /// A worker starts a request from thread `pid`.

@@ -340,6 +340,31 @@ fn files_closed_together_are_all_freed() {
     }
 }
 
+/// With a cache budget too small for the work, transactions often wait for reclaim. On io_uring
+/// a change that would wait is served by the sync pool rather than on its ring queue's thread
+/// (counted as `transport_ring_offloads`), and the files come out whole either way.
+#[test]
+fn changes_that_would_wait_leave_the_ring() {
+    let Some(mut fx) = Fixture::new("offload", |c| c.cache_bytes = Some(4096)) else { return };
+    let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
+    for i in 0..200 {
+        fs::write(fx.path(&format!("f{i}")), &data[..(i * 97) % data.len()]).unwrap();
+    }
+    for i in 0..200 {
+        assert_eq!(fs::read(fx.path(&format!("f{i}"))).unwrap(), &data[..(i * 97) % data.len()]);
+    }
+    let journal: serde_json::Value =
+        serde_json::from_str(&ferrofs_fuse::control_request(&fx.mnt, "journal").expect("control socket")).unwrap();
+    let offloads = journal["transport_ring_offloads"].as_u64().unwrap();
+    if uring() {
+        assert!(offloads > 0, "no change left its ring queue under a 4 KiB cache budget");
+    } else {
+        assert_eq!(offloads, 0, "requests from /dev/fuse counted as leaving a ring");
+    }
+    fx.unmount();
+    assert_fsck_clean(&fx.image);
+}
+
 #[test]
 fn sparse_file_beyond_4_gib() {
     let Some(fx) = Fixture::new("sparse", |_| {}) else { return };

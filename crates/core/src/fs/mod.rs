@@ -200,6 +200,14 @@ impl FileSystem {
         self.m.unmount()
     }
 
+    /// Whether an operation that changes the file system would wait before starting now: the
+    /// log's in-memory part (CIL) or the caches are over their bounds, and the next
+    /// transaction to begin checkpoints or reclaims first. A hint, true or false a moment
+    /// later: for a caller that would rather not wait on a thread that serves others.
+    pub fn changes_would_wait(&self) -> bool {
+        self.m.journal.cil_at_max() || self.m.icache.budget().is_over()
+    }
+
     /// Make every completed operation durable (sync(2)), and the space it freed reusable.
     pub fn sync(&self) -> Result<()> {
         self.m.check_alive()?;

@@ -389,7 +389,7 @@ impl Journal {
         result
     }
 
-    pub(super) fn cil_at_max(&self) -> bool {
+    pub(crate) fn cil_at_max(&self) -> bool {
         self.cil_bytes() >= self.cfg.cil_max_bytes
     }
 
