@@ -3,10 +3,14 @@
 //! number and owner, not the file system's UUID), so a new one costs one superblock write per
 //! AG, like the label; docs/DESIGN.md "Label and UUID" gives the crash cases of the order.
 
-use crate::dev::BlockDevice;
+use crate::dev::{BlockDevice, SECTOR_SIZE};
 use crate::error::{Error, Result};
-use crate::format::sb::{check_label, put_identity};
+use crate::format::sb::{check_label, put_identity, IDENTITY_END};
 use crate::format::{Superblock, BLOCK_SIZE};
+
+// The identity must lie in the sector the media write whole (the format cannot name the
+// device layer, so the rule is checked here, where both meet).
+const _: () = assert!(IDENTITY_END as u64 <= SECTOR_SIZE);
 
 /// What to change; `None` keeps the current value.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -81,7 +85,7 @@ fn rewrite(dev: &dyn BlockDevice, old: &Superblock, new: &Superblock, agno: u32)
     }
     let before = b.clone();
     put_identity(&mut b, &new.uuid, &new.label);
-    debug_assert_eq!(b[crate::format::sb::IDENTITY_END..], before[crate::format::sb::IDENTITY_END..]);
+    debug_assert_eq!(b[IDENTITY_END..], before[IDENTITY_END..]);
     debug_assert_eq!(Superblock::decode(&b, blkno).ok().as_ref(), Some(new));
     dev.write_at(&b, blkno * BLOCK_SIZE as u64)?;
     Ok(())

@@ -21,7 +21,6 @@ const LABEL_OFFSET: usize = 104;
 pub const LABEL_MAX: usize = 32;
 /// The end of the identity fields: the bytes `tune` may change all lie below it.
 pub const IDENTITY_END: usize = LABEL_OFFSET + LABEL_MAX;
-const _: () = assert!(IDENTITY_END as u64 <= crate::dev::SECTOR_SIZE);
 
 /// The authoritative, validated description of an image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
