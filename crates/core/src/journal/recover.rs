@@ -27,21 +27,47 @@ struct Record {
 }
 
 /// The newer valid copy of the log header (it is kept in two blocks, written alternately).
+///
+/// Every writer puts generation `gen` in slot `gen & 1`, one past the other slot's, with a tail
+/// no older than the other's (§15.2 of the SPEC). A checksum-valid header that breaks this was
+/// not written by us: in the wrong slot it is ignored like a torn one; two valid headers that
+/// no sequence of writes leaves are corruption, because trusting either could replay records
+/// already written home over newer blocks (a tail behind the real one) or skip records.
 pub fn read_log_header(dev: &dyn BlockDevice, geo: &Geometry) -> Result<LogHeader> {
     let log = geo.ag_layout(0).log;
     let ring = geo.log_ring_blocks();
-    let mut best: Option<LogHeader> = None;
+    let mut valid: Vec<LogHeader> = Vec::with_capacity(LOG_HEADER_BLOCKS as usize);
     let mut last_err = None;
-    for i in 0..LOG_HEADER_BLOCKS {
+    for slot in 0..LOG_HEADER_BLOCKS {
         let mut b = vec![0u8; BLOCK_SIZE];
-        dev.read_at(&mut b, (log + i) * BLOCK_SIZE as u64)?;
-        match LogHeader::decode(&b, log + i, ring) {
-            Ok(h) if best.is_none_or(|b| h.gen > b.gen) => best = Some(h),
-            Ok(_) => {}
+        dev.read_at(&mut b, (log + slot) * BLOCK_SIZE as u64)?;
+        match LogHeader::decode(&b, log + slot, ring) {
+            Ok(h) if h.gen & 1 != slot => {
+                last_err = Some(Error::corrupt("log header", log + slot, format!("generation {} in slot {slot}", h.gen)))
+            }
+            Ok(h) => valid.push(h),
             Err(e) => last_err = Some(e),
         }
     }
-    best.ok_or_else(|| last_err.unwrap())
+    match valid[..] {
+        [] => Err(last_err.expect("a header that is not valid has an error")),
+        [h] => Ok(h),
+        [a, b] => {
+            let (old, new) = if a.gen < b.gen { (a, b) } else { (b, a) };
+            let follows = old.gen.checked_add(1) == Some(new.gen)
+                && matches!(new.epoch.checked_sub(old.epoch), Some(0 | 1))
+                && new.tail_seq >= old.tail_seq;
+            if !follows {
+                return Err(Error::corrupt(
+                    "log header",
+                    log + (new.gen & 1),
+                    format!("{new:?} cannot follow {old:?} in the other slot"),
+                ));
+            }
+            Ok(new)
+        }
+        _ => unreachable!("two header slots"),
+    }
 }
 
 /// Replay the log. With `write == false` the device is only read (and the caller must give
@@ -113,7 +139,12 @@ fn scan(dev: &dyn BlockDevice, ring_start: u64, ring: u64, h: &LogHeader) -> Res
     while used < ring {
         let found = match read_record(dev, ring_start, ring, off, seq, h.epoch)? {
             Some(r) => Some((off, r)),
-            None if off != 0 => read_record(dev, ring_start, ring, 0, seq, h.epoch)?.map(|r| (0, r)),
+            // A record starts at the ring's start only when it does not fit before the end
+            // (`Ail::reserve`): one there that would have fit at `off` is an older record, and
+            // replaying it would roll newer home blocks back.
+            None if off != 0 => read_record(dev, ring_start, ring, 0, seq, h.epoch)?
+                .filter(|r| (r.len() / BLOCK_SIZE) as u64 > ring - off)
+                .map(|r| (0, r)),
             None => None,
         };
         let Some((at, bytes)) = found else { break };
