@@ -167,12 +167,6 @@ impl<V: Reclaimable> AgCache<V> {
         }
     }
 
-    pub fn remove(&self, k: u64) -> Option<Arc<V>> {
-        let v = self.shard(k).write().remove(&k)?;
-        self.ags[self.ag(k)].len.fetch_sub(1, Relaxed);
-        Some(v)
-    }
-
     pub fn len(&self) -> u64 {
         self.ags.iter().map(|a| a.len.load(Relaxed)).sum()
     }

@@ -199,7 +199,7 @@ fn unhold(holders: &Holders, k: u64, v: Arc<Obj>) {
 
 /// Two threads look up or insert the same keys, holding and dropping their objects (and
 /// checking that what they hold stays cached); one
-/// inserts, drops and removes a key of its own; two reclaim the AG (one sweep of its shards
+/// inserts, removes and drops a key of its own; two reclaim the AG (one sweep of its shards
 /// each, contending for its cursor). Nobody may see an object evicted under it (which shows
 /// as a second object for its key), and the AG's length counter must match the maps.
 #[test]
@@ -228,8 +228,9 @@ fn ag_cache_never_evicts_a_held_object() {
         {
             let cache = Arc::clone(&cache);
             threads.push(thread::spawn(move || {
-                drop(cache.get_or_insert(OWN, Arc::new(Obj { referenced: AtomicBool::new(false) })));
-                cache.remove(OWN);
+                let own = cache.get_or_insert(OWN, Arc::new(Obj { referenced: AtomicBool::new(false) }));
+                cache.remove_if(OWN, &own);
+                drop(own);
                 drop(cache.get_or_insert(OWN, Arc::new(Obj { referenced: AtomicBool::new(false) })));
             }));
         }

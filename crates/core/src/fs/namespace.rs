@@ -140,13 +140,13 @@ impl FileSystem {
     /// Commit `tx`, which made `inode`: cached before the commit, as a lookup right after
     /// it must find the inode; uncached again if the commit fails.
     pub(super) fn commit_with_new_inode(&self, tx: Tx, inode: Option<InodeRef>) -> Result<()> {
-        let ino = inode.as_ref().map(|i| i.ino);
-        if let Some(i) = inode {
-            self.m.icache.insert_new(i);
+        if let Some(i) = &inode {
+            self.m.icache.insert_new(i.clone());
         }
+        // The failed transaction gave the number back: another create may own it already.
         tx.commit().map(|_| ()).inspect_err(|_| {
-            if let Some(ino) = ino {
-                self.m.icache.remove(ino);
+            if let Some(i) = &inode {
+                self.m.icache.remove_if(i);
             }
         })
     }
@@ -407,8 +407,9 @@ impl FileSystem {
             drop(locked);
             if freed {
                 // Freed in the transaction: nothing is left to reap, and looking would lock
-                // the inode and its AG once more per unlink.
-                self.m.icache.remove(child.ino);
+                // the inode and its AG once more per unlink. Uncached only if still ours:
+                // a create may have claimed the number since the commit.
+                self.m.icache.remove_if(&child);
                 return Ok(());
             }
             return self.reap_if_unused(&child);

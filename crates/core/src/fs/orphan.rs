@@ -90,7 +90,8 @@ impl FileSystem {
             }
             Ok(Step::More)
         })?;
-        self.m.icache.remove(i.ino);
+        // Only if still ours: a create may have claimed the freed number already.
+        self.m.icache.remove_if(i);
         Ok(())
     }
 

@@ -311,7 +311,8 @@ impl FileSystem {
             locked.set(dst.ino, dst_copy);
         }
         if let (true, Some(replaced)) = (freed, dst) {
-            self.m.icache.remove(replaced.ino);
+            // Only if still ours: a create may have claimed the number since the commit.
+            self.m.icache.remove_if(replaced);
         }
         Ok(())
     }
