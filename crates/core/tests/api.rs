@@ -800,7 +800,12 @@ fn a_number_reused_at_once_keeps_its_new_inode_cached() {
                         fs.write(f.ino, 0, &data).unwrap_or_else(|e| panic!("thread {t}, round {i}: write: {e}"));
                         let a = fs.getattr(f.ino).unwrap_or_else(|e| panic!("thread {t}, round {i}: getattr: {e}"));
                         let nlink = u32::from(t != 1);
-                        assert_eq!((a.size, a.nlink, a.perm), (4, nlink, 0o600), "thread {t}, round {i}: inode {}", f.ino);
+                        assert_eq!(
+                            (a.size, a.nlink, a.perm),
+                            (4, nlink, 0o600),
+                            "thread {t}, round {i}: inode {}",
+                            f.ino
+                        );
                         assert_eq!(fs.read(f.ino, 0, 4).unwrap(), data, "thread {t}, round {i}");
                         free(fs, t, dir, f.ino);
                         if i % 2000 == 0 {

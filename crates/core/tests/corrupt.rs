@@ -1054,7 +1054,6 @@ fn read_only_mount_of_an_orphan_it_cannot_process() {
     assert_eq!(ro, Ok(Ok(100)));
 }
 
-
 /// The clean image with log header slot `slot` replaced by `h` (a valid checksum) and the
 /// other slot kept or zeroed.
 fn with_log_header(slot: u64, h: format::log::LogHeader, keep_other: bool) -> MemDevice {

@@ -43,7 +43,8 @@ pub fn read_log_header(dev: &dyn BlockDevice, geo: &Geometry) -> Result<LogHeade
         dev.read_at(&mut b, (log + slot) * BLOCK_SIZE as u64)?;
         match LogHeader::decode(&b, log + slot, ring) {
             Ok(h) if h.gen & 1 != slot => {
-                last_err = Some(Error::corrupt("log header", log + slot, format!("generation {} in slot {slot}", h.gen)))
+                last_err =
+                    Some(Error::corrupt("log header", log + slot, format!("generation {} in slot {slot}", h.gen)))
             }
             Ok(h) => valid.push(h),
             Err(e) => last_err = Some(e),
