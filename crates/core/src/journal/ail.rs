@@ -314,9 +314,10 @@ impl Ail {
         // Records are written home in sequence order, so everything up to here is home: a
         // cache may now drop what these records logged and read it back from home.
         self.home_seq.fetch_max(homed_seq, Release);
-        let (hdr, blkno) = self.advance_tail(freed);
+        let (hdr, blkno) = self.advance_tail();
         dev.write_at(&hdr.encode(blkno)[..], blkno * BLOCK_SIZE as u64)?;
         dev.flush()?;
+        self.release_ring(freed);
         let written = homed.len() as u64;
         *homed_kept = reuse_empty(homed);
         let retired: Vec<Written> =
@@ -362,10 +363,18 @@ impl Ail {
         Taken { batch: g.entries.drain(..n).collect(), freed, new }
     }
 
-    fn advance_tail(&self, freed: u64) -> (LogHeader, u64) {
-        let mut g = self.inner.lock();
+    /// Give the ring blocks behind a tail whose header is durable back to `reserve`. Only
+    /// then: until that header is durable a crash recovers from the old tail, whose records
+    /// must still be in place for the scan to reach the records after them. Under the AIL
+    /// lock, as `reserve`'s read-modify-write of `used_blocks` is.
+    fn release_ring(&self, freed: u64) {
+        let _g = self.inner.lock();
         let used = self.used_blocks.fetch_sub(freed, Relaxed);
         debug_assert!(freed <= used, "writeback freed {freed} ring blocks of {used} in use");
+    }
+
+    fn advance_tail(&self) -> (LogHeader, u64) {
+        let mut g = self.inner.lock();
         let (tail_off, tail_seq) = g.entries.front().map_or((g.head, g.next_rec_seq), |e| (e.off, e.rec_seq));
         g.gen += 1;
         let h = LogHeader { gen: g.gen, epoch: g.epoch, tail_off, tail_seq };
@@ -512,6 +521,60 @@ mod tests {
         dev.read_at(&mut home, 100 * BLOCK_SIZE as u64).expect("read home");
         assert_eq!(home[..BLOCK_SIZE], block(100, 3)[..], "block 100 holds the newest image");
         assert_eq!(home[BLOCK_SIZE..], block(101, 9)[..]);
+    }
+
+    /// Ring blocks a writeback frees are not claimed before the header naming the new tail is
+    /// durable: a crash in between recovers from the old tail, and a record written over it
+    /// would end the scan there, before the durable records that follow.
+    #[test]
+    fn freed_ring_blocks_wait_for_the_new_tail_to_be_durable() {
+        /// Tries a reservation while the header of the new tail is being written.
+        struct HeaderProbe<'a> {
+            dev: MemDevice,
+            headers: std::ops::Range<u64>,
+            ail: &'a Ail,
+            claimed: std::sync::Mutex<Vec<bool>>,
+        }
+        impl BlockDevice for HeaderProbe<'_> {
+            fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+                self.dev.read_at(buf, off)
+            }
+            fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+                if self.headers.contains(&off) {
+                    self.claimed.lock().unwrap().push(self.ail.reserve(8).is_ok());
+                }
+                self.dev.write_at(buf, off)
+            }
+            fn flush(&self) -> io::Result<()> {
+                self.dev.flush()
+            }
+            fn size(&self) -> u64 {
+                self.dev.size()
+            }
+        }
+        let geo =
+            mkfs::plan(DEV_BYTES, &MkfsOptions { ag_count: Some(1), ..MkfsOptions::default() }).expect("geometry");
+        let log = geo.ag_layout(0).log;
+        let ail = Ail::new(log, 64, LogHeader { gen: 0, epoch: 1, tail_off: 0, tail_seq: 1 });
+        for i in 0..8u64 {
+            let (rec_seq, _, _) = ail.reserve(8).expect("room");
+            let mut b = vec![1u8; BLOCK_SIZE];
+            init_header(&mut b, MAGIC_BITMAP, 100 + i, 0);
+            seal_block(&mut b, 1);
+            ail.mark_durable(rec_seq, i + 1, vec![(ItemKey::Block(100 + i), b.into_boxed_slice())]);
+        }
+        assert!(ail.reserve(8).is_err(), "the ring is full");
+        let block = BLOCK_SIZE as u64;
+        let dev = HeaderProbe {
+            dev: MemDevice::new(DEV_BYTES),
+            headers: log * block..(log + 2) * block,
+            ail: &ail,
+            claimed: Default::default(),
+        };
+        let Pushed { freed, .. } = ail.push(&dev, &geo, 64, &|_| {}).expect("writeback");
+        assert_eq!(freed, 64);
+        assert_eq!(*dev.claimed.lock().unwrap(), [false], "ring space claimed before the new tail was durable");
+        assert!(ail.reserve(8).is_ok(), "the freed ring is claimable once the tail is durable");
     }
 
     /// Writeback's scratch outlives the records its slices point into only through
