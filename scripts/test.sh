@@ -33,9 +33,11 @@ FERROFS_TEST_WRITEBACK_CACHE=1 FERROFS_TEST_DEFAULT_PERMISSIONS=1 cargo test -p 
 # is durable, by a thread of their own): what the suites see must not change.
 FERROFS_TEST_DISCARD=1 cargo test -p ferrofs-fuse --locked "${FUSE_SUITES[@]}" 2>&1
 FERROFS_TEST_DISCARD=1 FERROFS_TEST_DEFAULT_PERMISSIONS=1 cargo test -p ferrofs-fuse --locked "${FUSE_SUITES[@]}" 2>&1
-# Conformance, mount and semantics suites and the CLI's mount lifecycle (umount, SIGKILL,
-# remount) again over FUSE-over-io_uring (-o uring), where the kernel has it, in both
-# permission modes. The fuse module's enable_uring is system-wide: switched on (as root) for
+# The FUSE suites (conformance, differential against ext4, mount with its SIGKILL test,
+# semantics, the integrity run with its remounts, the limits), the CLI's mount lifecycle
+# (umount, SIGKILL and log recovery, remount, the mount(8) helper) and its shared daemon again
+# over FUSE-over-io_uring (-o uring), where the kernel has it, in both permission modes
+# (~40 s more). The fuse module's enable_uring is system-wide: switched on (as root) for
 # these runs only and set back afterwards; without it (or without root) the tests skip with a
 # message.
 URING_PARAM=/sys/module/fuse/parameters/enable_uring
@@ -44,10 +46,11 @@ if [[ -w $URING_PARAM ]]; then
     trap 'echo "$uring_was" > "$URING_PARAM"' EXIT
     echo Y > "$URING_PARAM"
 fi
-FERROFS_TEST_TRANSPORT=uring cargo test -p ferrofs-fuse --locked --test conformance --test mount --test semantics 2>&1
+URING_SUITES=("${FUSE_SUITES[@]}" --test integrity --test limits)
+FERROFS_TEST_TRANSPORT=uring cargo test -p ferrofs-fuse --locked "${URING_SUITES[@]}" 2>&1
 FERROFS_TEST_TRANSPORT=uring FERROFS_TEST_DEFAULT_PERMISSIONS=1 cargo test -p ferrofs-fuse --locked \
-    --test conformance --test mount --test semantics 2>&1
-FERROFS_TEST_TRANSPORT=uring cargo test -p ferrofs-cli --locked --test mount 2>&1
+    "${URING_SUITES[@]}" 2>&1
+FERROFS_TEST_TRANSPORT=uring cargo test -p ferrofs-cli --locked --test mount --test shared 2>&1
 if [[ -n ${uring_was:-} ]]; then
     echo "$uring_was" > "$URING_PARAM"
     trap - EXIT

@@ -152,8 +152,11 @@ fn mount_helper_command_line_as_mount8_runs_it() {
     assert!(o.status.success(), "{}", stderr(&o));
     let helper = s.dir.join("mount.fuse.ferrofs");
     symlink(BIN, &helper).unwrap();
-    let o = run(Command::new(&helper).arg(&s.image).arg(&s.mnt).args(["-n", "-o", "rw,noatime,defaults,_netdev"]));
+    // mount(8) passes an fstab line's options as one -o list, the transport's among them.
+    let options = if uring() { "rw,noatime,defaults,_netdev,uring" } else { "rw,noatime,defaults,_netdev" };
+    let o = run(Command::new(&helper).arg(&s.image).arg(&s.mnt).args(["-n", "-o", options]));
     assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(served_through_uring(&s.mnt), uring(), "{options}");
     std::fs::write(s.mnt.join("via-helper"), b"x").unwrap();
     s.umount();
     s.wait_released();
@@ -761,4 +764,85 @@ fn trim_refuses_a_mounted_image_and_a_plain_directory() {
     assert!(!o.status.success() && stderr(&o).contains("trim the mount point instead"), "{}", stderr(&o));
     s.umount();
     s.wait_released();
+}
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Sets the fuse module's enable_uring back to what it was, even when the test fails.
+struct RestoreEnableUring(String);
+
+impl Drop for RestoreEnableUring {
+    fn drop(&mut self) {
+        std::fs::write(ENABLE_URING, &self.0).expect("restore enable_uring");
+    }
+}
+
+/// The lines ferrofs itself wrote to stderr.
+fn notices(o: &Output) -> Vec<String> {
+    stderr(o).lines().filter(|l| l.starts_with("ferrofs:")).map(str::to_string).collect()
+}
+
+#[test]
+fn uring_off_falls_back_in_one_line_and_uring_force_is_for_root() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED uring_force: {why}");
+    }
+    // The test switches the system-wide parameter: on the io_uring runs the other tests of
+    // this binary need it on throughout.
+    if uring() {
+        return eprintln!("SKIPPED uring_force: runs on the /dev/fuse runs, where no other test needs enable_uring");
+    }
+    let s = Scratch::new("uring-force");
+    s.mkfs();
+    let Ok(was) = std::fs::read_to_string(ENABLE_URING) else {
+        // A kernel without FUSE over io_uring: the mount says so and serves through /dev/fuse.
+        let o = s.mount(&["-o", "uring"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(notices(&o).len(), 1, "{}", stderr(&o));
+        assert!(notices(&o)[0].contains("has no FUSE over io_uring"), "{}", stderr(&o));
+        assert!(!served_through_uring(&s.mnt));
+        return s.umount();
+    };
+    let _restore = RestoreEnableUring(was.trim().to_string());
+    std::fs::write(ENABLE_URING, "N").unwrap();
+
+    // Off: one line says so and how to switch it on, and the mount serves through /dev/fuse.
+    let o = s.mount(&["-o", "uring"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let said = notices(&o);
+    assert_eq!(said.len(), 1, "{}", stderr(&o));
+    assert!(said[0].contains("is N") && said[0].contains("uring=force") && said[0].contains("system-wide"), "{said:?}");
+    assert!(!served_through_uring(&s.mnt));
+    std::fs::write(s.mnt.join("through-dev-fuse"), b"x").unwrap();
+    s.umount();
+    s.wait_released();
+
+    // A user may not switch it: a clear line, and the parameter stays off.
+    let nobody = 65534;
+    std::os::unix::fs::chown(&s.image, Some(nobody), Some(nobody)).unwrap();
+    std::os::unix::fs::chown(&s.mnt, Some(nobody), Some(nobody)).unwrap();
+    let o = run(Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN, "mount", "--daemon", "-o", "uring=force"])
+        .arg(&s.image)
+        .arg(&s.mnt));
+    assert!(notices(&o).iter().any(|l| l.contains("only root can switch FUSE over io_uring on")), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(ENABLE_URING).unwrap().trim(), "N");
+    if is_mounted(&s.mnt) {
+        assert!(!served_through_uring(&s.mnt));
+        s.umount();
+    }
+    s.wait_released();
+
+    // Root: switched on, in one line that says it is system-wide, and served through the rings.
+    let o = s.mount(&["-o", "uring=force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let said = notices(&o);
+    assert_eq!(said.len(), 1, "{}", stderr(&o));
+    assert!(said[0].contains("switched FUSE over io_uring on") && said[0].contains("system-wide"), "{said:?}");
+    assert_eq!(std::fs::read_to_string(ENABLE_URING).unwrap().trim(), "Y");
+    assert!(served_through_uring(&s.mnt));
+    assert_eq!(std::fs::read(s.mnt.join("through-dev-fuse")).unwrap(), b"x");
+    s.umount();
+    s.wait_released();
+    s.fsck_clean();
 }

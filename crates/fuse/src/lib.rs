@@ -339,6 +339,14 @@ fn uring_available(mode: Uring) -> bool {
                 );
                 true
             }
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                eprintln!(
+                    "ferrofs: only root can switch FUSE over io_uring on (-o uring=force sets {}, \
+                     system-wide); serving through /dev/fuse",
+                    uring::ENABLE_PARAMETER
+                );
+                false
+            }
             Err(e) => {
                 eprintln!("ferrofs: cannot switch FUSE over io_uring on ({e}); serving through /dev/fuse");
                 false
