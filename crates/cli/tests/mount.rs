@@ -846,3 +846,33 @@ fn uring_off_falls_back_in_one_line_and_uring_force_is_for_root() {
     s.wait_released();
     s.fsck_clean();
 }
+
+#[test]
+fn uring_queue_depth_comes_from_the_environment() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED uring_depth: {why}");
+    }
+    if !uring() {
+        return eprintln!("SKIPPED uring_depth: FERROFS_URING_DEPTH sets the depth of the io_uring rings only");
+    }
+    let s = Scratch::new("uring-depth");
+    s.mkfs();
+    // 1 entry per queue serves (every request of a CPU's callers waits for that one entry);
+    // a depth out of range is named in one line and the default serves.
+    for (depth, refused) in [("1", false), ("0", true), ("65", true), ("x", true)] {
+        let o = run(Command::new(BIN)
+            .env("FERROFS_URING_DEPTH", depth)
+            .args(["mount", "--daemon", "-o", "uring"])
+            .arg(&s.image)
+            .arg(&s.mnt));
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(notices(&o).len(), refused as usize, "{depth}: {}", stderr(&o));
+        assert!(!refused || notices(&o)[0].contains("FERROFS_URING_DEPTH"), "{}", stderr(&o));
+        assert!(served_through_uring(&s.mnt));
+        std::fs::create_dir(s.mnt.join(depth)).unwrap();
+        write_files(&s.mnt.join(depth), 200);
+        s.umount();
+        s.wait_released();
+    }
+    s.fsck_clean();
+}

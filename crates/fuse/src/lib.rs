@@ -308,9 +308,6 @@ pub enum Uring {
     Force,
 }
 
-/// Entries per ring queue ([`uring::DEPTH_DEFAULT`]).
-pub const URING_DEPTH: usize = uring::DEPTH_DEFAULT;
-
 /// Whether the kernel will offer FUSE over io_uring to the next mount, after switching it on
 /// for `Uring::Force`. One line on stderr says why not, or that the setting was changed.
 fn uring_available(mode: Uring) -> bool {
@@ -445,6 +442,8 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     let syncs = adapter.sync_pool();
     if uring_available(opts.uring) {
         workers.set_uring(workers::URING_ASKED);
+        // Read now, while stderr is still the caller's: a bad value is named there.
+        let _ = uring::depth();
     }
     let (fuse, kernel) = KernelMount::mount(&opts.mountpoint, &kernel_options)
         .map_err(|source| abandon(MountError::Fuse { path: opts.mountpoint.clone(), source }))?;
@@ -611,7 +610,7 @@ fn serve(
     // error.
     let start_rings = |dispatcher| match &rings {
         Some(conn) => {
-            let config = uring::QueueConfig { depth: URING_DEPTH, payload: MAX_WRITE as usize };
+            let config = uring::QueueConfig { depth: uring::depth(), payload: MAX_WRITE as usize };
             let offload = uring::Offload { fs: fs.clone(), pool: syncs.clone() };
             uring::start(conn, dispatcher, config, workers, Some(&offload))
         }

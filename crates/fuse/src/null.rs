@@ -268,7 +268,7 @@ pub fn serve(mountpoint: &Path, uring: bool, threads: usize) -> io::Result<()> {
         uring::start(
             &conn,
             dispatcher,
-            QueueConfig { depth: crate::URING_DEPTH, payload: MAX_WRITE as usize },
+            QueueConfig { depth: uring::depth(), payload: MAX_WRITE as usize },
             &workers,
             None,
         )

@@ -58,6 +58,28 @@ pub const ENABLE_PARAMETER: &str = "/sys/module/fuse/parameters/enable_uring";
 pub const DEPTH_DEFAULT: usize = 8;
 /// Entries per queue, at most: each holds a payload buffer of `max_write` (1 MiB).
 pub const DEPTH_MAX: usize = 64;
+/// The environment variable that sets the entries per queue, for measuring other depths.
+pub const DEPTH_VARIABLE: &str = "FERROFS_URING_DEPTH";
+
+/// Entries per queue: [`DEPTH_VARIABLE`] if it is set to 1..=[`DEPTH_MAX`], else
+/// [`DEPTH_DEFAULT`], with a line on stderr naming a value it refuses. Read once per process,
+/// so that a mount can read it while its stderr is still the caller's (a daemon's is
+/// /dev/null by the time its rings start).
+pub fn depth() -> usize {
+    static DEPTH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *DEPTH.get_or_init(|| {
+        let Some(value) = std::env::var_os(DEPTH_VARIABLE) else { return DEPTH_DEFAULT };
+        match value.to_str().and_then(|v| v.parse().ok()).filter(|d| (1..=DEPTH_MAX).contains(d)) {
+            Some(depth) => depth,
+            None => {
+                eprintln!(
+                    "ferrofs: {DEPTH_VARIABLE}={value:?} is not 1 to {DEPTH_MAX}; using {DEPTH_DEFAULT} entries per queue"
+                );
+                DEPTH_DEFAULT
+            }
+        }
+    })
+}
 
 // include/uapi/linux/fuse.h
 const FUSE_IO_URING_CMD_REGISTER: u32 = 1;
