@@ -19,7 +19,7 @@ use super::targets::{passthrough_open_files, Env, Kind, Mounted, Size};
 use super::workloads_tree::{self as tree, Census, Tarball};
 use super::write::{time_writes, Pattern, WRITE_BYTES};
 use super::{report, BenchArgs};
-use crate::failure::{CliResult, Context};
+use crate::failure::{CliResult, Context, Failure};
 use crate::units::parse_size;
 use clap::Args;
 use serde::Serialize;
@@ -381,6 +381,28 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// An error if ferrofs was asked for io_uring (`-o uring`) but served through /dev/fuse:
+    /// the fuse module's `enable_uring` is system-wide, a program that switches it off during
+    /// the run makes the next such mount fall back with only a notice in its log, and its
+    /// figures would then be /dev/fuse's under the io_uring target's name.
+    fn check_rings(&self, m: &Mounted, t: &Target) -> CliResult<()> {
+        let asked = t.kind == Kind::FerrofsUring
+            || (t.kind == Kind::Ferrofs && t.options.split(',').any(|o| o.split('=').next() == Some("uring")));
+        if !asked {
+            return Ok(());
+        }
+        let out = run(Command::new(self.env.ferrofs()?).args(["lockstat", "--journal", "--json"]).arg(m.root()))?;
+        let counters: serde_json::Value =
+            serde_json::from_str(&out).map_err(|e| Failure::new("ferrofs lockstat --journal --json", e))?;
+        match counters["transport_uring"].as_u64() {
+            Some(1) => Ok(()),
+            _ => Err(Failure::new(
+                t.name,
+                "served through /dev/fuse, not io_uring (the fuse module's enable_uring was N at mount)",
+            )),
+        }
+    }
+
     fn size(&self, g: Group) -> Size {
         match g {
             Group::Tree => {
@@ -416,6 +438,7 @@ impl Ctx<'_> {
             }),
             Group::Latency => self.latency(&m, t, rep),
         };
+        let done = done.and_then(|()| self.check_rings(&m, t));
         let unmounted = m.unmount();
         done.and(unmounted)
     }

@@ -128,3 +128,38 @@ fn small_run_on_tmpfs_and_ferrofs_has_every_row_and_cleans_up() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+#[test]
+fn uring_target_served_through_dev_fuse_is_dropped_with_the_reason() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED uring fallback check: {why}");
+    }
+    // The module parameter is system-wide: read, never switched here. Only with it off does
+    // an `-o uring` mount fall back to /dev/fuse.
+    let enable = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").unwrap_or_default();
+    if enable.trim() != "N" {
+        return eprintln!("SKIPPED uring fallback check: enable_uring is {:?}, not N", enable.trim());
+    }
+    let (o, out, err) = bench(&[
+        "--targets",
+        "ferrofs",
+        "--ferrofs-options",
+        "uring",
+        "--tree-size",
+        "1M",
+        "--runs",
+        "1",
+        "--dbench-clients",
+        "2",
+        "--dbench-seconds",
+        "1",
+        "--writes",
+        "10",
+        "--repo",
+        "/nonexistent",
+    ]);
+    assert!(o.status.success(), "{out}\n{err}");
+    let dropped = out.lines().find(|l| l.contains("ferrofs -o uring") && l.contains("failed in repetition 1"));
+    assert!(dropped.is_some_and(|l| l.contains("not io_uring")), "{out}\n{err}");
+    assert!(out.contains("| tar -xf + sync | s |"), "{out}");
+}
