@@ -7,7 +7,9 @@
 
 #![deny(missing_docs)]
 
+pub mod gc;
 pub mod manifest;
+pub mod publish;
 pub mod store;
 
 pub use manifest::{ChunkRef, Manifest, ManifestError};
