@@ -2,7 +2,9 @@
 //! by the engine's fsck, a crash at every step of a publish, two publishers at once, and gc
 //! never taking a kept generation's chunk.
 
-use async_trait::async_trait;
+mod common;
+
+use common::{Crash, FaultStore};
 use ferrofs::dev::{BlockDevice, MemDevice};
 use ferrofs::fsck::{check, FsckOptions};
 use ferrofs::{Cred, FileSystem, MkfsOptions, MountOptions};
@@ -11,15 +13,8 @@ use ferrofs_remote::manifest::ChunkRef;
 use ferrofs_remote::publish::{publish, PublishError};
 use ferrofs_remote::store::check_chunk;
 use ferrofs_remote::Remote;
-use futures::stream::BoxStream;
-use futures::StreamExt;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions,
-    PutOptions, PutPayload, PutResult,
-};
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
@@ -106,104 +101,6 @@ fn publish_round_trips_and_uploads_only_changes() {
     assert_sound(&image_two, 1, 3);
 }
 
-/// Which operation a crash hits, and whether the store had done it when the process died.
-#[derive(Clone, Copy, Debug)]
-enum Crash {
-    /// Operation K and all later ones never reach the store.
-    Before(usize),
-    /// Operation K is done but its answer is lost; the later ones never happen.
-    After(usize),
-}
-
-/// An in-memory store that dies at a chosen operation, and can hold every manifest write at a
-/// barrier (two publishers meet there).
-#[derive(Debug)]
-struct FaultStore {
-    inner: Arc<InMemory>,
-    ops: AtomicUsize,
-    crash: Option<Crash>,
-    manifest_rendezvous: Option<Arc<Barrier>>,
-}
-
-impl std::fmt::Display for FaultStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FaultStore({:?})", self.crash)
-    }
-}
-
-fn injected() -> object_store::Error {
-    object_store::Error::Generic { store: "FaultStore", source: "injected crash".into() }
-}
-
-impl FaultStore {
-    fn over(inner: Arc<InMemory>, crash: Option<Crash>) -> FaultStore {
-        FaultStore { inner, ops: AtomicUsize::new(0), crash, manifest_rendezvous: None }
-    }
-
-    /// Runs one operation as the crash plan allows.
-    async fn op<T>(&self, run: impl std::future::Future<Output = object_store::Result<T>>) -> object_store::Result<T> {
-        let n = self.ops.fetch_add(1, SeqCst);
-        match self.crash {
-            Some(Crash::Before(k)) if n >= k => Err(injected()),
-            Some(Crash::After(k)) if n > k => Err(injected()),
-            Some(Crash::After(k)) if n == k => {
-                run.await?;
-                Err(injected())
-            }
-            _ => run.await,
-        }
-    }
-}
-
-#[async_trait]
-impl ObjectStore for FaultStore {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        if let Some(barrier) = self.manifest_rendezvous.as_ref().filter(|_| location.as_ref().contains("manifests/")) {
-            barrier.wait();
-        }
-        self.op(self.inner.put_opts(location, payload, opts)).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.op(self.inner.put_multipart_opts(location, opts)).await
-    }
-
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
-        self.op(self.inner.get_opts(location, options)).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        if matches!(self.crash, Some(Crash::Before(k) | Crash::After(k)) if self.ops.fetch_add(1, SeqCst) >= k) {
-            return futures::stream::once(async { Err(injected()) }).boxed();
-        }
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.op(self.inner.list_with_delimiter(prefix)).await
-    }
-
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> object_store::Result<()> {
-        self.op(self.inner.copy_opts(from, to, options)).await
-    }
-}
-
 #[test]
 fn a_crash_at_any_step_leaves_one_whole_generation() {
     let old = image(8, 10);
@@ -257,8 +154,7 @@ fn of_two_publishers_at_once_exactly_one_wins() {
         let threads: Vec<_> = images
             .iter()
             .map(|dev| {
-                let store =
-                    FaultStore { manifest_rendezvous: Some(barrier.clone()), ..FaultStore::over(memory.clone(), None) };
+                let store = FaultStore::meeting_at_manifests(memory.clone(), barrier.clone());
                 let remote = Remote::with_store(Arc::new(store), Path::default());
                 scope.spawn(move || publish(&remote, &**dev, CHUNK))
             })

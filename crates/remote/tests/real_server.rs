@@ -2,6 +2,9 @@
 //! (`scripts/s3-server.sh`: versitygw), so that signing, conditional writes and the server's
 //! error answers are what a user meets. Skips, saying why, where the server cannot be had.
 
+mod common;
+
+use common::FaultStore;
 use ferrofs::dev::{BlockDevice, MemDevice};
 use ferrofs::{Cred, FileSystem, MkfsOptions, MountOptions};
 use ferrofs_remote::gc::gc;
@@ -11,6 +14,7 @@ use ferrofs_remote::{Remote, RemoteError, RemoteOptions};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// A server started for this test, stopped (its objects deleted) when dropped.
@@ -25,8 +29,8 @@ fn script() -> PathBuf {
 
 impl Server {
     /// None (after saying why) when the script reports the server cannot be had.
-    fn start() -> Option<Server> {
-        let state = std::env::temp_dir().join(format!("ferrofs-remote-test-{}", std::process::id()));
+    fn start(test: &str) -> Option<Server> {
+        let state = std::env::temp_dir().join(format!("ferrofs-remote-{test}-{}", std::process::id()));
         let out = Command::new(script()).arg("start").arg(&state).output().expect("run s3-server.sh");
         if out.status.code() == Some(2) {
             eprintln!("SKIPPED: no S3 test server: {}", String::from_utf8_lossy(&out.stderr).trim());
@@ -57,6 +61,29 @@ impl Drop for Server {
     }
 }
 
+/// Sets the credentials the server was started with, the standard way (the environment), and
+/// holds them for one test: a test that changes them must not run beside another.
+fn use_credentials(server: &Server) -> MutexGuard<'static, ()> {
+    static ENVIRONMENT: Mutex<()> = Mutex::new(());
+    let guard = ENVIRONMENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for key in ["AWS_ACCESS_KEY_ID", "AWS_REGION", "AWS_SECRET_ACCESS_KEY"] {
+        std::env::set_var(key, &server.vars[key]);
+    }
+    guard
+}
+
+/// A 64 MiB image holding `files` files of `seed`'s bytes.
+fn image(files: u8, seed: u8) -> Arc<MemDevice> {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
+    for file in 0..files {
+        fs.write_file(&format!("/f{file}"), &vec![seed.wrapping_add(file); 300_000], Cred { uid: 0, gid: 0 }).unwrap();
+    }
+    fs.unmount().unwrap();
+    dev
+}
+
 fn reassemble(remote: &Remote) -> Vec<u8> {
     let manifest = remote.manifest(remote.head().unwrap().unwrap()).unwrap();
     let mut image = Vec::new();
@@ -77,11 +104,8 @@ fn bytes_of(dev: &dyn BlockDevice) -> Vec<u8> {
 
 #[test]
 fn publish_round_trip_on_a_real_server() {
-    let Some(server) = Server::start() else { return };
-    // The credentials the server was started with, the standard way.
-    for key in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"] {
-        std::env::set_var(key, &server.vars[key]);
-    }
+    let Some(server) = Server::start("round-trip") else { return };
+    let _environment = use_credentials(&server);
     let remote = Remote::open(&server.url("images/one"), &server.options()).unwrap();
     assert_eq!(remote.head().unwrap(), None);
 
@@ -121,4 +145,31 @@ fn publish_round_trip_on_a_real_server() {
     let refused = Remote::open(&server.url("images/one"), &server.options()).unwrap_err();
     assert!(matches!(refused, RemoteError::Credentials(_)), "{refused}");
     assert!(!refused.to_string().contains('\n'));
+}
+
+#[test]
+fn of_two_publishers_on_a_real_server_exactly_one_wins() {
+    let Some(server) = Server::start("race") else { return };
+    let _environment = use_credentials(&server);
+    let remote = Remote::open(&server.url("images/race"), &server.options()).unwrap();
+    publish(&remote, &*image(1, 1), 256 << 10).unwrap();
+    // Both read HEAD and pick generation 2, then meet before writing their manifests: the
+    // server's own If-None-Match (and If-Match on HEAD) decide.
+    let barrier = Arc::new(Barrier::new(2));
+    let images = [image(3, 30), image(4, 40)];
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = images
+            .iter()
+            .map(|dev| {
+                let store = FaultStore::meeting_at_manifests(remote.object_store().clone(), barrier.clone());
+                let racer = Remote::with_store(Arc::new(store), object_store::path::Path::from("images/race"));
+                scope.spawn(move || publish(&racer, &**dev, 256 << 10))
+            })
+            .collect();
+        threads.into_iter().map(|thread| thread.join().unwrap()).collect()
+    });
+    let winners: Vec<usize> = (0..2).filter(|&i| results[i].is_ok()).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    assert_eq!(remote.head().unwrap(), Some(2));
+    assert!(reassemble(&remote) == bytes_of(&*images[winners[0]]), "HEAD is not the winner's image");
 }
