@@ -211,3 +211,31 @@ fn gc_keeps_every_chunk_of_the_kept_generations() {
     let again = gc(&remote, 2, Duration::ZERO).unwrap();
     assert_eq!((again.manifests_deleted, again.chunks_deleted), (0, 0));
 }
+
+#[test]
+fn directory_blocks_are_listed_as_metadata() {
+    // One big directory of empty files: its B+tree nodes are the only blocks past the fixed
+    // metadata and the log.
+    let dev = Arc::new(MemDevice::new(IMAGE_BYTES));
+    FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
+    let dir = fs.mkdir(ferrofs::ROOT_INO, b"big", 0o755, ROOT).unwrap();
+    for i in 0..3000 {
+        fs.create(dir.ino, format!("entry-with-a-long-name-{i:05}").as_bytes(), 0o644, ROOT).unwrap();
+    }
+    fs.unmount().unwrap();
+    let remote = Remote::memory();
+    publish(&remote, &*dev, 64 << 10).unwrap();
+    let manifest = remote.manifest(1).unwrap();
+    let geometry = ferrofs::read_superblock(&*dev).unwrap().geo;
+    // Chunks wholly inside some allocation group's data area.
+    let in_data_area = |index: u32| {
+        let (start, end) = (u64::from(index) * (64 << 10) / 4096, (u64::from(index) + 1) * (64 << 10) / 4096);
+        (0..geometry.ag_count)
+            .map(|ag| geometry.ag_layout(ag))
+            .any(|l| start >= l.data_start && end <= l.start + l.blocks)
+    };
+    let past_fixed: Vec<u32> = manifest.metadata.iter().copied().filter(|&i| in_data_area(i)).collect();
+    assert!(!past_fixed.is_empty(), "no directory block listed: {:?}", manifest.metadata);
+    assert!(past_fixed.iter().all(|&i| manifest.chunks[i as usize] != ChunkRef::Zero));
+}
