@@ -239,3 +239,44 @@ fn directory_blocks_are_listed_as_metadata() {
     assert!(!past_fixed.is_empty(), "no directory block listed: {:?}", manifest.metadata);
     assert!(past_fixed.iter().all(|&i| manifest.chunks[i as usize] != ChunkRef::Zero));
 }
+
+#[test]
+fn gc_spares_a_publish_in_progress_and_takes_it_once_stale() {
+    let remote = Remote::memory();
+    let dev = image(2, 1);
+    publish(&remote, &*dev, CHUNK).unwrap();
+    // A publish that wrote its chunks and manifest and has not moved HEAD yet (or died there).
+    let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
+    fs.write_file("/d/late", &vec![77; 500_000], ROOT).unwrap();
+    fs.unmount().unwrap();
+    let copy = |from: &Remote, to: &Remote| {
+        for object in from.list(&Path::default()).unwrap() {
+            to.put(&object.location, from.get(&object.location).unwrap(), object_store::PutMode::Overwrite).unwrap();
+        }
+    };
+    // Run the publish on a copy and bring back everything but its HEAD.
+    let scratch = Remote::memory();
+    copy(&remote, &scratch);
+    publish(&scratch, &*dev, CHUNK).unwrap();
+    scratch.put(&scratch.head_key(), "00000000000000000001".into(), object_store::PutMode::Overwrite).unwrap();
+    copy(&scratch, &remote);
+    assert_eq!(remote.head().unwrap(), Some(1));
+    let pending = ferrofs_remote::publish::stored_hashes(&remote.manifest(2).unwrap());
+
+    let report = gc(&remote, 1, Duration::from_secs(3600)).unwrap();
+    assert_eq!((report.kept.clone(), report.manifests_deleted, report.chunks_deleted), (vec![1], 0, 0), "{report:?}");
+    for hash in &pending {
+        remote.get_chunk(hash).unwrap();
+    }
+    // Once stale, the manifest HEAD never reached goes, and the chunks only it named.
+    let report = gc(&remote, 1, Duration::ZERO).unwrap();
+    assert_eq!(report.manifests_deleted, 1, "{report:?}");
+    assert!(report.chunks_deleted > 0, "{report:?}");
+    assert!(matches!(remote.manifest(2), Err(ferrofs_remote::RemoteError::NotFound(_))));
+    let kept = ferrofs_remote::publish::stored_hashes(&remote.manifest(1).unwrap());
+    for hash in &kept {
+        remote.get_chunk(hash).unwrap();
+    }
+    // The next publish starts above it all and goes through.
+    assert_eq!(publish(&remote, &*dev, CHUNK).unwrap().generation, 2);
+}
