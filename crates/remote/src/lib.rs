@@ -1,0 +1,16 @@
+//! Publishing ferrofs images to S3-compatible object storage: the manifest of a generation,
+//! the store that holds chunks, manifests and `HEAD`, and the tools over them.
+//!
+//! The engine crate knows nothing of this: a published image is the same bytes as a local one,
+//! cut into content-addressed chunks (docs/SPEC.md, "Published images"; docs/DESIGN.md,
+//! "Publishing to object storage").
+
+#![deny(missing_docs)]
+
+pub mod gc;
+pub mod manifest;
+pub mod publish;
+pub mod store;
+
+pub use manifest::{ChunkRef, Manifest, ManifestError};
+pub use store::{Remote, RemoteError, RemoteOptions};
