@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 const ROOT: u64 = 1;
-const CRED: Cred = Cred { uid: 1000, gid: 1000 };
+const CRED: Cred = Cred { uid: 1000, gid: 1000, umask: 0 };
 const IMAGE_SIZE: u64 = 64 << 20;
 const BS: u64 = BLOCK_SIZE as u64;
 /// A case takes milliseconds; the watchdog only tells a hang from a slow machine, so it is
