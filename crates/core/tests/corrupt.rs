@@ -1195,3 +1195,20 @@ fn consistent_log_headers_with_a_tail_in_an_older_lap() {
     let fs = FileSystem::mount_device(crashed, &opts).unwrap();
     assert_eq!(readdir(&fs, dir).unwrap().len(), 2 + 199, "the change made after the reset was not replayed");
 }
+
+/// A log header whose counters are at the end of their range cannot be followed by the next
+/// header write (or, for `tail_seq`, by a ring of records): it was not written by us, and is
+/// refused like a torn one, where advancing it would overflow.
+#[test]
+fn log_header_counters_at_their_end_are_not_trusted() {
+    use format::log::LogHeader;
+    for (slot, h) in [
+        (1, LogHeader { gen: u64::MAX, epoch: 2, tail_off: 0, tail_seq: 1 }),
+        (0, LogHeader { gen: u64::MAX - 1, epoch: u64::MAX, tail_off: 0, tail_seq: 1 }),
+        (0, LogHeader { gen: 8, epoch: 2, tail_off: 0, tail_seq: u64::MAX }),
+    ] {
+        let dev = with_log_header(slot, h, false);
+        let mounted = guarded(move || mount(Arc::new(dev)).map(drop));
+        assert!(matches!(mounted, Ok(Err(Error::Corrupt { what: "log header", .. }))), "{h:?}: {mounted:?}");
+    }
+}

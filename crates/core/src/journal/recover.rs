@@ -51,6 +51,10 @@ pub fn read_log_header(dev: &dyn BlockDevice, geo: &Geometry) -> Result<LogHeade
                 last_err =
                     Some(Error::corrupt("log header", log + slot, format!("generation {} in slot {slot}", h.gen)))
             }
+            // The next header write bumps gen and epoch, and a ring of records the sequence.
+            Ok(h) if h.gen == u64::MAX || h.epoch == u64::MAX || h.tail_seq > u64::MAX - ring => {
+                last_err = Some(Error::corrupt("log header", log + slot, format!("{h:?}: counters at their end")))
+            }
             Ok(h) => valid.push(h),
             Err(e) => last_err = Some(e),
         }
