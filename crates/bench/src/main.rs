@@ -54,7 +54,7 @@ use std::process::ExitCode;
 // (`crate::failure`, `crate::units`, ...).
 use ferrofs_cli::{daemon, failure, logging, progress, units};
 
-const CRED: Cred = Cred { uid: 0, gid: 0 };
+const CRED: Cred = Cred { uid: 0, gid: 0, umask: 0 };
 const FILE_MODE: u16 = 0o644;
 const DIR_MODE: u16 = 0o755;
 

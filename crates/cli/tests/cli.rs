@@ -202,7 +202,7 @@ fn info_counts_pending_orphans() {
     let dev = Arc::new(MemDevice::new(64 << 20));
     FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
     let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
-    let f = fs.create(1, b"f", 0o644, Cred { uid: 0, gid: 0 }).unwrap().ino;
+    let f = fs.create(1, b"f", 0o644, Cred { uid: 0, gid: 0, umask: 0 }).unwrap().ino;
     fs.write(f, 0, &vec![7u8; 1 << 20]).unwrap();
     fs.open(f).unwrap();
     fs.unlink(1, b"f").unwrap();
@@ -362,7 +362,7 @@ fn fsck_y_repairs_a_damaged_root_inode() {
     let s = Scratch::new("fsck-root");
     let img = s.path("r.img");
     assert!(ferrofs(&["mkfs", &img, "--size", "64M"]).status.success());
-    let cred = Cred { uid: 0, gid: 0 };
+    let cred = Cred { uid: 0, gid: 0, umask: 0 };
     let open = || -> Arc<dyn BlockDevice> { Arc::new(FileDevice::open(&img, false).unwrap()) };
     let fs = FileSystem::mount_device(open(), &MountOptions::default()).unwrap();
     let d = fs.create_dir_all("/d", 0o755, cred).unwrap().ino;
@@ -458,7 +458,7 @@ fn trim_gives_an_images_free_space_back() {
     assert!(ferrofs(&["mkfs", &img, "--size", "128M"]).status.success());
     let pattern =
         |seed: u8| (0..1 << 20).map(|i: u32| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1).collect::<Vec<u8>>();
-    let me = Cred { uid: 0, gid: 0 };
+    let me = Cred { uid: 0, gid: 0, umask: 0 };
     let mount = || {
         FileSystem::mount_device(Arc::new(FileDevice::open(&img, false).unwrap()), &MountOptions::default()).unwrap()
     };

@@ -72,7 +72,7 @@ fn image_with_damaged_directory(image: &Path) -> u64 {
     let dev = Arc::new(FileDevice::create(image, 64 << 20).unwrap());
     FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
     let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
-    let cred = Cred { uid: 0, gid: 0 };
+    let cred = Cred { uid: 0, gid: 0, umask: 0 };
     let d = fs.mkdir(1, b"d", 0o755, cred).unwrap().ino;
     for i in 0..600 {
         fs.create(d, format!("entry-{i:03}").as_bytes(), 0o644, cred).unwrap();

@@ -14,7 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = Arc::new(FileDevice::create(&image, 1 << 30)?);
     FileSystem::mkfs(&*dev, &MkfsOptions::default())?;
     let fs = FileSystem::mount_device(dev, &MountOptions::default())?;
-    let me = Cred { uid: 1000, gid: 1000 };
+    let me = Cred { uid: 1000, gid: 1000, umask: 0 };
     fs.create_dir_all("/a/b", 0o755, me)?;
     fs.write_file("/a/b/hello", b"hi", me)?;
     let f = fs.resolve("/a/b/hello")?;

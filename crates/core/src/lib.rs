@@ -29,7 +29,7 @@
 //! let dev = Arc::new(MemDevice::new(64 << 20));
 //! FileSystem::mkfs(&*dev, &MkfsOptions::default())?;
 //! let fs = FileSystem::mount_device(dev, &MountOptions::default())?;
-//! let me = Cred { uid: 1000, gid: 1000 };
+//! let me = Cred { uid: 1000, gid: 1000, umask: 0 };
 //! let draft = fs.create(ROOT_INO, b"draft", 0o644, me)?;
 //! fs.write(draft.ino, 0, b"hello")?;
 //! fs.rename(ROOT_INO, b"draft", ROOT_INO, b"final", 0)?;

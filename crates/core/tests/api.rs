@@ -104,7 +104,7 @@ fn rename_with_whiteout() {
     let a = fs.mkdir(ROOT, b"a", 0o755, C).unwrap();
     let f = fs.create(a.ino, b"f", 0o644, C).unwrap();
     let sub = fs.mkdir(a.ino, b"sub", 0o755, C).unwrap();
-    let owner = Cred { uid: 0, gid: 7 };
+    let owner = Cred { uid: 0, gid: 7, umask: 0 };
     fs.rename_as(a.ino, b"f", ROOT, b"g", RENAME_WHITEOUT, owner).unwrap();
     fs.rename_as(a.ino, b"sub", ROOT, b"sub2", RENAME_WHITEOUT | RENAME_NOREPLACE, owner).unwrap();
     assert!(matches!(fs.rename(ROOT, b"g", ROOT, b"sub2", RENAME_WHITEOUT | RENAME_EXCHANGE), Err(Error::Invalid(_))));
@@ -131,7 +131,7 @@ fn rename_with_whiteout() {
 fn tmpfile_link_and_release() {
     let (dev, fs) = fresh(64 << 20);
     let free0 = (fs.statfs().bfree, fs.statfs().ffree);
-    let d = fs.mkdir(ROOT, b"d", 0o2775, Cred { uid: 5, gid: 6 }).unwrap();
+    let d = fs.mkdir(ROOT, b"d", 0o2775, Cred { uid: 5, gid: 6, umask: 0 }).unwrap();
     let t = fs.tmpfile(d.ino, 0o640, C, true).unwrap();
     assert_eq!((t.nlink, t.perm, t.uid, t.gid, t.kind), (0, 0o640, 1000, 6, FileType::RegularFile));
     assert_eq!(names(&fs, d.ino).len(), 2, "a tmpfile has no name");
@@ -669,6 +669,37 @@ fn privileges_dropped_before_a_change() {
     fsck_clean(&dev);
 }
 
+/// The umask takes permission bits only: the set-id and sticky bits a creation asks for stay.
+#[test]
+fn umask_applies_to_permission_bits_only() {
+    let (_dev, fs) = fresh(64 << 20);
+    let umask = |umask| Cred { umask, ..C };
+    assert_eq!(fs.create(ROOT, b"f", 0o666, umask(0o022)).unwrap().perm, 0o644);
+    assert_eq!(fs.mknod(ROOT, b"c", libc::S_IFCHR as u16 | 0o4777, 0, umask(0o077)).unwrap().perm, 0o4700);
+    assert_eq!(fs.mkdir(ROOT, b"d", 0o2777, umask(0o002)).unwrap().perm, 0o2775);
+    assert_eq!(fs.tmpfile(ROOT, 0o1666, umask(0o066), true).unwrap().perm, 0o1600);
+}
+
+/// Which of the umask and the directory's default ACL limits a new inode is decided by the
+/// create itself, under the directory's lock, from the ACL it inherits: there is no earlier
+/// read that a default ACL set (or removed) in between could contradict.
+#[test]
+fn a_create_decides_its_umask_from_the_acl_it_inherits() {
+    let (_dev, fs) = fresh(64 << 20);
+    let d = fs.mkdir(ROOT, b"d", 0o755, C).unwrap().ino;
+    let umask_077 = Cred { umask: 0o077, ..C };
+    assert_eq!(fs.create(d, b"before", 0o666, umask_077).unwrap().perm, 0o600);
+    let default = acl(&[(1, 7, NOBODY), (4, 7, NOBODY), (0x20, 5, NOBODY)]);
+    fs.set_acl(d, AclKind::Default, &default, true).unwrap();
+    let after = fs.create(d, b"after", 0o666, umask_077).unwrap();
+    assert_eq!(after.perm, 0o664, "the umask was applied under a default ACL");
+    assert!(fs.access_acl(after.ino).unwrap().is_none(), "a minimal inherited ACL stores nothing");
+    let sub = fs.mknod(d, b"fifo", libc::S_IFIFO as u16 | 0o666, 0, umask_077).unwrap();
+    assert_eq!(sub.perm, 0o664);
+    fs.removexattr(d, DEFAULT_XATTR).unwrap();
+    assert_eq!(fs.mkdir(d, b"removed", 0o777, umask_077).unwrap().perm, 0o700);
+}
+
 /// An ACL in the kernel's xattr form: version 2, then (tag, perm, id) entries.
 fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
     let mut v = 2u32.to_le_bytes().to_vec();
@@ -718,8 +749,10 @@ fn posix_acls() {
     let d = fs.mkdir(ROOT, b"d", 0o755, C).unwrap().ino;
     let default = acl(&[(1, 7, NOBODY), (2, 7, 3000), (4, 5, NOBODY), (0x10, 7, NOBODY), (0x20, 0, NOBODY)]);
     fs.set_acl(d, AclKind::Default, &default, true).unwrap();
-    assert_eq!(fs.umask_for(d, 0o077).unwrap(), 0, "the default ACL stands in for the umask");
-    assert_eq!(fs.umask_for(ROOT, 0o077).unwrap(), 0o077);
+    let umask_077 = Cred { umask: 0o077, ..C };
+    let in_d = fs.create(d, b"umasked", 0o666, umask_077).unwrap();
+    assert_eq!(in_d.perm, 0o660, "the default ACL stands in for the umask");
+    assert_eq!(fs.create(ROOT, b"umasked", 0o666, umask_077).unwrap().perm, 0o600);
     let sub = fs.mkdir(d, b"sub", 0o777, C).unwrap();
     assert_eq!(sub.perm, 0o770);
     assert_eq!(fs.getxattr(sub.ino, DEFAULT_XATTR).unwrap(), default);
@@ -748,7 +781,8 @@ fn posix_acls() {
     let fs = FileSystem::mount_device(dev.clone(), &opts).unwrap();
     assert_eq!(fs.getxattr(sub.ino, DEFAULT_XATTR).unwrap_err().errno(), libc::EOPNOTSUPP);
     assert_eq!(fs.set_acl(f, AclKind::Access, &named, true).unwrap_err().errno(), libc::EOPNOTSUPP);
-    assert_eq!(fs.umask_for(sub.ino, 0o022).unwrap(), 0o022);
+    let umask_022 = Cred { umask: 0o022, ..C };
+    assert_eq!(fs.create(sub.ino, b"umasked", 0o666, umask_022).unwrap().perm, 0o644);
     let plain = fs.create(sub.ino, b"plain", 0o666, C).unwrap();
     assert_eq!(plain.perm, 0o666, "no inheritance under noacl");
     assert!(fs.listxattr(plain.ino).unwrap().is_empty());

@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 const ROOT: u64 = 1;
-const CRED: Cred = Cred { uid: 1000, gid: 1000 };
+const CRED: Cred = Cred { uid: 1000, gid: 1000, umask: 0 };
 const IMAGE_SIZE: u64 = 64 << 20;
 const BS: u64 = BLOCK_SIZE as u64;
 /// A case takes milliseconds; the watchdog only tells a hang from a slow machine, so it is
@@ -1112,4 +1112,103 @@ fn log_header_in_the_wrong_slot_is_ignored() {
     drop(fs);
     fsck_clean(&*dev).unwrap();
     assert!(files_by_inode(dev).unwrap() == *manifest(), "files lost by believing a misplaced header");
+}
+
+/// A consistent pair of log headers whose tail names a record of an older lap of the ring: one
+/// that an earlier mount wrote, in that mount's epoch (so every record on the walk checks:
+/// magic, crc, seq, epoch). The walk replays that lap up to where the next mount's records
+/// begin, and would write its images over the newer ones that mount left home. Each home copy
+/// carries the lsn of the record whose image it is: a home newer than the walk's head shows the
+/// tail to be stale, and mount refuses (fsck resets the log) rather than roll anything back.
+#[test]
+fn consistent_log_headers_with_a_tail_in_an_older_lap() {
+    use format::log::{record_head, LogHeader};
+    const LOG_BLOCKS: u64 = 64;
+    let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
+    FileSystem::mkfs(&*dev, &MkfsOptions { log_blocks: Some(LOG_BLOCKS), ..MkfsOptions::default() }).unwrap();
+    let mut cfg = JournalConfig::for_log(LOG_BLOCKS - 2);
+    cfg.background = false;
+    let opts = MountOptions { read_only: false, journal: Some(cfg), ..MountOptions::default() };
+    let name = |i: u32| format!("entry-{i:03}");
+    // Two mounts (two epochs) of records of varied sizes; the second overwrites part of the
+    // first's lap.
+    let fs = FileSystem::mount_device(dev.clone(), &opts).unwrap();
+    let dir = fs.mkdir(ROOT, b"d", 0o755, CRED).unwrap().ino;
+    for i in 0..300 {
+        fs.create(dir, name(i).as_bytes(), 0o644, CRED).unwrap();
+        if i % 7 == 0 {
+            fs.sync().unwrap();
+        }
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = FileSystem::mount_device(dev.clone(), &opts).unwrap();
+    for i in 0..100 {
+        fs.unlink(dir, name(i).as_bytes()).unwrap();
+        if i % 9 == 0 {
+            fs.sync().unwrap();
+        }
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    let geo = ferrofs::read_superblock(&*dev).unwrap().geo;
+    let (log, ring) = (geo.ag_layout(0).log, LOG_BLOCKS - 2);
+    let epoch = journal::recover(&dev.snapshot(), &geo, false).unwrap().header.epoch - 1;
+    let with_tail = |tail_off: u64, tail_seq: u64, epoch: u64| {
+        let img = dev.snapshot();
+        for gen in [1000, 1001] {
+            let h = LogHeader { gen, epoch, tail_off, tail_seq };
+            img.write_at(&h.encode(log + (gen & 1))[..], (log + (gen & 1)) * BS).unwrap();
+        }
+        img
+    };
+    // A record of the first mount's lap that the second mount did not overwrite.
+    let (tail_off, tail_seq, old_epoch) = (0..ring)
+        .filter_map(|off| record_head(&read_block(&dev, log + 2 + off), ring - off).map(|h| (off, h)))
+        .find(|(_, h)| h.epoch + 1 == epoch)
+        .map(|(off, h)| (off, h.seq, h.epoch))
+        .expect("no record of the first mount left in the ring");
+    let hostile = Arc::new(with_tail(tail_off, tail_seq, old_epoch));
+    let stale = journal::recover(&hostile.snapshot(), &geo, false);
+    assert!(
+        matches!(stale, Err(Error::Corrupt { .. })),
+        "records of an older lap replayed over newer home blocks: {stale:?}"
+    );
+    let mounted = guarded({
+        let (dev, opts) = (hostile.clone(), opts.clone());
+        move || FileSystem::mount_device(dev, &opts).map(|fs| fs.unmount())
+    });
+    assert!(matches!(mounted, Ok(Err(Error::Corrupt { .. }))), "a log tail in an older lap was believed: {mounted:?}");
+    // fsck -y resets the (empty) log: every file is there.
+    let report = fsck::check(&*hostile, &FsckOptions { repair: true }, &|_, _, _| {}).unwrap();
+    assert!(report.errors_found > 0, "{report:?}");
+    fsck_clean(&*hostile).unwrap();
+    let fs = FileSystem::mount_device(hostile.clone(), &opts).unwrap();
+    let names: Vec<_> = readdir(&fs, dir).unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(names.len(), 2 + 200, "{names:?}");
+    // The reset log goes on from the sequences left in the ring, so a crash now replays over
+    // homes those stamped (restarted at 1, every record would be older than its home).
+    fs.unlink(dir, name(100).as_bytes()).unwrap();
+    fs.sync().unwrap();
+    let crashed = Arc::new(hostile.snapshot());
+    drop(fs);
+    let fs = FileSystem::mount_device(crashed, &opts).unwrap();
+    assert_eq!(readdir(&fs, dir).unwrap().len(), 2 + 199, "the change made after the reset was not replayed");
+}
+
+/// A log header whose counters are at the end of their range cannot be followed by the next
+/// header write (or, for `tail_seq`, by a ring of records): it was not written by us, and is
+/// refused like a torn one, where advancing it would overflow.
+#[test]
+fn log_header_counters_at_their_end_are_not_trusted() {
+    use format::log::LogHeader;
+    for (slot, h) in [
+        (1, LogHeader { gen: u64::MAX, epoch: 2, tail_off: 0, tail_seq: 1 }),
+        (0, LogHeader { gen: u64::MAX - 1, epoch: u64::MAX, tail_off: 0, tail_seq: 1 }),
+        (0, LogHeader { gen: 8, epoch: 2, tail_off: 0, tail_seq: u64::MAX }),
+    ] {
+        let dev = with_log_header(slot, h, false);
+        let mounted = guarded(move || mount(Arc::new(dev)).map(drop));
+        assert!(matches!(mounted, Ok(Err(Error::Corrupt { what: "log header", .. }))), "{h:?}: {mounted:?}");
+    }
 }

@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
 
 const ROOT: u64 = 1;
-const CRED: Cred = Cred { uid: 1000, gid: 1000 };
+const CRED: Cred = Cred { uid: 1000, gid: 1000, umask: 0 };
 const IMAGE_SIZE: u64 = 16 << 20;
 const LOG_BLOCKS: u64 = 64;
 

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 const ROOT: u64 = 1;
-const C: Cred = Cred { uid: 1000, gid: 1000 };
+const C: Cred = Cred { uid: 1000, gid: 1000, umask: 0 };
 const BS: u64 = BLOCK_SIZE as u64;
 const SIZE: u64 = 64 << 20;
 

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 const ROOT: u64 = 1;
-const CRED: Cred = Cred { uid: 1000, gid: 1000 };
+const CRED: Cred = Cred { uid: 1000, gid: 1000, umask: 0 };
 const MIB: u64 = 1 << 20;
 /// 4 AGs of 1024 blocks.
 const SMALL: u64 = 16 * MIB;

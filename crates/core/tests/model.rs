@@ -29,7 +29,7 @@ use std::sync::{Arc, OnceLock};
 
 const DEFAULT_CASES: u32 = 5000;
 const ROOT_INO: u64 = 1;
-const CRED: Cred = Cred { uid: 1000, gid: 1000 };
+const CRED: Cred = Cred { uid: 1000, gid: 1000, umask: 0 };
 const DEV_SIZE: u64 = 64 << 20;
 const PAGE: u64 = 4096;
 /// The largest file size ferrofs supports (2^44 blocks).

@@ -229,7 +229,7 @@ mod tests {
         let dev = Arc::new(ferrofs::dev::MemDevice::new(64 << 20));
         FileSystem::mkfs(&*dev, &ferrofs::MkfsOptions::default()).unwrap();
         let fs = Arc::new(FileSystem::mount_device(dev, &ferrofs::MountOptions::default()).unwrap());
-        fs.create(1, b"f", 0o644, ferrofs::Cred { uid: 0, gid: 0 }).unwrap();
+        fs.create(1, b"f", 0o644, ferrofs::Cred { uid: 0, gid: 0, umask: 0 }).unwrap();
         let j: serde_json::Value =
             serde_json::from_str(&answer("journal", &Arc::downgrade(&fs), &Workers::new(5))).unwrap();
         let commits = fs.stats().journal.commits;
@@ -248,7 +248,7 @@ mod tests {
         let dev = Arc::new(ferrofs::dev::MemDevice::new(64 << 20));
         FileSystem::mkfs(&*dev, &ferrofs::MkfsOptions::default()).unwrap();
         let fs = Arc::new(FileSystem::mount_device(dev.clone(), &ferrofs::MountOptions::default()).unwrap());
-        let me = ferrofs::Cred { uid: 0, gid: 0 };
+        let me = ferrofs::Cred { uid: 0, gid: 0, umask: 0 };
         fs.write_file("/f", &vec![7u8; 1 << 20], me).unwrap();
         fs.unlink(ferrofs::ROOT_INO, b"f").unwrap();
         let pages = dev.allocated_pages();

@@ -180,13 +180,19 @@ impl FerroFuse {
 }
 
 fn cred(req: &Request) -> Cred {
-    Cred { uid: req.uid(), gid: req.gid() }
+    Cred { uid: req.uid(), gid: req.gid(), umask: 0 }
 }
 
-/// The mode of a new inode in `parent`: the caller's umask applied unless the directory's
-/// default ACL stands in for it (`FileSystem::umask_for`).
-fn creation_mode(fs: &FileSystem, parent: u64, mode: u32, umask: u32) -> ferrofs::Result<u16> {
-    Ok(masked(mode, u32::from(fs.umask_for(parent, (umask & 0o777) as u16)?)))
+/// The creator of a new inode: the caller, with its request's umask, which the engine applies
+/// unless the directory's default ACL stands in for it (deciding under the directory's lock).
+/// Without FUSE_DONT_MASK the kernel has already applied it; applying it again changes nothing.
+fn creator(req: &Request, umask: u32) -> Cred {
+    Cred { umask: (umask & 0o777) as u16, ..cred(req) }
+}
+
+/// The file type and permission bits of a mode the kernel sends.
+fn mode_bits(mode: u32) -> u16 {
+    (mode & (libc::S_IFMT | 0o7777)) as u16
 }
 
 /// Call the engine. An error becomes its errno; a panic (an engine bug) is contained:
@@ -223,12 +229,6 @@ fn reply_empty(reply: ReplyEmpty, res: Res<()>) {
         Ok(()) => reply.ok(),
         Err(e) => reply.error(e),
     }
-}
-
-/// The permission bits of a new inode: the caller's umask applied. Without FUSE_DONT_MASK
-/// the kernel has already applied it; applying it again changes nothing.
-fn masked(mode: u32, umask: u32) -> u16 {
-    ((mode & libc::S_IFMT) | (mode & 0o7777 & !umask)) as u16
 }
 
 impl fuser::Filesystem for FerroFuse {
@@ -366,14 +366,14 @@ impl fuser::Filesystem for FerroFuse {
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         let _serving = self.workers.serving(req.pid());
         self.make_entry(req, "mknod", parent.0, reply, |fs| {
-            fs.mknod(parent.0, name.as_bytes(), creation_mode(fs, parent.0, mode, umask)?, rdev as u64, cred(req))
+            fs.mknod(parent.0, name.as_bytes(), mode_bits(mode), rdev as u64, creator(req, umask))
         });
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let _serving = self.workers.serving(req.pid());
         self.make_entry(req, "mkdir", parent.0, reply, |fs| {
-            fs.mkdir(parent.0, name.as_bytes(), creation_mode(fs, parent.0, mode & 0o7777, umask)?, cred(req))
+            fs.mkdir(parent.0, name.as_bytes(), mode_bits(mode & 0o7777), creator(req, umask))
         });
     }
 
@@ -648,7 +648,7 @@ impl fuser::Filesystem for FerroFuse {
         };
         let res = self
             .call("create", |fs| {
-                match fs.create(parent.0, name.as_bytes(), creation_mode(fs, parent.0, mode, umask)?, cred(req)) {
+                match fs.create(parent.0, name.as_bytes(), mode_bits(mode), creator(req, umask)) {
                     Ok(a) => Ok((a, true)),
                     // Without O_EXCL an existing regular file is opened (another creator won).
                     Err(ferrofs::Error::Exists) if flags & libc::O_EXCL == 0 => {

@@ -260,6 +260,11 @@ impl DiskInode {
         }
     }
 
+    /// The lsn an encoded image was sealed with (`seal`): the record it was logged in.
+    pub fn sealed_lsn(img: &[u8]) -> u64 {
+        get_u64(img, 16)
+    }
+
     /// Re-stamp the lsn of an encoded image and its checksum (at checkpoint time).
     pub fn seal(img: &mut [u8], lsn: u64) {
         debug_assert_eq!(img.len(), INODE_SIZE);

@@ -118,19 +118,6 @@ impl FileSystem {
         stored_acl(&self.m, ino, &g, ACCESS_XATTR)
     }
 
-    /// The umask a creation in directory `parent` applies to the mode asked for: none when
-    /// the directory has a default ACL (which then limits the mode instead, POSIX.1e), else
-    /// `umask`. Read before the creation: a default ACL set in between makes the new inode
-    /// inherit it under the umask, as strict as either alone.
-    pub fn umask_for(&self, parent: u64, umask: u16) -> Result<u16> {
-        if !self.m.acl {
-            return Ok(umask);
-        }
-        let i = self.m.iget(parent)?;
-        let g = i.core.read();
-        Ok(if g.is_dir() && stored_acl(&self.m, parent, &g, DEFAULT_XATTR)?.is_some() { 0 } else { umask })
-    }
-
     /// The names of the inode's extended attributes (its ACLs' only if the mount honours
     /// ACLs, as ext4 lists them only with `acl`).
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {

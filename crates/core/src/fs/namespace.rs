@@ -121,7 +121,7 @@ impl FileSystem {
                 return Err(Error::NotFound);
             }
             inherit_setgid(&parent_guard, &mut new_inode);
-            self.inherit_acls(&mut tx, parent, &parent_guard, ino, &mut new_inode)?;
+            self.inherit_acls(&mut tx, parent, &parent_guard, ino, &mut new_inode, cred.umask)?;
         }
         new_inode.nlink = 0;
         tx.orphan_add(ino, &mut new_inode)?;
@@ -187,7 +187,7 @@ impl FileSystem {
         let mut new_inode = DiskInode::new(mode, cred.uid, cred.gid, now(), gen);
         inherit_setgid(&parent_guard, &mut new_inode);
         init(&mut tx, ino, &mut new_inode)?;
-        self.inherit_acls(&mut tx, parent, &parent_guard, ino, &mut new_inode)?;
+        self.inherit_acls(&mut tx, parent, &parent_guard, ino, &mut new_inode, cred.umask)?;
         let mut parent_inode = parent_guard.clone();
         let goal = self.dir_goal(parent, &parent_inode);
         let mut store = TxStore::new(&mut tx, parent, goal);
@@ -210,10 +210,11 @@ impl FileSystem {
     }
 
     /// `posix_acl_create`: a new inode in a directory with a default ACL takes that ACL as
-    /// its access ACL, each class limited by the mode asked for and the mode by each class
-    /// (the umask is not applied: see `umask_for`); a new directory takes it as its default
-    /// ACL too. Symlinks take none. Space for the attributes is reserved here, on this rare
-    /// path only.
+    /// its access ACL, each class limited by the mode asked for and the mode by each class,
+    /// and the umask is not applied; a new directory takes it as its default ACL too. Without
+    /// one, the umask is applied. Symlinks take neither. Space for the attributes is reserved
+    /// here, on this rare path only. The caller holds the directory's lock: the ACL read here
+    /// is the one that decides, and no other read of it is made.
     fn inherit_acls(
         &self,
         tx: &mut Tx,
@@ -221,11 +222,15 @@ impl FileSystem {
         parent_inode: &DiskInode,
         ino: u64,
         new_inode: &mut DiskInode,
+        umask: u16,
     ) -> Result<()> {
-        if !self.m.acl || new_inode.mode & S_IFMT == S_IFLNK {
+        if new_inode.mode & S_IFMT == S_IFLNK {
             return Ok(());
         }
-        let Some(default) = super::attr::stored_acl(&self.m, parent, parent_inode, DEFAULT_XATTR)? else {
+        let default =
+            if self.m.acl { super::attr::stored_acl(&self.m, parent, parent_inode, DEFAULT_XATTR)? } else { None };
+        let Some(default) = default else {
+            new_inode.mode &= !(umask & 0o777);
             return Ok(());
         };
         let mut access = default.clone();

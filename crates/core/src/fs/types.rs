@@ -60,13 +60,17 @@ impl FileType {
     }
 }
 
-/// Who is creating a file: the new inode's owner.
+/// Who is creating a file: the new inode's owner, and the umask it is created under.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cred {
     /// User id.
     pub uid: u32,
     /// Group id.
     pub gid: u32,
+    /// Permission bits (of 0o777) a new inode is created without, unless its directory has a
+    /// default ACL, which then limits the mode instead (POSIX.1e). The engine decides which
+    /// under the directory's lock, where it reads that ACL.
+    pub umask: u16,
 }
 
 /// An inode's attributes, as stat(2) reports them.

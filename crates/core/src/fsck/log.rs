@@ -10,11 +10,15 @@ use parking_lot::Mutex;
 use crate::buf::Block;
 use crate::dev::BlockDevice;
 use crate::error::Result;
-use crate::format::log::{LogHeader, LOG_HEADER_BLOCKS};
+use crate::format::log::{record_head, LogHeader, LOG_HEADER_BLOCKS};
 use crate::format::BLOCK_SIZE;
 use crate::{format, journal};
 
 use super::{count, finding, Checker, BS};
+
+/// The highest record sequence a reset log goes on from (a record a second for 100,000 years
+/// is far below it).
+const SEQ_MAX: u64 = 1 << 48;
 
 /// Where `-n` replays the log: recovery's writes land in memory and reads see them, so the
 /// check sees the recovered image while the device is never written.
@@ -118,16 +122,28 @@ impl<'a> Checker<'a> {
     }
 
     /// Empty log headers, as mkfs writes them, in an epoch after any the old headers name (so
-    /// no stale record can replay), and an empty first ring block.
+    /// no stale record can replay), and an empty first ring block. The record sequence goes
+    /// on past every record left in the ring: recovery skips an image older than the lsn of
+    /// its home copy, and refuses a home newer than the log, so sequences never restart.
     fn reset_log(&mut self) -> Result<()> {
         let log = self.geo.ag_layout(0).log;
-        let mut epoch = 0u64;
+        let ring = self.geo.log_ring_blocks();
+        let (mut epoch, mut seqs) = (0u64, Vec::new());
         for blkno in log..log + LOG_HEADER_BLOCKS {
-            // The headers failed verification: read their epoch field raw, best effort.
-            epoch = epoch.max(format::get_u64(&self.read_block(blkno)?[..], 40));
+            // The headers failed verification: read their fields raw, best effort.
+            let b = self.read_block(blkno)?;
+            epoch = epoch.max(format::get_u64(&b[..], 40));
+            seqs.push(format::get_u64(&b[..], 56));
         }
+        for off in 0..ring {
+            // An unreadable ring block must not keep the log from being reset.
+            let Ok(b) = self.read_block(log + LOG_HEADER_BLOCKS + off) else { continue };
+            seqs.extend(record_head(&b[..], ring - off).map(|head| head.seq));
+        }
+        // Garbage this large is no sequence a writer reached; it would only overflow.
+        let tail_seq = seqs.into_iter().filter(|&seq| seq < SEQ_MAX).max().unwrap_or(0) + 1;
         for gen in 0..LOG_HEADER_BLOCKS {
-            let h = LogHeader { gen, epoch: epoch.wrapping_add(1), tail_off: 0, tail_seq: 1 };
+            let h = LogHeader { gen, epoch: epoch.wrapping_add(1), tail_off: 0, tail_seq };
             self.block_writes.insert(log + gen, h.encode(log + gen));
         }
         self.block_writes.insert(log + LOG_HEADER_BLOCKS, Box::new([0u8; BLOCK_SIZE]));

@@ -1,12 +1,17 @@
 //! Crash recovery: find the newest valid log header, walk the records from its tail while
 //! each is valid and next in sequence, and write their images home — except block images
-//! that a later record revoked. Two passes, as in jbd2: scan (collect revokes), then replay.
+//! that a later record revoked, and images older than the home copy (its lsn says which
+//! record it came from, as XFS compares a buffer's LSN). Two passes, as in jbd2: scan
+//! (collect revokes, read the home copies' lsns), then replay.
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::format::log::{chunk_indices, decode_record, record_head, LogHeader, LogItem, CHUNK, LOG_HEADER_BLOCKS};
-use crate::format::{Geometry, BLOCK_SIZE};
-use rustc_hash::FxHashMap;
+use crate::format::log::{
+    chunk_indices, decode_record, record_head, ItemKey, LogHeader, LogItem, CHUNK, LOG_HEADER_BLOCKS,
+};
+use crate::format::{header_lsn, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::hash_map;
 
 /// What recovery found in the log at mount.
 #[derive(Debug, Clone)]
@@ -46,6 +51,10 @@ pub fn read_log_header(dev: &dyn BlockDevice, geo: &Geometry) -> Result<LogHeade
                 last_err =
                     Some(Error::corrupt("log header", log + slot, format!("generation {} in slot {slot}", h.gen)))
             }
+            // The next header write bumps gen and epoch, and a ring of records the sequence.
+            Ok(h) if h.gen == u64::MAX || h.epoch == u64::MAX || h.tail_seq > u64::MAX - ring => {
+                last_err = Some(Error::corrupt("log header", log + slot, format!("{h:?}: counters at their end")))
+            }
             Ok(h) => valid.push(h),
             Err(e) => last_err = Some(e),
         }
@@ -78,14 +87,46 @@ pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<Rec
     let ring_start = geo.ag_layout(0).log + LOG_HEADER_BLOCKS;
     let ring = geo.log_ring_blocks();
     let (records, end) = scan(dev, ring_start, ring, &h)?;
+    let next_seq = records.last().map_or(h.tail_seq, |r| r.seq + 1);
     let mut revoke: FxHashMap<u64, u64> = FxHashMap::default();
+    // Every (home, record) pair the walk logs: a home copy's lsn is believed only if it names
+    // a record of the walk that logged that very home.
+    let mut logged: FxHashSet<(ItemKey, u64)> = FxHashSet::default();
     for r in &records {
         for item in decode_record(&r.bytes).expect("checked in scan")? {
-            if let LogItem::Revoke(b) = item {
-                revoke.insert(b, r.seq);
+            match item {
+                LogItem::Revoke(b) => _ = revoke.insert(b, r.seq),
+                LogItem::Block(b, _) | LogItem::Chunks(b, ..) => _ = logged.insert((ItemKey::Block(b), r.seq)),
+                LogItem::Inode(ino, _) => _ = logged.insert((ItemKey::Inode(ino), r.seq)),
             }
         }
     }
+    // The lsn of each home copy that verifies, read before anything is written. Writeback
+    // may have put a newer record's image home already (the tail waits for the oldest), so
+    // an image older than its home is skipped. A home stamped at or past the walk's head
+    // was written by a record the walk does not reach: the tail is in an older lap of the
+    // ring (a crafted header pair, consistent as it may be), and replaying would roll it back.
+    let mut home_lsn: FxHashMap<ItemKey, Option<u64>> = FxHashMap::default();
+    for &(key, seq) in &logged {
+        // A block freed in the walk may hold file data at home now: its bytes say nothing.
+        let freed = matches!(key, ItemKey::Block(b) if revoke.contains_key(&b));
+        if freed {
+            continue;
+        }
+        if let hash_map::Entry::Vacant(e) = home_lsn.entry(key) {
+            let lsn = e.insert(verified_home_lsn(dev, geo, key, seq)?);
+            if let Some(lsn) = lsn.filter(|&lsn| lsn >= next_seq) {
+                return Err(Error::corrupt(
+                    "log tail",
+                    h.tail_seq,
+                    format!("{key:?} at home has lsn {lsn}, newer than the log's last record {}", next_seq - 1),
+                ));
+            }
+        }
+    }
+    let older_than_home = |key: ItemKey, seq: u64| {
+        home_lsn.get(&key).copied().flatten().is_some_and(|lsn| lsn > seq && logged.contains(&(key, lsn)))
+    };
     let mut report = RecoveryReport { records: records.len() as u64, items: 0, revoked: 0, header: h };
     let mut block = vec![0u8; BLOCK_SIZE];
     for r in &records {
@@ -95,6 +136,8 @@ pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<Rec
                 LogItem::Block(b, _) | LogItem::Chunks(b, ..) if revoke.get(&b).is_some_and(|&s| s > r.seq) => {
                     report.revoked += 1
                 }
+                LogItem::Block(b, _) | LogItem::Chunks(b, ..) if older_than_home(ItemKey::Block(b), r.seq) => {}
+                LogItem::Inode(ino, _) if older_than_home(ItemKey::Inode(ino), r.seq) => {}
                 LogItem::Block(b, img) => dev.write_at(img, checked_block(geo, b, r.seq)? * BLOCK_SIZE as u64)?,
                 LogItem::Chunks(b, changed, chunks) => {
                     // Laid over what is home: the block as an earlier record of this replay
@@ -112,7 +155,6 @@ pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<Rec
             }
         }
     }
-    let next_seq = records.last().map_or(h.tail_seq, |r| r.seq + 1);
     report.header = LogHeader { gen: h.gen + 1, epoch: h.epoch + 1, tail_off: end, tail_seq: next_seq };
     if write {
         dev.flush()?;
@@ -121,6 +163,20 @@ pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<Rec
         dev.flush()?;
     }
     Ok(report)
+}
+
+/// The lsn stamped in `key`'s home copy (logged in record `seq`), if that copy passes the
+/// checks its readers make: a torn or never-written home says nothing about its age.
+fn verified_home_lsn(dev: &dyn BlockDevice, geo: &Geometry, key: ItemKey, seq: u64) -> Result<Option<u64>> {
+    type LsnOf = fn(&[u8]) -> u64;
+    let (at, len, lsn_of) = match key {
+        ItemKey::Block(b) => (checked_block(geo, b, seq)? * BLOCK_SIZE as u64, BLOCK_SIZE, header_lsn as LsnOf),
+        ItemKey::Inode(ino) => (geo.inode_offset(ino)?, INODE_SIZE, DiskInode::sealed_lsn as LsnOf),
+        ItemKey::Revoke(_) => unreachable!("a revoke has no home copy"),
+    };
+    let mut home = vec![0u8; len];
+    dev.read_at(&mut home, at)?;
+    Ok(super::verify_sealed(key, &home, geo).is_ok().then(|| lsn_of(&home)))
 }
 
 /// A logged block image must go to a metadata location: inside the image and not into the

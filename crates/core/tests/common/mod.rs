@@ -7,7 +7,7 @@ use ferrofs::*;
 use std::sync::Arc;
 
 pub const ROOT: u64 = 1;
-pub const C: Cred = Cred { uid: 1000, gid: 1000 };
+pub const C: Cred = Cred { uid: 1000, gid: 1000, umask: 0 };
 
 pub fn fresh(size: u64) -> (Arc<MemDevice>, FileSystem) {
     let dev = Arc::new(MemDevice::new(size));

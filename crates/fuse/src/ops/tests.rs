@@ -62,8 +62,8 @@ fn request_times_before_1970_keep_their_nanoseconds() {
 }
 
 #[test]
-fn umask_applies_to_permission_bits_only() {
-    assert_eq!(masked(libc::S_IFREG | 0o666, 0o022), (libc::S_IFREG | 0o644) as u16);
-    assert_eq!(masked(libc::S_IFCHR | 0o4777, 0o077), (libc::S_IFCHR | 0o4700) as u16);
-    assert_eq!(masked(0o2777, 0o002), 0o2775);
+fn mode_bits_keep_the_type_and_permission_bits() {
+    assert_eq!(mode_bits(libc::S_IFREG | 0o666), (libc::S_IFREG | 0o666) as u16);
+    assert_eq!(mode_bits(libc::S_IFCHR | 0o4777), (libc::S_IFCHR | 0o4777) as u16);
+    assert_eq!(mode_bits(0o2777 | 0o1_000_000), 0o2777);
 }

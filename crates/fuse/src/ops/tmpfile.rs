@@ -1,6 +1,6 @@
 //! O_TMPFILE (FUSE_TMPFILE): a file opened without a name.
 
-use super::{creation_mode, cred, reply_created, FerroFuse};
+use super::{creator, mode_bits, reply_created, FerroFuse};
 use crate::access::{MAY_EXEC, MAY_WRITE};
 use fuser::{ReplyCreate, Request};
 
@@ -17,7 +17,7 @@ impl FerroFuse {
         reply_created(
             reply,
             &ttl,
-            self.call("tmpfile", |fs| fs.tmpfile(dir, creation_mode(fs, dir, mode, umask)?, cred(req), linkable)),
+            self.call("tmpfile", |fs| fs.tmpfile(dir, mode_bits(mode), creator(req, umask), linkable)),
         )
     }
 }
