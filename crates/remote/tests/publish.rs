@@ -20,7 +20,7 @@ use std::time::Duration;
 
 const IMAGE_BYTES: u64 = 64 << 20;
 const CHUNK: u32 = 256 << 10;
-const ROOT: Cred = Cred { uid: 0, gid: 0 };
+const ROOT: Cred = Cred { uid: 0, gid: 0, umask: 0 };
 
 /// A fresh image with `files` files of distinct content, unmounted cleanly.
 fn image(files: usize, seed: u8) -> Arc<MemDevice> {

@@ -78,7 +78,8 @@ fn image(files: u8, seed: u8) -> Arc<MemDevice> {
     FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
     let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).unwrap();
     for file in 0..files {
-        fs.write_file(&format!("/f{file}"), &vec![seed.wrapping_add(file); 300_000], Cred { uid: 0, gid: 0 }).unwrap();
+        fs.write_file(&format!("/f{file}"), &vec![seed.wrapping_add(file); 300_000], Cred { uid: 0, gid: 0, umask: 0 })
+            .unwrap();
     }
     fs.unmount().unwrap();
     dev
@@ -111,7 +112,7 @@ fn publish_round_trip_on_a_real_server() {
 
     let dev = std::sync::Arc::new(MemDevice::new(64 << 20));
     FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
-    let root = Cred { uid: 0, gid: 0 };
+    let root = Cred { uid: 0, gid: 0, umask: 0 };
     let mut stale_head = None;
     for round in 0..3u8 {
         if round == 2 {
