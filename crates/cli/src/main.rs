@@ -11,6 +11,7 @@ mod manual;
 mod mkfs;
 mod mount;
 mod mount_config;
+mod mount_remote;
 mod shared;
 mod signature;
 mod trim;
@@ -90,7 +91,9 @@ fn main() -> ExitCode {
         Command::Lockstat(a) => (lockstat::run(a).map(|()| 0), 1),
         Command::Trim(a) => (trim::run(a).map(|()| 0), 1),
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
-        Command::Mounts(a) => (shared::list(a).map(|()| 0), 1),
+        Command::Mounts(a) => {
+            (shared::list(a).map(|()| mount_remote::print(&mount_remote::statuses(), a.json)).map(|()| 0), 1)
+        }
         Command::Bench(a) => (bench::run(a).map(|()| 0), 1),
         Command::Manpages(a) => (manual::manpages(a).map(|()| 0), 1),
         Command::Completions(a) => (manual::completions(a).map(|()| 0), 1),
