@@ -37,6 +37,18 @@ pub fn open(path: &Path, read_only: bool) -> CliResult<Arc<FileDevice>> {
     }
 }
 
+/// [`open`] writable for an offline command; a mounted image is refused with `hint` (what to
+/// do instead) after where it is mounted.
+pub fn open_unmounted(path: &Path, hint: &str) -> CliResult<Arc<FileDevice>> {
+    open(path, false).map_err(|f| {
+        if f.why.starts_with("in use: mounted on") {
+            Failure::new(f.what, format!("{}: {hint}", f.why))
+        } else {
+            f
+        }
+    })
+}
+
 /// Fail with what the image is instead, unless it holds a ferrofs file system (a damaged one
 /// included: the engine then says what is wrong with it).
 pub fn require_ferrofs(path: &Path) -> CliResult<()> {

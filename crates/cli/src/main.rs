@@ -2,6 +2,7 @@
 
 mod bench;
 mod fsck;
+mod gc;
 mod geometry;
 mod grow;
 mod image;
@@ -12,6 +13,7 @@ mod mkfs;
 mod mount;
 mod mount_config;
 mod mount_remote;
+mod publish;
 mod shared;
 mod signature;
 mod trim;
@@ -53,6 +55,10 @@ enum Command {
     /// Give a file system's free space back to the host (like fstrim): punch holes in an
     /// unmounted image, or ask the daemon serving a mount point to.
     Trim(trim::TrimArgs),
+    /// Publish an image to S3-compatible object storage as its next generation.
+    Publish(publish::PublishArgs),
+    /// Delete what the kept generations of a published image do not need.
+    Gc(gc::GcArgs),
     /// Show the lock statistics of a running mount.
     Lockstat(lockstat::LockstatArgs),
     /// Run the benchmarks: `ferrofs-bench`, a program of its own (`ferrofs bench --help`
@@ -90,6 +96,8 @@ fn main() -> ExitCode {
         Command::Tune(a) => (tune::run(a).map(|()| 0), 1),
         Command::Lockstat(a) => (lockstat::run(a).map(|()| 0), 1),
         Command::Trim(a) => (trim::run(a).map(|()| 0), 1),
+        Command::Publish(a) => (publish::run(a).map(|()| 0), 1),
+        Command::Gc(a) => (gc::run(a).map(|()| 0), 1),
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
         Command::Mounts(a) => {
             (shared::list(a).map(|()| mount_remote::print(&mount_remote::statuses(), a.json)).map(|()| 0), 1)

@@ -48,13 +48,7 @@ pub fn run(args: &TrimArgs) -> CliResult<()> {
 /// the log, trim, unmount cleanly.
 fn trim_image(path: &Path, minimum: u64) -> CliResult<TrimReport> {
     let what = || format!("trim {}", path.display());
-    let dev = image::open(path, false).map_err(|f| {
-        if f.why.starts_with("in use: mounted on") {
-            Failure::new(f.what, format!("{}: trim the mount point instead", f.why))
-        } else {
-            f
-        }
-    })?;
+    let dev = image::open_unmounted(path, "trim the mount point instead")?;
     image::require_ferrofs(path)?;
     let fs = FileSystem::mount_device(dev, &MountOptions::default()).context(what)?;
     let report = fs.trim(minimum).context(what)?;

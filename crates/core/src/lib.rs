@@ -123,6 +123,7 @@ pub use format::inode::Timespec;
 pub use format::inode::{LINK_MAX, MAX_FILE_BLOCKS, SYMLINK_MAX};
 pub use format::sb::{check_label, LABEL_MAX};
 pub use format::{Geometry, Superblock, BLOCK_SIZE, INODE_SIZE, NAME_MAX, ROOT_INO, XATTR_VALUE_MAX};
+pub use format::is_index_block;
 pub use fs::*;
 pub use journal::JournalConfig;
 pub use mkfs::MkfsOptions;

@@ -10,7 +10,9 @@
 pub mod cache;
 pub mod delay_proxy;
 pub mod device;
+pub mod gc;
 pub mod manifest;
+pub mod publish;
 pub mod store;
 
 pub use manifest::{ChunkRef, Manifest, ManifestError};

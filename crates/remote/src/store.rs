@@ -288,14 +288,6 @@ impl Remote {
         self.block_on(self.store.list(Some(dir)).try_collect()).map_err(|error| self.error("list", dir, error))
     }
 
-    /// Deletes one object; a missing one is not an error (another gc got there first).
-    pub fn delete(&self, key: &Path) -> Result<(), RemoteError> {
-        match self.block_on(self.store.delete(key)) {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(error) => Err(self.error("delete", key, error)),
-        }
-    }
-
     /// Runs `operation` over `items` with up to `in_flight` of them at once; the results in
     /// order of completion, stopping at the first error.
     pub fn for_each_concurrent<T, R, F, Fut>(
@@ -321,13 +313,17 @@ impl Remote {
 
     /// Turns an object_store error into the one line a user can act on.
     pub fn error(&self, operation: &'static str, key: &Path, error: object_store::Error) -> RemoteError {
-        let detail = one_line(&error);
+        let full = one_line(&error);
+        // An S3 error answer names its cause in <Code> (and <Message>): that is the line.
+        let code = xml_field(&full, "Code");
+        let detail = match (code, xml_field(&full, "Message")) {
+            (Some(code), Some(message)) => format!("{code}: {message}"),
+            _ => full.clone(),
+        };
         match &error {
             object_store::Error::Unauthenticated { .. } => RemoteError::Credentials(detail),
-            object_store::Error::PermissionDenied { .. } if is_credentials_error(&detail) => {
-                RemoteError::Credentials(detail)
-            }
-            _ if detail.contains("NoSuchBucket") => RemoteError::NoBucket(self.bucket.clone()),
+            _ if code.is_some_and(is_credentials_code) => RemoteError::Credentials(detail),
+            _ if code == Some("NoSuchBucket") => RemoteError::NoBucket(self.bucket.clone()),
             object_store::Error::NotFound { .. } => RemoteError::NotFound(key.to_string()),
             object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
                 RemoteError::Conflict(format!("{key} was written by someone else first"))
@@ -457,11 +453,16 @@ fn is_loopback(endpoint: &str) -> bool {
     matches!(host, "localhost" | "127.0.0.1" | "[::1]")
 }
 
-/// Whether a permission error is about the credentials themselves rather than a policy.
-fn is_credentials_error(detail: &str) -> bool {
-    ["InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"]
-        .iter()
-        .any(|code| detail.contains(code))
+/// Whether an S3 error code is about the credentials themselves rather than a policy.
+fn is_credentials_code(code: &str) -> bool {
+    matches!(code, "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "ExpiredToken" | "InvalidToken")
+}
+
+/// The text of the first `<NAME>...</NAME>` in an S3 error answer.
+fn xml_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let start = text.find(&format!("<{name}>"))? + name.len() + 2;
+    let len = text[start..].find(&format!("</{name}>"))?;
+    Some(&text[start..start + len])
 }
 
 /// Whether the error is a failure to connect or a timeout, after the retries.
@@ -608,6 +609,15 @@ mod tests {
         assert!(matches!(error, RemoteError::Unreachable { .. }), "{error}");
         assert!(!error.to_string().contains('\n'));
         assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn s3_error_answers_are_read_for_their_code() {
+        let answer = "403 Forbidden: <Error><Code>SignatureDoesNotMatch</Code><Message>No.</Message></Error>";
+        assert_eq!(xml_field(answer, "Code"), Some("SignatureDoesNotMatch"));
+        assert_eq!(xml_field(answer, "Message"), Some("No."));
+        assert_eq!(xml_field(answer, "Condition"), None);
+        assert_eq!(xml_field("<Code>unterminated", "Code"), None);
     }
 
     #[test]

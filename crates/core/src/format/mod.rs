@@ -96,6 +96,14 @@ pub fn verify_block(block: &[u8], what: &'static str, magic: u32, blkno: u64, ow
     Ok(())
 }
 
+/// Whether `block`, read from block `blkno`, is a verified B+tree node (directory, extent map
+/// or xattr tree) or metadata data block (symlink target, xattr value): what a reader that
+/// fetches an image lazily (a published one) wants before file data.
+pub fn is_index_block(block: &[u8], blkno: u64) -> bool {
+    let magic = header_magic(block);
+    matches!(magic, MAGIC_BTREE | MAGIC_DATA_META) && verify_block(block, "index block", magic, blkno, None).is_ok()
+}
+
 pub mod inode;
 pub mod log;
 pub mod sb;
