@@ -38,6 +38,10 @@ versitygw_path() {
 install() {
   versitygw_path && return
   command -v go >/dev/null || unavailable "versitygw is not installed and there is no Go toolchain to build it"
+  # Tests start servers in parallel: one builds, the others wait for it.
+  exec 9>"${TMPDIR:-/tmp}/ferrofs-versitygw-install.lock"
+  flock 9
+  versitygw_path && return
   echo "s3-server: building versitygw $VERSITYGW_VERSION (go install, a few minutes once)" >&2
   go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" >&2 \
     || unavailable "go install of versitygw $VERSITYGW_VERSION failed"
