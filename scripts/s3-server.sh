@@ -38,14 +38,24 @@ versitygw_path() {
 install() {
   versitygw_path && return
   command -v go >/dev/null || unavailable "versitygw is not installed and there is no Go toolchain to build it"
+  # Tests start servers in parallel: one builds, the others wait for it.
+  exec 9>"${TMPDIR:-/tmp}/ferrofs-versitygw-install.lock"
+  flock 9
+  versitygw_path && return
   echo "s3-server: building versitygw $VERSITYGW_VERSION (go install, a few minutes once)" >&2
   go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" >&2 \
     || unavailable "go install of versitygw $VERSITYGW_VERSION failed"
   versitygw_path || unavailable "versitygw built but not found in GOBIN or GOPATH/bin"
 }
 
+# A port nothing listens on now (a connection to it is refused).
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+  local port
+  for _ in $(seq 100); do
+    port=$((20000 + RANDOM % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return; fi
+  done
+  die "no free localhost port found"
 }
 
 # Sign with SigV4 (curl >= 7.75) so that no S3 client is needed to make the bucket.

@@ -13,6 +13,8 @@ cargo run -p ferrofs --locked --example embedded 2>&1
 # must keep POSIX semantics.
 FUSE_SUITES=(--test conformance --test differential --test mount --test semantics)
 FERROFS_TEST_DEFAULT_PERMISSIONS=1 cargo test -p ferrofs-fuse --locked "${FUSE_SUITES[@]}" 2>&1
+# Published images mounted from a local S3 server (scripts/s3-server.sh), kernel checks too.
+FERROFS_TEST_DEFAULT_PERMISSIONS=1 cargo test -p ferrofs-cli --locked --test remote_mount 2>&1
 # Both again (ferrofs checking, then the kernel) with the kernel's writeback cache
 # (-o writeback_cache, off by default): all four
 # corners of permissions x writeback cache, since the cache changes what the kernel sends in

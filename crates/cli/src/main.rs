@@ -12,6 +12,7 @@ mod manual;
 mod mkfs;
 mod mount;
 mod mount_config;
+mod mount_remote;
 mod publish;
 mod shared;
 mod signature;
@@ -98,7 +99,9 @@ fn main() -> ExitCode {
         Command::Publish(a) => (publish::run(a).map(|()| 0), 1),
         Command::Gc(a) => (gc::run(a).map(|()| 0), 1),
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
-        Command::Mounts(a) => (shared::list(a).map(|()| 0), 1),
+        Command::Mounts(a) => {
+            (shared::list(a).map(|()| mount_remote::print(&mount_remote::statuses(), a.json)).map(|()| 0), 1)
+        }
         Command::Bench(a) => (bench::run(a).map(|()| 0), 1),
         Command::Manpages(a) => (manual::manpages(a).map(|()| 0), 1),
         Command::Completions(a) => (manual::completions(a).map(|()| 0), 1),

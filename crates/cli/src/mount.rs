@@ -24,6 +24,9 @@ pub const HELPER_NAMES: [&str; 2] = ["mount.fuse.ferrofs", "mount.ferrofs"];
 
 pub fn run(args: &MountArgs) -> CliResult<()> {
     cap_malloc_arenas();
+    if crate::mount_remote::is_remote(&args.image) {
+        return crate::mount_remote::run(args);
+    }
     let resolved;
     let args = match crate::image::resolve_tag(&args.image)? {
         Some(device) => {
@@ -85,7 +88,7 @@ fn remount(args: &MountArgs) -> CliResult<()> {
 
 /// Fork a daemon that mounts and serves; return once it says the mount is ready, or fail
 /// with the reason it gives. Called while this process is still single-threaded.
-fn daemonize(cfg: &MountConfig) -> std::io::Result<()> {
+pub(crate) fn daemonize(cfg: &MountConfig) -> std::io::Result<()> {
     let (mut from_daemon, to_parent) = pipe()?;
     // SAFETY: the process is single-threaded here (nothing has spawned a thread yet), so the
     // child may go on running arbitrary code after fork.

@@ -53,7 +53,10 @@ pub struct MountArgs {
 pub(crate) fn config(args: &MountArgs) -> Result<MountConfig, String> {
     // The canonical image path is the mount's source, as `mount` and `df` show it, and how
     // a second mount of the same image is recognised.
-    let image = args.image.canonicalize().map_err(|e| format!("image {}: {e}", args.image.display()))?;
+    let image = match crate::mount_remote::is_remote(&args.image) {
+        true => args.image.clone(),
+        false => args.image.canonicalize().map_err(|e| format!("image {}: {e}", args.image.display()))?,
+    };
     let mut cfg = MountConfig::new(&image, &args.mountpoint);
     cfg.fs_name = Some(image.display().to_string());
     cfg.lock_timeout = LOCK_WAIT;

@@ -15,6 +15,7 @@
 //! | `reset`        | zero the counters (to measure one workload); answers `ok` |
 //! | `timing on`/`timing off` | switch hold-time measurement at run time; answers `ok` |
 //! | `trim MIN`     | give the free space of the durable state back to the host (`ferrofs trim`): punch every free run of at least MIN bytes; answers `{"bytes": B, "extents": N, "unsupported": false}` |
+//! | `source`       | a published image's device counters as JSON (generation, cache hits and misses, bytes fetched and read); an error for an image file |
 //! | `remount ro`/`remount rw` | refuse every change (EROFS) after writing the log home, or accept changes again (what `mount -o remount,ro` asks for after the kernel's own remount); answers `ok` |
 
 use crate::workers::Workers;
@@ -46,6 +47,9 @@ pub fn socket_path(mountpoint: &Path) -> io::Result<PathBuf> {
     Ok(dir.join(format!("{base}-{crc:08x}.sock")))
 }
 
+/// The `source` command's answer of a mount of a provided device (`MountConfig::device`).
+pub(crate) type SourceStatus = Box<dyn Fn() -> String + Send + Sync>;
+
 /// A listening control socket; dropping it stops the listener and removes the socket.
 pub(crate) struct ControlServer {
     path: PathBuf,
@@ -58,6 +62,7 @@ impl ControlServer {
         mountpoint: &Path,
         engine: Weak<FileSystem>,
         workers: Arc<Workers>,
+        source: Option<SourceStatus>,
     ) -> io::Result<ControlServer> {
         let path = socket_path(mountpoint)?;
         let dir = path.parent().expect("socket path has a directory");
@@ -77,7 +82,7 @@ impl ControlServer {
                 }
                 if let Ok(conn) = conn {
                     // A misbehaving client only gets its own connection closed.
-                    let _ = serve(conn, &engine, &workers);
+                    let _ = serve(conn, &engine, &workers, source.as_deref());
                 }
             }
         })?;
@@ -97,11 +102,20 @@ impl Drop for ControlServer {
     }
 }
 
-fn serve(conn: UnixStream, engine: &Weak<FileSystem>, workers: &Workers) -> io::Result<()> {
+fn serve(
+    conn: UnixStream,
+    engine: &Weak<FileSystem>,
+    workers: &Workers,
+    source: Option<&(dyn Fn() -> String + Send + Sync)>,
+) -> io::Result<()> {
     conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(io::Read::take(&conn, COMMAND_MAX)).read_line(&mut line)?;
-    let answer = answer(line.trim(), engine, workers);
+    let answer = match (line.trim(), source) {
+        ("source", Some(status)) => status() + "\n",
+        ("source", None) => "error: this mount serves an image file, not a published image\n".into(),
+        (command, _) => answer(command, engine, workers),
+    };
     (&conn).write_all(answer.as_bytes())
 }
 

@@ -224,6 +224,31 @@ pub struct MountConfig {
     /// How long to wait for an image lock held by another process (e.g. a daemon that is just
     /// finishing its unmount) before failing with [`MountError::ImageInUse`].
     pub lock_timeout: Duration,
+    /// Serve the device this opens instead of the file `image` (which then only names the
+    /// mount's source): a published image's chunk device, opened in the serving process.
+    pub device: Option<DeviceSource>,
+}
+
+/// A device the mounting program makes, for [`MountConfig::device`].
+#[derive(Clone)]
+pub struct DeviceSource {
+    /// Opens the device, once, in the process that serves the mount (after a daemon's fork:
+    /// it may start threads). Its image must be clean (a log to replay is refused).
+    pub open: Arc<dyn Fn() -> io::Result<OpenedDevice> + Send + Sync>,
+}
+
+/// What [`DeviceSource::open`] returns.
+pub struct OpenedDevice {
+    /// The device, served read-only.
+    pub device: Arc<dyn ferrofs::dev::BlockDevice>,
+    /// Its counters as JSON, the control socket's `source` answer (`ferrofs mounts` shows them).
+    pub status: Box<dyn Fn() -> String + Send + Sync>,
+}
+
+impl std::fmt::Debug for DeviceSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceSource")
+    }
 }
 
 impl MountConfig {
@@ -245,6 +270,7 @@ impl MountConfig {
             cache: None,
             lock_timeout: Duration::ZERO,
             uring: Uring::Off,
+            device: None,
         }
     }
 
@@ -426,7 +452,8 @@ pub fn mount(opts: &MountConfig, ready: impl FnOnce()) -> Result<(), MountError>
 /// connection: the mount point is usable when this returns.
 pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     let (config, kernel_options) = checked(opts)?;
-    let fs = Arc::new(open_engine(opts)?);
+    let (fs, source_status) = open_engine(opts)?;
+    let fs = Arc::new(fs);
     // Until the session exists, a failure leaves the image as clean as we found it.
     let abandon = |err: MountError| {
         if let Err(e) = fs.unmount() {
@@ -485,7 +512,7 @@ pub fn spawn_mount(opts: &MountConfig) -> Result<MountHandle, MountError> {
     // engine (and its caches, counted against a shared budget) alive after it has ended.
     let engine = Arc::downgrade(&fs);
     // Statistics are a diagnostic: a mount without its control socket still serves files.
-    let control = control::ControlServer::start(&opts.mountpoint, engine.clone(), workers)
+    let control = control::ControlServer::start(&opts.mountpoint, engine.clone(), workers, source_status)
         .inspect_err(|e| {
             log::warn!("no control socket for {} (ferrofs lockstat will not reach it): {e}", opts.mountpoint.display())
         })
@@ -557,7 +584,26 @@ fn checked(opts: &MountConfig) -> Result<(Config, KernelOptions), MountError> {
     Ok((config, kernel_options))
 }
 
-fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
+/// The engine over the image, and the status of a [`MountConfig::device`].
+fn open_engine(opts: &MountConfig) -> Result<(FileSystem, Option<control::SourceStatus>), MountError> {
+    let path = opts.image.clone();
+    let Some(source) = &opts.device else { return Ok((open_image(opts)?, None)) };
+    let opened = (source.open)().map_err(|source| MountError::Image { path: path.clone(), source })?;
+    let mopts = engine_options(opts);
+    let fs = FileSystem::mount_device(opened.device, &MountOptions { read_only: true, ..mopts })
+        .map_err(|source| MountError::Engine { path: path.clone(), source })?;
+    // Nothing may be written to it, so a log to replay would be replayed by every mount.
+    let replayed = fs.info().log_records_replayed;
+    if replayed > 0 {
+        return Err(MountError::Refused(format!(
+            "{}: the image's log holds {replayed} records to replay: it was not checkpointed (publish it from a clean unmount)",
+            path.display()
+        )));
+    }
+    Ok((fs, Some(opened.status)))
+}
+
+fn open_image(opts: &MountConfig) -> Result<FileSystem, MountError> {
     let path = opts.image.clone();
     let dev = FileDevice::open(&opts.image, opts.read_only).or_else(|e| match e.kind() {
         io::ErrorKind::WouldBlock if !opts.lock_timeout.is_zero() => {
@@ -577,10 +623,14 @@ fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
             MountError::Image { path: path.clone(), source }
         }
     })?;
+    FileSystem::mount_device(Arc::new(dev), &engine_options(opts)).map_err(|source| MountError::Engine { path, source })
+}
+
+fn engine_options(opts: &MountConfig) -> MountOptions {
     let cache = opts.cache.clone().or_else(|| opts.cache_bytes.map(CacheBudget::new));
     let (atime, nodiratime) = options::atime_options(opts.options.iter().flat_map(|s| s.split(',')));
     let noacl = !opts.acl();
-    let mopts = MountOptions {
+    MountOptions {
         read_only: opts.read_only,
         cache,
         atime,
@@ -588,8 +638,7 @@ fn open_engine(opts: &MountConfig) -> Result<FileSystem, MountError> {
         discard: opts.discard,
         noacl,
         ..MountOptions::default()
-    };
-    FileSystem::mount_device(Arc::new(dev), &mopts).map_err(|source| MountError::Engine { path, source })
+    }
 }
 
 /// The session thread: run the workers until the connection ends, then checkpoint.

@@ -7,6 +7,9 @@
 
 #![deny(missing_docs)]
 
+pub mod cache;
+pub mod delay_proxy;
+pub mod device;
 pub mod gc;
 pub mod manifest;
 pub mod publish;
