@@ -11,3 +11,6 @@
 set -euo pipefail
 . "$(dirname "$0")/lib/apt.sh"
 install_missing install-deps 0 fuse3 libfuse3-dev pkg-config e2fsprogs fonts-dejavu-core mount libblkid-dev libclang-dev fdisk xfsprogs groff-base acl curl
+# The local S3 server of the published-image tests, built once here rather than inside the
+# first test that needs it; without Go the tests skip with a message.
+"$(dirname "$0")/s3-server.sh" install >/dev/null || echo "install-deps: no S3 test server; its tests will skip"

@@ -23,6 +23,9 @@ ACCESS_KEY=ferrofs-test
 SECRET_KEY=ferrofs-test-secret
 REGION=us-east-1
 
+# Go's official tarball installs outside the default PATH.
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then PATH="$PATH:/usr/local/go/bin"; fi
+
 die() { echo "s3-server: $*" >&2; exit 1; }
 unavailable() { echo "s3-server: $*" >&2; exit 2; }
 
