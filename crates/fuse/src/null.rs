@@ -15,7 +15,7 @@ use ferrofs_lockstat::{LockClass, Mutex};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyStatfs, ReplyWrite, Request, Session, SessionACL, WriteFlags,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, Session, SessionACL, WriteFlags,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -306,7 +306,14 @@ impl Filesystem for NullFs {
         reply.ok()
     }
 
-    // open, release, opendir and releasedir: fuser's defaults (handle 0, success).
+    /// ENOSYS, as ferrofs answers when it has nothing to check: the kernel then sends no
+    /// OPEN (nor RELEASE) again and keeps the page cache across opens, so dbench's reads and
+    /// opens cost the null server what they cost ferrofs.
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS)
+    }
+
+    // release, opendir and releasedir: fuser's defaults (handle 0, success).
 
     /// Offsets are positions in the name order (2 and up; 1 is `..`): a listing while names
     /// are removed (`rm -rf`) may skip some, and `rm -rf` lists again until the directory is
