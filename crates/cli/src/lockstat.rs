@@ -14,8 +14,9 @@ pub struct LockstatArgs {
     #[arg(long)]
     pub json: bool,
     /// Print this mount's journal counters instead (commits, checkpoints, bytes logged, items
-    /// written home, fsyncs that found their change durable, ...) and its cache budget's
-    /// (reclaim, stalls, transactions throttled to write home), as JSON with --json.
+    /// written home, fsyncs that found their change durable, ...), its cache budget's
+    /// (reclaim, stalls, transactions throttled to write home) and its transport (io_uring or
+    /// /dev/fuse; `transport_uring` is 1 on the rings), as JSON with --json.
     #[arg(long)]
     pub journal: bool,
     /// Print the daemon's memory instead: its cache budget's limit and estimated use beside
@@ -45,7 +46,9 @@ pub fn run(args: &LockstatArgs) -> CliResult<()> {
         if args.json {
             print!("{answer}");
         } else {
-            print_counters(&answer).context(what)?;
+            // The journal's `transport_uring` counter, named: which transport serves the mount.
+            let transport = if args.journal { Some(ask("transport")?) } else { None };
+            print_counters(&answer, transport.as_deref().map(str::trim)).context(what)?;
         }
     } else {
         print!("{}", ask(&if args.json { "json".to_string() } else { format!("table {}", args.top) })?);
@@ -56,11 +59,15 @@ pub fn run(args: &LockstatArgs) -> CliResult<()> {
     Ok(())
 }
 
-/// Named counters (a JSON object of numbers), one per line, grouped by thousands.
-fn print_counters(json: &str) -> std::io::Result<()> {
+/// Named counters (a JSON object of numbers), one per line, grouped by thousands, after the
+/// transport's line if it is given.
+fn print_counters(json: &str, transport: Option<&str>) -> std::io::Result<()> {
     let counters: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(json).map_err(std::io::Error::other)?;
-    let width = counters.keys().map(String::len).max().unwrap_or(0);
+    let width = counters.keys().map(String::len).chain(transport.map(|_| "transport".len())).max().unwrap_or(0);
+    if let Some(transport) = transport {
+        println!("{:<width$}  {transport}", "transport");
+    }
     for (name, value) in &counters {
         let n =
             value.as_u64().ok_or_else(|| std::io::Error::other(format!("counter {name} is not a number: {value}")))?;

@@ -50,7 +50,8 @@ enum Command {
     Tune(tune::TuneArgs),
     /// Mount an image through FUSE (foreground unless --daemon or --shared).
     Mount(mount_config::MountArgs),
-    /// List what the shared daemon (`ferrofs mount --shared`) serves.
+    /// List ferrofs mounts: what the shared daemon (`ferrofs mount --shared`) serves, then
+    /// mounts with a daemon of their own, each with its transport.
     Mounts(shared::MountsArgs),
     /// Give a file system's free space back to the host (like fstrim): punch holes in an
     /// unmounted image, or ask the daemon serving a mount point to.
@@ -99,9 +100,7 @@ fn main() -> ExitCode {
         Command::Publish(a) => (publish::run(a).map(|()| 0), 1),
         Command::Gc(a) => (gc::run(a).map(|()| 0), 1),
         Command::Mount(a) => (mount::run(a).map(|()| 0), 1),
-        Command::Mounts(a) => {
-            (shared::list(a).map(|()| mount_remote::print(&mount_remote::statuses(), a.json)).map(|()| 0), 1)
-        }
+        Command::Mounts(a) => (shared::list(a).map(|()| 0), 1),
         Command::Bench(a) => (bench::run(a).map(|()| 0), 1),
         Command::Manpages(a) => (manual::manpages(a).map(|()| 0), 1),
         Command::Completions(a) => (manual::completions(a).map(|()| 0), 1),

@@ -159,6 +159,8 @@ pub struct RemoteStatus {
     pub bytes_fetched: u64,
     pub bytes_read: u64,
     pub cache_bytes: u64,
+    /// How requests reach its daemon: "io_uring" or "/dev/fuse".
+    pub transport: String,
 }
 
 impl RemoteStatus {
@@ -170,21 +172,16 @@ impl RemoteStatus {
 
 /// The published-image mounts of this machine that answer on their control sockets.
 pub fn statuses() -> Vec<RemoteStatus> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let mut r = right.split(' ');
-            let (fstype, source) = (r.next()?, r.next()?);
-            if fstype != "fuse.ferrofs" || !source.starts_with("s3://") {
-                return None;
-            }
-            let mountpoint = PathBuf::from(unescape(left.split(' ').nth(4)?));
+    crate::shared::ferrofs_mounts()
+        .into_iter()
+        .filter(|(source, _)| source.starts_with("s3://"))
+        .filter_map(|(source, mountpoint)| {
             let answer = ferrofs_fuse::control_request(&mountpoint, "source").ok()?;
             let v: serde_json::Value = serde_json::from_str(&answer).ok()?;
             let field = |name: &str| v[name].as_u64().unwrap_or(0);
             Some(RemoteStatus {
-                source: source.to_string(),
+                transport: crate::shared::transport_of(&mountpoint),
+                source,
                 mountpoint,
                 generation: field("generation"),
                 hits: field("hits"),
@@ -197,33 +194,27 @@ pub fn statuses() -> Vec<RemoteStatus> {
         .collect()
 }
 
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(field: &str) -> String {
-    field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-}
-
-/// Print the published-image mounts (after the shared daemon's, in `ferrofs mounts`).
-pub fn print(mounts: &[RemoteStatus], json: bool) {
+/// Print the published-image mounts as a table (after the shared daemon's, in `ferrofs
+/// mounts`).
+pub fn print(mounts: &[RemoteStatus]) {
     if mounts.is_empty() {
         return;
     }
-    if json {
-        return println!("{}", serde_json::to_string_pretty(mounts).unwrap_or_default());
-    }
     println!("published images:");
     println!(
-        "{:40}  {:30}  {:>10}  {:>8}  {:>10}  {:>10}  CACHE",
-        "SOURCE", "MOUNT POINT", "GENERATION", "HITS", "FETCHED", "READ"
+        "{:40}  {:30}  {:>10}  {:>8}  {:>10}  {:>10}  {:9}  CACHE",
+        "SOURCE", "MOUNT POINT", "GENERATION", "HITS", "FETCHED", "READ", "TRANSPORT"
     );
     for m in mounts {
         println!(
-            "{:40}  {:30}  {:>10}  {:>7.1}%  {:>10}  {:>10}  {}",
+            "{:40}  {:30}  {:>10}  {:>7.1}%  {:>10}  {:>10}  {:9}  {}",
             m.source,
             m.mountpoint.display().to_string(),
             m.generation,
             m.hit_percent(),
             human_bytes(m.bytes_fetched),
             human_bytes(m.bytes_read),
+            m.transport,
             human_bytes(m.cache_bytes)
         );
     }

@@ -464,28 +464,67 @@ impl Daemon {
 
 #[derive(Args, Debug)]
 pub struct MountsArgs {
-    /// Print the daemon's answer as JSON.
+    /// Print JSON: the shared daemon's status as one object (if it runs), then one array of
+    /// the mounts with a daemon of their own.
     #[arg(long)]
     pub json: bool,
 }
 
-/// `ferrofs mounts`: what the shared daemon serves and how much of its cache budget it uses.
+/// A mount served by a daemon of its own (`ferrofs mount`, `--daemon`, mount(8)) of an image
+/// file, as `ferrofs mounts` shows it.
+#[derive(Serialize, Debug)]
+struct OwnMount {
+    image: PathBuf,
+    mountpoint: PathBuf,
+    /// "io_uring", "/dev/fuse", or "unknown" when its control socket does not answer (another
+    /// user's mount, or a daemon older than the `transport` command).
+    transport: String,
+}
+
+/// `ferrofs mounts`: what the shared daemon serves and how much of its cache budget it uses,
+/// then the mounts served by daemons of their own; each with its transport.
 pub fn list(args: &MountsArgs) -> CliResult<()> {
     let socket = socket_path();
     let what = || format!("mounts (shared daemon at {})", socket.display());
     let status = match ask(&socket, &Request::Status) {
-        Ok(Reply::Status(s)) => s,
+        Ok(Reply::Status(s)) => Some(s),
         Ok(other) => return Err(io::Error::other(format!("unexpected reply {other:?}"))).context(what),
-        Err(Unanswered::NoDaemon | Unanswered::Gone) => {
-            println!("no shared ferrofs daemon is running");
-            return Ok(());
-        }
+        Err(Unanswered::NoDaemon | Unanswered::Gone) => None,
         Err(Unanswered::Failed(e)) => return Err(e).context(what),
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&status).context(what)?);
+    match &status {
+        // In JSON, its absence is the answer: what follows stays one JSON document.
+        None if args.json => {}
+        None => println!("no shared ferrofs daemon is running"),
+        Some(status) if args.json => println!("{}", serde_json::to_string_pretty(status).context(what)?),
+        Some(status) => print_shared(status),
+    }
+    let served: Vec<&Path> = status.iter().flat_map(|s| &s.mounts).map(|m| m.mountpoint.as_path()).collect();
+    let own: Vec<OwnMount> = ferrofs_mounts()
+        .into_iter()
+        .filter(|(source, mountpoint)| !source.starts_with("s3://") && !served.contains(&mountpoint.as_path()))
+        .map(|(source, mountpoint)| OwnMount { image: source.into(), transport: transport_of(&mountpoint), mountpoint })
+        .collect();
+    let published = crate::mount_remote::statuses();
+    if !args.json {
+        print_own(&own);
+        crate::mount_remote::print(&published);
         return Ok(());
     }
+    // One array of every mount with a daemon of its own: image files, then published images.
+    let listed = own
+        .iter()
+        .map(serde_json::to_value)
+        .chain(published.iter().map(serde_json::to_value))
+        .collect::<Result<Vec<_>, _>>()
+        .context(what)?;
+    if !listed.is_empty() {
+        println!("{}", serde_json::to_string_pretty(&listed).context(what)?);
+    }
+    Ok(())
+}
+
+fn print_shared(status: &Status) {
     println!(
         "shared daemon pid {}: caches hold {} of {}",
         status.pid,
@@ -512,7 +551,49 @@ pub fn list(args: &MountsArgs) -> CliResult<()> {
             human_bytes(m.cache_bytes)
         );
     }
-    Ok(())
+}
+
+fn print_own(mounts: &[OwnMount]) {
+    if mounts.is_empty() {
+        return;
+    }
+    let width = mounts.iter().map(|m| m.image.as_os_str().len()).max().unwrap_or(0).max("IMAGE".len());
+    let mwidth = mounts.iter().map(|m| m.mountpoint.as_os_str().len()).max().unwrap_or(0).max("MOUNT POINT".len());
+    println!("mounts with a daemon of their own:");
+    println!("{:width$}  {:mwidth$}  TRANSPORT", "IMAGE", "MOUNT POINT");
+    for m in mounts {
+        println!(
+            "{:width$}  {:mwidth$}  {}",
+            m.image.display().to_string(),
+            m.mountpoint.display().to_string(),
+            m.transport
+        );
+    }
+}
+
+/// How requests reach the daemon of the mount on `mountpoint`, as its control socket says.
+pub(crate) fn transport_of(mountpoint: &Path) -> String {
+    ferrofs_fuse::control_request(mountpoint, "transport").map_or_else(|_| "unknown".into(), |t| t.trim().to_string())
+}
+
+/// Every ferrofs mount of this machine (image file or published image): source and mount
+/// point, from mountinfo.
+pub(crate) fn ferrofs_mounts() -> Vec<(String, PathBuf)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mut r = right.split(' ');
+            let (fstype, source) = (r.next()?, r.next()?);
+            let mountpoint = PathBuf::from(unescape(left.split(' ').nth(4)?));
+            (fstype == "fuse.ferrofs").then(|| (unescape(source), mountpoint))
+        })
+        .collect()
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(field: &str) -> String {
+    field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 }
 
 #[cfg(test)]

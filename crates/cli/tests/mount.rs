@@ -768,8 +768,20 @@ fn trim_refuses_a_mounted_image_and_a_plain_directory() {
 
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
-/// Sets the fuse module's enable_uring back to what it was, even when the test fails.
-struct RestoreEnableUring(String);
+/// Held by the tests that switch the system-wide enable_uring, so that they take turns.
+static ENABLE_URING_SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Sets the fuse module's enable_uring back to what it was, even when the test fails, then
+/// lets the next test switch it.
+struct RestoreEnableUring(String, #[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+
+impl RestoreEnableUring {
+    /// Take the switch and remember the parameter; None where the kernel has no such parameter.
+    fn take() -> Option<RestoreEnableUring> {
+        let turn = ENABLE_URING_SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+        Some(RestoreEnableUring(std::fs::read_to_string(ENABLE_URING).ok()?.trim().to_string(), turn))
+    }
+}
 
 impl Drop for RestoreEnableUring {
     fn drop(&mut self) {
@@ -794,7 +806,7 @@ fn uring_off_falls_back_in_one_line_and_uring_force_is_for_root() {
     }
     let s = Scratch::new("uring-force");
     s.mkfs();
-    let Ok(was) = std::fs::read_to_string(ENABLE_URING) else {
+    let Some(_restore) = RestoreEnableUring::take() else {
         // A kernel without FUSE over io_uring: the mount says so and serves through /dev/fuse.
         let o = s.mount(&["-o", "uring"]);
         assert!(o.status.success(), "{}", stderr(&o));
@@ -803,7 +815,6 @@ fn uring_off_falls_back_in_one_line_and_uring_force_is_for_root() {
         assert!(!served_through_uring(&s.mnt));
         return s.umount();
     };
-    let _restore = RestoreEnableUring(was.trim().to_string());
     std::fs::write(ENABLE_URING, "N").unwrap();
 
     // Off: one line says so and how to switch it on, and the mount serves through /dev/fuse.
@@ -845,6 +856,57 @@ fn uring_off_falls_back_in_one_line_and_uring_force_is_for_root() {
     s.umount();
     s.wait_released();
     s.fsck_clean();
+}
+
+/// What `ferrofs mounts` (table and `--json`) and `lockstat --journal` say serves `mnt`, a
+/// mount with a daemon of its own.
+fn transport_listed(s: &Scratch) -> [String; 3] {
+    let mnt = s.mnt.canonicalize().unwrap();
+    // A daemon socket of this test's own, so the machine's shared daemon stays out of it.
+    let mounts = |json: &[&str]| {
+        let o = run(Command::new(BIN).env("FERROFS_DAEMON_SOCKET", s.dir.join("daemon.sock")).arg("mounts").args(json));
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let out = mounts(&["--json"]);
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let ours = listed.iter().find(|m| m["mountpoint"].as_str() == mnt.to_str()).unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(ours["image"].as_str(), s.image.canonicalize().unwrap().to_str(), "{out}");
+    let table = mounts(&[]);
+    let row = table.lines().find(|l| l.contains(&format!(" {} ", mnt.display()))).unwrap_or_else(|| panic!("{table}"));
+    let o = run(Command::new(BIN).args(["lockstat", "--journal"]).arg(&s.mnt));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let journal = String::from_utf8_lossy(&o.stdout).into_owned();
+    let named = journal.lines().find_map(|l| l.strip_prefix("transport ")).unwrap_or_else(|| panic!("{journal}"));
+    [ours["transport"].as_str().unwrap().to_string(), row.rsplit("  ").next().unwrap().to_string(), named.trim().into()]
+}
+
+#[test]
+fn mounts_and_lockstat_name_the_transport_of_a_mount_with_its_own_daemon() {
+    if let Some(why) = unavailable() {
+        return eprintln!("SKIPPED mounts_transport: {why}");
+    }
+    if uring() {
+        return eprintln!(
+            "SKIPPED mounts_transport: runs on the /dev/fuse runs, where no other test needs enable_uring"
+        );
+    }
+    let s = Scratch::new("mounts-transport");
+    s.mkfs();
+    let o = s.mount(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(transport_listed(&s), ["/dev/fuse"; 3]);
+    s.umount();
+    s.wait_released();
+    let Some(_restore) = RestoreEnableUring::take() else {
+        return eprintln!("SKIPPED mounts_transport on io_uring: the kernel has no FUSE over io_uring");
+    };
+    std::fs::write(ENABLE_URING, "Y").unwrap();
+    let o = s.mount(&["-o", "uring"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(transport_listed(&s), ["io_uring"; 3]);
+    s.umount();
+    s.wait_released();
 }
 
 #[test]

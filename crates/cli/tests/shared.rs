@@ -59,8 +59,13 @@ impl Scratch {
     fn mounts_json(&self) -> serde_json::Value {
         let o = self.ferrofs().args(["mounts", "--json"]).output().unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
-        serde_json::from_slice(&o.stdout)
-            .unwrap_or_else(|e| panic!("ferrofs mounts --json: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+        // The daemon's status is the first document; an array of the machine's mounts with a
+        // daemon of their own may follow.
+        serde_json::Deserializer::from_slice(&o.stdout)
+            .into_iter::<serde_json::Value>()
+            .next()
+            .and_then(Result::ok)
+            .unwrap_or_else(|| panic!("ferrofs mounts --json: {}", String::from_utf8_lossy(&o.stdout)))
     }
 
     fn umount(&self, name: &str) {

@@ -12,6 +12,7 @@
 //! | `json`         | every class's counters as JSON |
 //! | `journal`      | this mount's journal counters as JSON (commits, checkpoints, bytes logged, items written home, ...), its cache budget's (`cache_`: reclaim, stalls, throttled transactions) and its FUSE workers' (`workers_`: in all, always reading, parked now, woken, parks) |
 //! | `memory`       | the daemon's memory as JSON: its cache budget's limit, estimated use and, for a budget that bounds the process, the rest of the process's memory as last sampled (`cache_`), the heap in use (allocations counted whole, touched or not: each worker's 16 MiB request buffer is in it; and of it, chunks malloc mapped on their own) and held free by malloc (`heap_`), RSS and peak RSS |
+//! | `transport`    | how requests reach the daemon: `io_uring` or `/dev/fuse` (`ferrofs mounts`) |
 //! | `reset`        | zero the counters (to measure one workload); answers `ok` |
 //! | `timing on`/`timing off` | switch hold-time measurement at run time; answers `ok` |
 //! | `trim MIN`     | give the free space of the durable state back to the host (`ferrofs trim`): punch every free run of at least MIN bytes; answers `{"bytes": B, "extents": N, "unsupported": false}` |
@@ -155,6 +156,7 @@ fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String
             }
             None => "error: the file system is being unmounted\n".into(),
         },
+        (Some("transport"), None, None) => format!("{}\n", workers.stats().transport()),
         (Some("reset"), None, None) => {
             lockstat::reset();
             "ok\n".into()
@@ -180,7 +182,7 @@ fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String
             lockstat::set_timing(on == "on");
             "ok\n".into()
         }
-        _ => format!("error: unknown command '{command}' (table N, json, journal, memory, reset, timing on|off, remount ro|rw, trim MIN)\n"),
+        _ => format!("error: unknown command '{command}' (table N, json, journal, memory, transport, reset, timing on|off, remount ro|rw, trim MIN)\n"),
     }
 }
 
@@ -231,6 +233,9 @@ mod tests {
         assert!(answer("table many", &gone, &w).starts_with("error: "));
         assert!(answer("frobnicate", &gone, &w).starts_with("error: unknown command"));
         assert!(answer("journal", &gone, &w).starts_with("error: "));
+        assert_eq!(answer("transport", &gone, &w), "/dev/fuse\n");
+        w.set_uring(crate::workers::URING_ON);
+        assert_eq!(answer("transport", &gone, &w), "io_uring\n");
         assert!(answer("memory", &gone, &w).starts_with("error: "));
         assert!(answer("remount ro", &gone, &w).starts_with("error: "));
         assert!(answer("remount sideways", &gone, &w).starts_with("error: unknown command"));

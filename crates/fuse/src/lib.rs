@@ -718,11 +718,7 @@ impl MountHandle {
     /// How requests reach the daemon: `"io_uring"` (rings negotiated and started) or
     /// `"/dev/fuse"`.
     pub fn transport(&self) -> &'static str {
-        if self.workers.stats().uring {
-            "io_uring"
-        } else {
-            "/dev/fuse"
-        }
+        self.workers.stats().transport()
     }
 
     /// Whether the session has ended (unmounted from outside, or failed).

@@ -2,8 +2,10 @@
 //! through `/dev/fuse` or through the io_uring rings of `uring.rs`. With no engine behind it,
 //! what it sustains is the ceiling of the transport itself, as minifuse (libfuse) is for
 //! `/dev/fuse`; `ferrofs bench` mounts it as the targets `null` and `null-uring`
-//! (program `ferrofs-nullfs`). It answers what fs_mark, `rm -rf` and the mdtest-style
-//! workload ask: lookups, attributes, creates, removals and listings; files hold no data.
+//! (program `ferrofs-nullfs`). It answers what fs_mark, `rm -rf`, the mdtest-style workload
+//! and dbench ask: lookups, attributes, creates, removals, renames and listings, and reads
+//! and writes that cross the transport whole. A file keeps its size and no data (it reads
+//! back as zeros): dbench needs sizes (its reads expect what its writes made), never data.
 
 use crate::kernel_mount::{KernelMount, KernelOptions};
 use crate::uring::{self, QueueConfig};
@@ -12,8 +14,8 @@ use crate::MAX_WRITE;
 use ferrofs_lockstat::{LockClass, Mutex};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    MountOption, ReplyAttr, ReplyCreate, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyStatfs, Request, Session,
-    SessionACL,
+    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, Session, SessionACL, WriteFlags,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -31,6 +33,8 @@ const ROOT: u64 = 1;
 struct Node {
     dir: bool,
     mode: u16,
+    /// A file's size: what its writes and truncations made it.
+    size: u64,
     /// Names in a directory, in creation order of their cookies (the listing's offsets).
     children: BTreeMap<OsString, u64>,
 }
@@ -45,6 +49,8 @@ struct NullFs {
     workers: Arc<Workers>,
     uid: u32,
     gid: u32,
+    /// What every read returns (`MAX_WRITE` bytes, the most a read asks for).
+    zeros: Vec<u8>,
 }
 
 impl NullFs {
@@ -52,8 +58,8 @@ impl NullFs {
         let now = SystemTime::UNIX_EPOCH;
         FileAttr {
             ino: INodeNo(ino),
-            size: 0,
-            blocks: 0,
+            size: node.size,
+            blocks: node.size.div_ceil(512),
             atime: now,
             mtime: now,
             ctime: now,
@@ -73,7 +79,7 @@ impl NullFs {
     fn make(&self, parent: INodeNo, name: &OsStr, mode: u32, dir: bool) -> Result<FileAttr, Errno> {
         let mut t = self.tree.lock();
         let ino = t.next;
-        let node = Node { dir, mode: (mode & 0o7777) as u16, children: BTreeMap::new() };
+        let node = Node { dir, mode: (mode & 0o7777) as u16, size: 0, children: BTreeMap::new() };
         let attr = self.attr(ino, &node);
         let p = t.nodes.get_mut(&parent.0).filter(|p| p.dir).ok_or(Errno::ENOTDIR)?;
         if p.children.contains_key(name) {
@@ -89,15 +95,38 @@ impl NullFs {
         let mut t = self.tree.lock();
         let p = t.nodes.get(&parent.0).ok_or(Errno::ENOENT)?;
         let &ino = p.children.get(name).ok_or(Errno::ENOENT)?;
-        let node = &t.nodes[&ino];
-        match (node.dir, dir) {
-            (true, false) => return Err(Errno::EISDIR),
-            (false, true) => return Err(Errno::ENOTDIR),
-            (true, true) if !node.children.is_empty() => return Err(Errno::ENOTEMPTY),
-            _ => {}
-        }
+        Self::removable(&t.nodes[&ino], dir)?;
         t.nodes.remove(&ino);
         t.nodes.get_mut(&parent.0).expect("parent").children.remove(name);
+        Ok(())
+    }
+
+    /// Whether `node` may go as a directory (`dir`) or as a file.
+    fn removable(node: &Node, dir: bool) -> Result<(), Errno> {
+        match (node.dir, dir) {
+            (true, false) => Err(Errno::EISDIR),
+            (false, true) => Err(Errno::ENOTDIR),
+            (true, true) if !node.children.is_empty() => Err(Errno::ENOTEMPTY),
+            _ => Ok(()),
+        }
+    }
+
+    /// rename(2) without flags: `to` is replaced if it is of the same kind (and empty, for a
+    /// directory).
+    fn rename(&self, from: (INodeNo, &OsStr), to: (INodeNo, &OsStr)) -> Result<(), Errno> {
+        let mut t = self.tree.lock();
+        let &ino = t.nodes.get(&from.0 .0).and_then(|p| p.children.get(from.1)).ok_or(Errno::ENOENT)?;
+        let dir = t.nodes[&ino].dir;
+        let target = t.nodes.get(&to.0 .0).filter(|p| p.dir).ok_or(Errno::ENOTDIR)?;
+        if let Some(&old) = target.children.get(to.1) {
+            if old == ino {
+                return Ok(());
+            }
+            Self::removable(&t.nodes[&old], dir)?;
+            t.nodes.remove(&old);
+        }
+        t.nodes.get_mut(&from.0 .0).expect("parent").children.remove(from.1);
+        t.nodes.get_mut(&to.0 .0).expect("new parent").children.insert(to.1.to_owned(), ino);
         Ok(())
     }
 }
@@ -140,7 +169,7 @@ impl Filesystem for NullFs {
         _mode: Option<u32>,
         _uid: Option<u32>,
         _gid: Option<u32>,
-        _size: Option<u64>,
+        size: Option<u64>,
         _atime: Option<fuser::TimeOrNow>,
         _mtime: Option<fuser::TimeOrNow>,
         _ctime: Option<SystemTime>,
@@ -152,6 +181,9 @@ impl Filesystem for NullFs {
         _kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
+        if let (Some(size), Some(node)) = (size, self.tree.lock().nodes.get_mut(&ino.0)) {
+            node.size = size;
+        }
         self.getattr(req, ino, fh, reply)
     }
 
@@ -208,7 +240,80 @@ impl Filesystem for NullFs {
         }
     }
 
-    // open, release, opendir and releasedir: fuser's defaults (handle 0, success).
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if !flags.is_empty() {
+            return reply.error(Errno::EINVAL);
+        }
+        match self.rename((parent, name), (newparent, newname)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// Zeros, up to the file's size.
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(file_size) = self.tree.lock().nodes.get(&ino.0).map(|n| n.size) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let n = file_size.saturating_sub(offset).min(u64::from(size)).min(self.zeros.len() as u64);
+        reply.data(&self.zeros[..n as usize])
+    }
+
+    /// Takes every byte and keeps only the size it makes.
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let mut t = self.tree.lock();
+        let Some(node) = t.nodes.get_mut(&ino.0) else { return reply.error(Errno::ENOENT) };
+        node.size = node.size.max(offset + data.len() as u64);
+        // At most max_write (1 MiB) bytes arrive at once, so the count fits.
+        reply.written(data.len() as u32)
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok()
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        reply.ok()
+    }
+
+    /// ENOSYS, as ferrofs answers when it has nothing to check: the kernel then sends no
+    /// OPEN (nor RELEASE) again and keeps the page cache across opens, so dbench's reads and
+    /// opens cost the null server what they cost ferrofs.
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS)
+    }
+
+    // release, opendir and releasedir: fuser's defaults (handle 0, success).
 
     /// Offsets are positions in the name order (2 and up; 1 is `..`): a listing while names
     /// are removed (`rm -rf`) may skip some, and `rm -rf` lists again until the directory is
@@ -245,9 +350,15 @@ pub fn serve(mountpoint: &Path, uring: bool, threads: usize) -> io::Result<()> {
     }
     // SAFETY: getuid and getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let root = Node { dir: true, mode: 0o777, children: BTreeMap::new() };
+    let root = Node { dir: true, mode: 0o777, size: 0, children: BTreeMap::new() };
     let tree = Tree { nodes: HashMap::from([(ROOT, root)]), next: ROOT + 1 };
-    let fs = NullFs { tree: Mutex::new(&NULL_TREE, tree), workers: workers.clone(), uid, gid };
+    let fs = NullFs {
+        tree: Mutex::new(&NULL_TREE, tree),
+        workers: workers.clone(),
+        uid,
+        gid,
+        zeros: vec![0; MAX_WRITE as usize],
+    };
     let mut config = fuser::Config::default();
     config.mount_options =
         vec![MountOption::FSName("ferrofs-null".into()), MountOption::CUSTOM("subtype=ferrofs-null".into())];

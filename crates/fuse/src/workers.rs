@@ -147,6 +147,16 @@ pub struct WorkerStats {
 }
 
 impl WorkerStats {
+    /// How requests reach the daemon: `"io_uring"` (rings negotiated and started) or
+    /// `"/dev/fuse"`; `ferrofs mounts` and `lockstat --journal` print it.
+    pub fn transport(&self) -> &'static str {
+        if self.uring {
+            "io_uring"
+        } else {
+            "/dev/fuse"
+        }
+    }
+
     /// The counters by name, as the control socket's `journal` answer gives them.
     pub fn counters(&self) -> [(&'static str, u64); 8] {
         [
