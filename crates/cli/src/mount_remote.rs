@@ -1,5 +1,5 @@
 //! `ferrofs mount s3://bucket/prefix DIR -o ro[,cache=DIR,cache_size=SIZE,generation=N,
-//! endpoint=URL]`: serve one generation of a published image, read-only, its chunks fetched
+//! endpoint=URL,fetch_tries=N,fetch_timeout=SECONDS]`: serve one generation of a published image, read-only, its chunks fetched
 //! on demand into a local chunk cache (`ferrofs_remote::device`). The generation is pinned when
 //! the mount starts (HEAD's, or `generation=N`) and kept for the mount's life: a reader never
 //! sees two generations mixed, and a new one is picked up by mounting again.
@@ -15,9 +15,16 @@ use ferrofs_remote::{Remote, RemoteOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The chunk cache's bound when `cache_size` is not given.
 const DEFAULT_CHUNK_CACHE_BYTES: u64 = 4 << 30;
+
+/// Most tries of one chunk fetch `fetch_tries` allows: the waits between them double from
+/// 0.2 s, so 10 tries already wait 102 s besides the tries themselves.
+const FETCH_TRIES_MAX: u32 = 10;
+/// Longest bound on one try `fetch_timeout` allows, in seconds.
+const FETCH_TIMEOUT_MAX_SECS: f64 = 3600.0;
 
 /// Whether `image` names a published image rather than a file.
 pub fn is_remote(image: &Path) -> bool {
@@ -32,6 +39,8 @@ struct RemoteMount {
     cache_bytes: u64,
     generation: Option<u64>,
     endpoint: Option<String>,
+    /// How hard the chunk device tries a fetch (`fetch_tries`, `fetch_timeout`).
+    device: DeviceOptions,
 }
 
 /// Take this mount's own options out of `options`; the rest are the usual mount options.
@@ -42,6 +51,7 @@ fn parse(url: &str, options: &[String]) -> Result<(RemoteMount, Vec<String>), St
         cache_bytes: DEFAULT_CHUNK_CACHE_BYTES,
         generation: None,
         endpoint: None,
+        device: DeviceOptions::default(),
     };
     let mut rest = Vec::new();
     let mut read_only = false;
@@ -62,6 +72,21 @@ fn parse(url: &str, options: &[String]) -> Result<(RemoteMount, Vec<String>), St
                 )
             }
             "endpoint" => mount.endpoint = Some(needs("a URL (http://host:port)")?.to_string()),
+            "fetch_tries" => {
+                mount.device.attempts = needs("a number")?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=FETCH_TRIES_MAX).contains(n))
+                    .ok_or(format!("bad option '{o}': fetch_tries takes a number from 1 to {FETCH_TRIES_MAX}"))?
+            }
+            "fetch_timeout" => {
+                let secs: f64 = needs("seconds")?
+                    .parse()
+                    .ok()
+                    .filter(|s| *s > 0.0 && *s <= FETCH_TIMEOUT_MAX_SECS)
+                    .ok_or(format!("bad option '{o}': fetch_timeout takes seconds, above 0 and at most 3600"))?;
+                mount.device.attempt_timeout = Duration::from_secs_f64(secs);
+            }
             "shared" | "writeback_cache" | "discard" => {
                 return Err(format!("option '{o}' does not apply to a published image"))
             }
@@ -129,7 +154,7 @@ fn open_device(mount: &RemoteMount) -> io::Result<OpenedDevice> {
     let manifest = store.manifest(generation).map_err(io::Error::other)?;
     let cache = ChunkCache::open(&mount.cache_dir, mount.cache_bytes)
         .map_err(|e| io::Error::new(e.kind(), format!("chunk cache {}: {e}", mount.cache_dir.display())))?;
-    let device = ChunkDevice::open(&manifest, Arc::new(StoreChunks(store)), Some(cache), DeviceOptions::default())?;
+    let device = ChunkDevice::open(&manifest, Arc::new(StoreChunks(store)), Some(cache), mount.device.clone())?;
     let device = Arc::new(device);
     log::info!("serving generation {generation} of {} (chunk cache {})", mount.url, mount.cache_dir.display());
     let counters = device.clone();
@@ -240,6 +265,19 @@ mod tests {
         assert_eq!(m.generation, Some(7));
         assert_eq!(m.endpoint.as_deref(), Some("http://h:1"));
         assert_eq!(rest, opts(&["noatime"]));
+        assert_eq!(m.device, DeviceOptions::default());
+        let (m, _) = parse("s3://b/p", &opts(&["ro", "fetch_tries=2", "fetch_timeout=1.5"])).unwrap();
+        assert_eq!((m.device.attempts, m.device.attempt_timeout), (2, Duration::from_millis(1500)));
+        for bad in [
+            "fetch_tries=0",
+            "fetch_tries=11",
+            "fetch_tries=x",
+            "fetch_timeout=0",
+            "fetch_timeout=-1",
+            "fetch_timeout=NaN",
+        ] {
+            assert!(parse("s3://b/p", &opts(&["ro", bad])).unwrap_err().contains(bad), "{bad}");
+        }
         assert!(parse("s3://b/p", &opts(&["cache=/c"])).unwrap_err().contains("-o ro"));
         assert!(parse("s3://b/p", &opts(&["ro", "rw"])).unwrap_err().contains("read-only"));
         assert!(parse("s3://b/p", &opts(&["ro", "generation=x"])).unwrap_err().contains("generation=x"));

@@ -1,8 +1,9 @@
 //! `ferrofs mount s3://...` against a real S3-compatible server (versitygw, started by
 //! scripts/s3-server.sh) after `ferrofs publish`: every file read back with its hash, the
 //! generation pinned across a publish of the next one, the chunk cache shared by two mounts,
-//! the server stopped mid-read (EIO in bounded time, and the mount still unmounts), responses
-//! slowed by a proxy, and the errors a user meets. Skips where /dev/fuse, root, or the server
+//! the server stopped mid-read (EIO in bounded time, and the mount still unmounts), a server
+//! gone silent (EIO within `fetch_timeout`), a cache directory on a file system that fills,
+//! responses slowed by a proxy, and the errors a user meets. Skips where /dev/fuse, root, or the server
 //! (no Go to build it) is missing. Runs in both permission modes (FERROFS_TEST_DEFAULT_PERMISSIONS=1: the kernel's).
 
 use ferrofs_remote::store::chunk_hash;
@@ -60,6 +61,14 @@ impl Server {
         self.pid.set(pid_of(&parse_env(&o)));
     }
 
+    /// Stop (SIGSTOP) or resume (SIGCONT) the server: stopped, it accepts connections (the
+    /// kernel does) and answers nothing, a server gone silent.
+    fn set_silent(&self, silent: bool) {
+        let signal = if silent { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: kill has no memory preconditions; the pid is our server's.
+        assert_eq!(unsafe { libc::kill(self.pid.get(), signal) }, 0, "signal the server");
+    }
+
     fn remote(&self, prefix: &str) -> Remote {
         self.set_env();
         Remote::open(&self.url(prefix), &RemoteOptions { endpoint: Some(self.endpoint().to_string()) }).unwrap()
@@ -75,6 +84,8 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // SAFETY: as in `set_silent`; a stopped server must run to take the stop script's TERM.
+        unsafe { libc::kill(self.pid.get(), libc::SIGCONT) };
         let _ = run(Command::new(SCRIPT).arg("stop").arg(&self.state));
         // SAFETY: kill has no memory preconditions; the pid is our server's (or gone: ESRCH).
         unsafe { libc::kill(self.pid.get(), libc::SIGKILL) };
@@ -118,6 +129,12 @@ impl Scratch {
         self.mount_with_env(source, mnt, options, &[])
     }
 
+    /// [`Scratch::mount`], which must succeed.
+    fn mount_ok(&self, source: &str, mnt: &Path, options: &str) {
+        let o = self.mount(source, mnt, options);
+        assert!(o.status.success(), "mount {source} on {}: {}", mnt.display(), stderr(&o));
+    }
+
     /// [`Scratch::mount`] with these environment variables changed for the command.
     fn mount_with_env(&self, source: &str, mnt: &Path, options: &str, env: &[(&str, &str)]) -> Output {
         let mut options = options.to_string();
@@ -146,8 +163,7 @@ impl Scratch {
         let o = run(Command::new(BIN).args(["mkfs", "--size", "64M"]).arg(&image));
         assert!(o.status.success(), "{}", stderr(&o));
         let mnt = self.dir(&format!("{name}.mnt"));
-        let o = self.mount(image.to_str().unwrap(), &mnt, "rw");
-        assert!(o.status.success(), "{}", stderr(&o));
+        self.mount_ok(image.to_str().unwrap(), &mnt, "rw");
         let mut contents = BTreeMap::new();
         let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let mut next = move || {
@@ -181,6 +197,28 @@ impl Drop for Scratch {
     }
 }
 
+/// A small tmpfs mounted on a directory, lazily unmounted on drop (a daemon that has just
+/// unmounted may still hold its files open for a moment).
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    /// `None` (said on stderr) where no tmpfs can be mounted.
+    fn mount(dir: &Path, size: &str) -> Option<SmallFs> {
+        let o = run(Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(dir));
+        if !o.status.success() {
+            eprintln!("cannot mount a tmpfs on {}: {}", dir.display(), stderr(&o));
+            return None;
+        }
+        Some(SmallFs(dir.to_owned()))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 fn wait_released(image: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while ferrofs::dev::FileDevice::open(image, false).is_err() {
@@ -199,6 +237,23 @@ fn publish(server: &Server, prefix: &str, image: &Path, generation: u64) {
     assert!(o.status.success(), "publish: {}", stderr(&o));
     let said = String::from_utf8_lossy(&o.stdout);
     assert!(said.contains(&format!("generation {generation} ")), "{said}");
+}
+
+/// Reads the files (last first) until one fails, which must be with EIO: how long that took.
+/// Some file's data is in a chunk no read has fetched yet.
+fn first_read_fails_with_eio(mnt: &Path, files: &BTreeMap<String, Vec<u8>>) -> Duration {
+    let start = Instant::now();
+    let failed = files.keys().rev().find_map(|path| std::fs::read(mnt.join(path)).err());
+    let err = failed.expect("no read failed with the server unreachable");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    start.elapsed()
+}
+
+/// [`Scratch::image`] of `files` files published as generation 1 of `img`; their contents.
+fn publish_one(server: &Server, s: &Scratch, files: usize, seed: u64) -> BTreeMap<String, Vec<u8>> {
+    let (image, files) = s.image("one.img", files, seed);
+    publish(server, "img", &image, 1);
+    files
 }
 
 fn check_files(mnt: &Path, files: &BTreeMap<String, Vec<u8>>) {
@@ -239,8 +294,7 @@ fn published_image_reads_back_and_its_generation_stays_pinned() {
     publish(&server, "img", &image1, 1);
     let cache = s.dir("cache");
     let mnt = s.dir("mnt");
-    let o = s.mount(&server.url("img"), &mnt, &remote_options(&server, &cache, ""));
-    assert!(o.status.success(), "{}", stderr(&o));
+    s.mount_ok(&server.url("img"), &mnt, &remote_options(&server, &cache, ""));
     check_files(&mnt, &files1);
     // Read-only: the kernel refuses changes.
     let err = std::fs::write(mnt.join("new"), b"x").unwrap_err();
@@ -251,8 +305,7 @@ fn published_image_reads_back_and_its_generation_stays_pinned() {
     assert!(!mnt.join("d0/f100").exists() || files1.contains_key("d0/f100"));
     // A second mount sees generation 2, and `ferrofs mounts` shows both.
     let mnt2 = s.dir("mnt2");
-    let o = s.mount(&server.url("img"), &mnt2, &remote_options(&server, &cache, ""));
-    assert!(o.status.success(), "{}", stderr(&o));
+    s.mount_ok(&server.url("img"), &mnt2, &remote_options(&server, &cache, ""));
     check_files(&mnt2, &files2);
     let o = run(Command::new(BIN).args(["mounts", "--json"]));
     let out = String::from_utf8_lossy(&o.stdout);
@@ -267,10 +320,19 @@ fn published_image_reads_back_and_its_generation_stays_pinned() {
     let first = listed.iter().find(|v| v["generation"] == 1).unwrap();
     assert!(first["bytes_fetched"].as_u64().unwrap() > 0, "{first}");
     assert!(first["bytes_read"].as_u64().unwrap() > 0, "{first}");
+    // The chunk device's locks are named and measured, as the engine's are.
+    let o = run(Command::new(BIN).args(["lockstat", "--json"]).arg(&mnt));
+    assert!(o.status.success(), "lockstat: {}", stderr(&o));
+    let classes: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let acquired = |name: &str| {
+        let class = classes.iter().find(|c| c["name"] == name);
+        class.map(|c| c["total"]["exclusive"]["acquisitions"].as_u64().unwrap())
+    };
+    assert!(acquired("remote-resident") > Some(0), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(acquired("remote-inflight") > Some(0), "{}", String::from_utf8_lossy(&o.stdout));
     // generation=1 pins the older one explicitly.
     s.umount(&mnt2);
-    let o = s.mount(&server.url("img"), &mnt2, &remote_options(&server, &cache, ",generation=1"));
-    assert!(o.status.success(), "{}", stderr(&o));
+    s.mount_ok(&server.url("img"), &mnt2, &remote_options(&server, &cache, ",generation=1"));
     check_files(&mnt2, &files1);
     s.umount(&mnt2);
     s.umount(&mnt);
@@ -279,15 +341,12 @@ fn published_image_reads_back_and_its_generation_stays_pinned() {
 #[test]
 fn two_mounts_share_the_chunk_cache() {
     let Some((server, s)) = setup("shared-cache") else { return };
-    let (image, files) = s.image("one.img", 60, 3);
-    publish(&server, "img", &image, 1);
+    let files = publish_one(&server, &s, 60, 3);
     let cache = s.dir("cache");
     let (a, b) = (s.dir("a"), s.dir("b"));
-    let o = s.mount(&server.url("img"), &a, &remote_options(&server, &cache, ""));
-    assert!(o.status.success(), "{}", stderr(&o));
+    s.mount_ok(&server.url("img"), &a, &remote_options(&server, &cache, ""));
     check_files(&a, &files);
-    let o = s.mount(&server.url("img"), &b, &remote_options(&server, &cache, ""));
-    assert!(o.status.success(), "{}", stderr(&o));
+    s.mount_ok(&server.url("img"), &b, &remote_options(&server, &cache, ""));
     // The server is gone: the second mount reads everything from the shared cache.
     server.kill();
     check_files(&b, &files);
@@ -298,25 +357,58 @@ fn two_mounts_share_the_chunk_cache() {
 #[test]
 fn a_server_stopped_mid_read_gives_eio_in_bounded_time_and_the_mount_unmounts() {
     let Some((server, s)) = setup("fault") else { return };
-    let (image, files) = s.image("one.img", 200, 4);
-    publish(&server, "img", &image, 1);
+    let files = publish_one(&server, &s, 200, 4);
     let mnt = s.dir("mnt");
-    let o = s.mount(&server.url("img"), &mnt, &remote_options(&server, &s.dir("cache"), ""));
-    assert!(o.status.success(), "{}", stderr(&o));
+    s.mount_ok(&server.url("img"), &mnt, &remote_options(&server, &s.dir("cache"), ""));
     server.kill();
     // Some file's data is in a chunk no read has fetched yet: it fails with EIO, in bounded
     // time (4 tries, each refused at once by the closed port, with 0.2 + 0.4 + 0.8 s between).
-    let start = Instant::now();
-    let failed = files.keys().rev().find_map(|path| std::fs::read(mnt.join(path)).err());
-    let err = failed.expect("no read failed with the server stopped");
-    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-    assert!(start.elapsed() < Duration::from_secs(60), "{:?}", start.elapsed());
+    let waited = first_read_fails_with_eio(&mnt, &files);
+    assert!(waited < Duration::from_secs(60), "{waited:?}");
     // The server is back: the same reads succeed.
     server.restart();
     check_files(&mnt, &files);
     s.umount(&mnt);
     server.kill();
     assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn a_silent_server_gives_eio_within_fetch_timeout_and_the_mount_unmounts() {
+    let Some((server, s)) = setup("silent") else { return };
+    let files = publish_one(&server, &s, 200, 7);
+    let mnt = s.dir("mnt");
+    s.mount_ok(&server.url("img"), &mnt, &remote_options(&server, &s.dir("cache"), ",fetch_tries=2,fetch_timeout=1"));
+    server.set_silent(true);
+    // 2 tries of 1 s with 0.2 s between: 2.2 s (the defaults, 4 tries of 10 s, would take 41 s).
+    let waited = first_read_fails_with_eio(&mnt, &files);
+    assert!(waited < Duration::from_secs(15), "{waited:?}");
+    // The server is still silent: the mount unmounts all the same.
+    s.umount(&mnt);
+    assert!(!is_mounted(&mnt));
+    server.set_silent(false);
+}
+
+#[test]
+fn a_cache_on_a_full_file_system_reads_on_from_the_network() {
+    let Some((server, s)) = setup("full-cache") else { return };
+    let files = publish_one(&server, &s, 120, 8);
+    let cache = s.dir("cache");
+    // Room for one 1 MiB chunk file: the cache is full long before the image is read.
+    let Some(_small) = SmallFs::mount(&cache, "1500k") else {
+        return eprintln!("SKIPPED a_cache_on_a_full_file_system_reads_on_from_the_network: no tmpfs");
+    };
+    let log = s.dir.join("mount.log");
+    let mnt = s.dir("mnt");
+    s.mount_ok(&server.url("img"), &mnt, &remote_options(&server, &cache, &format!(",log={}", log.display())));
+    check_files(&mnt, &files);
+    s.umount(&mnt);
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let full: Vec<&str> = logged.lines().filter(|l| l.contains("cannot take more chunks")).collect();
+    assert_eq!(full.len(), 1, "one line says the cache is full: {logged}");
+    assert!(full[0].contains("No space left on device"), "{logged}");
+    let cached = std::fs::read_dir(cache.join("chunks")).unwrap().count();
+    assert!(cached <= 1, "{cached} chunk files in a cache with room for one");
 }
 
 #[test]
@@ -356,14 +448,12 @@ fn errors_a_user_meets_are_one_clear_line() {
 #[test]
 fn slow_responses_still_read_correctly() {
     let Some((server, s)) = setup("slow") else { return };
-    let (image, files) = s.image("one.img", 60, 6);
-    publish(&server, "img", &image, 1);
+    let files = publish_one(&server, &s, 60, 6);
     let target = server.endpoint().trim_start_matches("http://").parse().unwrap();
     let proxy = ferrofs_remote::delay_proxy::DelayProxy::start(target, Duration::from_millis(150)).unwrap();
     let mnt = s.dir("mnt");
     let options = format!("ro,cache={},endpoint={}", s.dir("cache").display(), proxy.endpoint());
-    let o = s.mount(&server.url("img"), &mnt, &options);
-    assert!(o.status.success(), "{}", stderr(&o));
+    s.mount_ok(&server.url("img"), &mnt, &options);
     check_files(&mnt, &files);
     s.umount(&mnt);
 }
