@@ -18,6 +18,9 @@ mod orphan;
 mod phase;
 mod plot;
 mod process;
+mod published;
+mod published_baseline;
+mod published_report;
 mod report;
 mod scale;
 mod scale_report;
@@ -97,7 +100,8 @@ pub struct BenchArgs {
     /// (default 200,000). fsync: files the fsync thread writes and syncs per run and load
     /// (default 2,000). unmount: cached inodes of file system A (default 1,000,000).
     /// fsmark: files per run and thread count (default 40,000). write: 4 KiB writes per
-    /// case and run (default 4,000; a quarter of that with fdatasync).
+    /// case and run (default 4,000; a quarter of that with fdatasync). published: files of
+    /// the image (default 1,000,000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub files: Option<u64>,
     /// Thread counts to measure, comma-separated. embedded: default 1,2,8,48. commit:
@@ -105,6 +109,7 @@ pub struct BenchArgs {
     /// fsync: file-creating threads beside the fsync thread and the checkpoint thread in
     /// the loaded measurement, default 1 (the first value is used). scale: default
     /// 1,2,4,8,16,48. fsmark: fs_mark threads and rm -rf processes, default 1,2,8.
+    /// published: reader threads per mount, default 4 (the first value is used).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub threads: Vec<u64>,
     /// Also run every thread count with all threads in one shared directory (embedded).
@@ -136,6 +141,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub rounds: u64,
     /// write: the directory on disk (not tmpfs) that holds the images of the on-disk cases.
+    /// published: where the image, the server's objects and the caches go.
     #[arg(long, default_value = "/var/tmp")]
     pub disk_dir: PathBuf,
     /// Runs per measurement; the report gives the median and the min-max range.
@@ -158,6 +164,8 @@ pub struct BenchArgs {
     pub seeds: seeds::SeedsArgs,
     #[command(flatten)]
     pub workloads: workloads::WorkloadsArgs,
+    #[command(flatten)]
+    pub published: published::PublishedArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -197,6 +205,10 @@ pub enum Mode {
     /// 4 KiB write latency, appending against overwriting, with and without fdatasync, the
     /// image in /dev/shm and on disk (the engine; through FUSE too with --targets ferrofs).
     Write,
+    /// A published image read from 4 read-only mounts (cold and warm chunk caches, GETs
+    /// delayed or not) beside the image on local disk and s3backer + squashfuse on the
+    /// same S3 server (needs root).
+    Published,
 }
 
 impl BenchArgs {
@@ -274,6 +286,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         Mode::Seeds => seeds::run(args),
         Mode::Workloads => workloads::run_all(args),
         Mode::Write => write::run(args),
+        Mode::Published => published::run(args),
     }
 }
 

@@ -347,6 +347,11 @@ pub(super) fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// This run's command line, as `ferrofs bench ...` (what a report says was run).
+pub fn command_line() -> String {
+    std::iter::once("ferrofs bench".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" ")
+}
+
 /// `312,456 [301,000-320,000]`
 pub fn rate_cell(p: &PhaseStats) -> String {
     format!("{} [{}-{}]", grouped(p.median as u64), grouped(p.min as u64), grouped(p.max as u64))

@@ -22,7 +22,7 @@
 
 use super::scratch;
 use super::shell::{self, check_interrupt, describe, run};
-use super::undo::{is_mounted, unescape, Undo};
+use super::undo::{is_mounted, undo_all, unescape, Undo};
 use crate::failure::{CliResult, Context, Failure};
 use clap::{Args, ValueEnum};
 use ferrofs::BLOCK_SIZE;
@@ -651,13 +651,7 @@ impl Mounted {
     }
 
     fn teardown(&mut self) -> CliResult<()> {
-        let mut first = None;
-        while let Some(u) = self.undo.pop() {
-            if let Err(e) = u.undo() {
-                first.get_or_insert(e);
-            }
-        }
-        first.map_or(Ok(()), Err)
+        undo_all(&mut self.undo)
     }
 
     /// A new sparse image file of `bytes`, deleted on teardown.
@@ -699,51 +693,63 @@ impl Mounted {
     /// Start a FUSE daemon in the foreground and wait until its mount is there. It runs in a
     /// process group of its own (a Ctrl-C at the terminal reaches us, not it: we unmount it),
     /// and in a session of its own if the daemons are [`Env::detached`].
-    fn start_daemon(&mut self, env: &Env, mut cmd: Command) -> CliResult<()> {
-        let line = describe(&cmd);
+    fn start_daemon(&mut self, env: &Env, cmd: Command) -> CliResult<()> {
         let log = env.unique(&env.work, self.kind.name(), ".log");
-        let log_file = std::fs::File::create(&log).context(|| format!("create {}", log.display()))?;
-        let err_file = log_file.try_clone().context(|| format!("open {}", log.display()))?;
-        cmd.stdin(Stdio::null()).stdout(log_file).stderr(err_file);
-        if env.detached {
-            // SAFETY: setsid is async-signal-safe, touches no memory of the parent, and
-            // cannot fail in a freshly forked child (it is no process group leader yet).
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::setsid();
-                    Ok(())
-                });
-            }
-        } else {
-            cmd.process_group(0);
+        self.daemon = Some(start_daemon(&mut self.undo, cmd, &self.root, &log, env.detached)?);
+        Ok(())
+    }
+}
+
+/// Start a FUSE daemon in the foreground, its output going to `log`, and wait until it has
+/// mounted on `root`; its process id. What it made is pushed on `undo` (the daemon, then the
+/// mount). It runs in a process group of its own (a Ctrl-C at the terminal reaches us, not
+/// it: we unmount it), and in a session of its own if `detached`.
+pub(super) fn start_daemon(
+    undo: &mut Vec<Undo>,
+    mut cmd: Command,
+    root: &Path,
+    log: &Path,
+    detached: bool,
+) -> CliResult<u32> {
+    let line = describe(&cmd);
+    let log_file = std::fs::File::create(log).context(|| format!("create {}", log.display()))?;
+    let err_file = log_file.try_clone().context(|| format!("open {}", log.display()))?;
+    cmd.stdin(Stdio::null()).stdout(log_file).stderr(err_file);
+    if detached {
+        // SAFETY: setsid is async-signal-safe, touches no memory of the parent, and
+        // cannot fail in a freshly forked child (it is no process group leader yet).
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
         }
-        let child = cmd.spawn().context(|| format!("run `{line}`"))?;
-        self.daemon = Some(child.id());
-        self.undo.push(Undo::Child { child, what: line.clone(), log: log.clone() });
-        let started = Instant::now();
-        loop {
-            if is_mounted(&self.root) {
-                self.undo.push(Undo::Mount(self.root.clone()));
-                return Ok(());
-            }
-            if let Some(Undo::Child { child, .. }) = self.undo.last_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    let text = std::fs::read_to_string(&log).unwrap_or_default();
-                    return Err(Failure::new(
-                        format!("`{line}`"),
-                        format!("exited before mounting ({status}): {}", shell::last_lines(&text)),
-                    ));
-                }
-            }
-            check_interrupt()?;
-            if started.elapsed() > DAEMON_WAIT {
+    } else {
+        cmd.process_group(0);
+    }
+    let child = cmd.spawn().context(|| format!("run `{line}`"))?;
+    let pid = child.id();
+    undo.push(Undo::Child { child, what: line.clone(), log: log.to_path_buf() });
+    let started = Instant::now();
+    loop {
+        if is_mounted(root) {
+            undo.push(Undo::Mount(root.to_path_buf()));
+            return Ok(pid);
+        }
+        if let Some(Undo::Child { child, .. }) = undo.last_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
                 return Err(Failure::new(
                     format!("`{line}`"),
-                    format!("not mounted after {} s", DAEMON_WAIT.as_secs()),
+                    format!("exited before mounting ({status}): {}", shell::last_lines(&text)),
                 ));
             }
-            std::thread::sleep(POLL);
         }
+        check_interrupt()?;
+        if started.elapsed() > DAEMON_WAIT {
+            return Err(Failure::new(format!("`{line}`"), format!("not mounted after {} s", DAEMON_WAIT.as_secs())));
+        }
+        std::thread::sleep(POLL);
     }
 }
 

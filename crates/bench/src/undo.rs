@@ -10,6 +10,8 @@ use std::process::{Child, Command};
 /// One thing to take back, in reverse order of making.
 pub(super) enum Undo {
     Dir(PathBuf),
+    /// A directory and everything in it.
+    Tree(PathBuf),
     File(PathBuf),
     Loop(String),
     Mount(PathBuf),
@@ -19,18 +21,27 @@ pub(super) enum Undo {
         what: String,
         log: PathBuf,
     },
+    /// A command that takes something back (a server's `stop`), program first.
+    Run(Vec<std::ffi::OsString>),
 }
 
 impl Undo {
     pub(super) fn undo(self) -> CliResult<()> {
         match self {
             Undo::Dir(d) => std::fs::remove_dir(&d).context(|| format!("rmdir {}", d.display())),
+            Undo::Tree(d) => match std::fs::remove_dir_all(&d) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Failure::new(format!("rm -r {}", d.display()), e))
+                }
+                _ => Ok(()),
+            },
             Undo::File(f) => match std::fs::remove_file(&f) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     Err(Failure::new(format!("rm {}", f.display()), e))
                 }
                 _ => Ok(()),
             },
+            Undo::Run(argv) => run(Command::new(&argv[0]).args(&argv[1..])).map(drop),
             Undo::Loop(dev) => run(Command::new("losetup").arg("-d").arg(&dev)).map(drop),
             Undo::Mount(dir) => unmount(&dir),
             Undo::Child { mut child, what, log } => {
@@ -49,6 +60,49 @@ impl Undo {
                     ),
                 ))
             }
+        }
+    }
+}
+
+/// What a set-up made, taken back in reverse order by [`Stack::close`] or on drop.
+#[derive(Default)]
+pub(super) struct Stack(Vec<Undo>);
+
+impl Stack {
+    pub(super) fn push(&mut self, undo: Undo) {
+        self.0.push(undo);
+    }
+
+    /// The things to take back, for helpers that push several.
+    pub(super) fn undos(&mut self) -> &mut Vec<Undo> {
+        &mut self.0
+    }
+
+    /// Take everything back; the first failure, after trying all.
+    pub(super) fn close(mut self) -> CliResult<()> {
+        self.take_back()
+    }
+
+    fn take_back(&mut self) -> CliResult<()> {
+        undo_all(&mut self.0)
+    }
+}
+
+/// Take back everything in `undos`, last first; the first failure, after trying all.
+pub(super) fn undo_all(undos: &mut Vec<Undo>) -> CliResult<()> {
+    let mut first = None;
+    while let Some(u) = undos.pop() {
+        if let Err(e) = u.undo() {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if let Err(e) = self.take_back() {
+            eprintln!("ferrofs: clean up: {e}");
         }
     }
 }

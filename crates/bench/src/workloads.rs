@@ -63,6 +63,7 @@ pub struct WorkloadsArgs {
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub writes: u64,
     /// workloads: write workloads.md, workloads.json and the PNG charts into this directory.
+    /// published: write published.md and published.json into it.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -200,10 +201,7 @@ pub fn run_all(args: &BenchArgs) -> CliResult<()> {
         cx.round_robin(g, &targets, args.runs as usize)?;
     }
     let results = Results {
-        command: std::iter::once("ferrofs bench".to_string())
-            .chain(std::env::args().skip(1))
-            .collect::<Vec<_>>()
-            .join(" "),
+        command: report::command_line(),
         machine: Machine::now(loadavg_start)?,
         wall_seconds: started.elapsed().as_secs_f64(),
         runs: args.runs as usize,
