@@ -101,9 +101,12 @@ impl Tree {
         self.sizes.iter().map(|&s| s as u64).sum()
     }
 
-    /// The directories mount `m` reads (a quarter), split over `threads` readers: reader `t`'s.
+    /// The directories mount `m` reads, split over `threads` readers: reader `t`'s. A mount
+    /// reads a consecutive quarter of the directories, as a node reads its shard of a
+    /// dataset; the fill writes neighbouring directories at once, so a quarter's files share
+    /// chunks with few of another quarter's.
     fn share(&self, m: usize, t: usize, threads: usize) -> impl Iterator<Item = u64> + '_ {
-        (0..self.dirs).filter(move |d| *d as usize % MOUNTS == m && (*d as usize / MOUNTS) % threads == t)
+        crate::names::share(self.dirs as usize, MOUNTS, m).filter(move |d| d % threads == t).map(|d| d as u64)
     }
 
     /// Read and hash-check the files of `dirs` under `root`; the bytes read.
@@ -210,10 +213,7 @@ fn server_script() -> CliResult<PathBuf> {
     let relative = Path::new("scripts/s3-server.sh");
     let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(relative);
     [relative.to_path_buf(), built].into_iter().find(|p| p.is_file()).ok_or_else(|| {
-        Failure::new(
-            "the S3 test server",
-            "scripts/s3-server.sh not found: run the benchmark from a ferrofs checkout",
-        )
+        Failure::new("the S3 test server", "scripts/s3-server.sh not found: run the benchmark from a ferrofs checkout")
     })
 }
 
@@ -336,7 +336,8 @@ impl Ctx {
                     s.spawn(move || self.tree.read_dirs(root, self.tree.share(m, t, self.readers)))
                 })
                 .collect();
-            let reads: Vec<CliResult<u64>> = readers.into_iter().map(|r| r.join().expect("a reader panicked")).collect();
+            let reads: Vec<CliResult<u64>> =
+                readers.into_iter().map(|r| r.join().expect("a reader panicked")).collect();
             (reads, walk.join().expect("the find thread panicked"))
         });
         let seconds = started.elapsed().as_secs_f64();
@@ -433,13 +434,15 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     let cx = Ctx { tree, work, image, server, ferrofs, readers, endpoints };
     eprintln!("publishing to {}", cx.url());
     let publish_started = Instant::now();
-    shell::run(Command::new(&cx.ferrofs)
-        .arg("publish")
-        .arg(&cx.image)
-        .arg(cx.url())
-        .arg("--endpoint")
-        .arg(&cx.server.endpoint)
-        .envs(cx.server.env.iter().cloned()))?;
+    shell::run(
+        Command::new(&cx.ferrofs)
+            .arg("publish")
+            .arg(&cx.image)
+            .arg(cx.url())
+            .arg("--endpoint")
+            .arg(&cx.server.endpoint)
+            .envs(cx.server.env.iter().cloned()),
+    )?;
     let publish_seconds = publish_started.elapsed().as_secs_f64();
     let published_bytes = allocated_bytes(&cx.work.join("s3"));
     let mut skipped = Vec::new();
@@ -539,9 +542,7 @@ fn published(cx: &Ctx, case: &Case) -> CliResult<Sample> {
         cx.mount_ferrofs(&mut stack, Path::new(&cx.url()), &options, &dir)?;
         roots.push(dir);
     }
-    cx.finish_case(stack, &roots, &caches, case.warm, || {
-        roots.iter().map(|r| source_counter(r, "bytes_fetched")).sum()
-    })
+    cx.finish_case(stack, &roots, &caches, case.warm, || roots.iter().map(|r| source_counter(r, "bytes_fetched")).sum())
 }
 
 /// A counter of a published-image mount, from its control socket's `source` command.
