@@ -146,7 +146,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use control::{request as control_request, runtime_dir, socket_path as control_socket_path};
+pub use control::{freeze, request as control_request, runtime_dir, socket_path as control_socket_path, Freeze};
 pub use options::parse_option;
 
 /// Default entry and attribute timeouts: see "Why the timeouts are long" above.
