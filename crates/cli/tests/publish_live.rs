@@ -1,6 +1,7 @@
 //! `ferrofs publish` of a live mount (frozen at a checkpoint while its image is read), of a
-//! read-only image whose log needs replay (replayed in memory, the image never written);
-//! against a real S3-compatible server (versitygw, started by scripts/s3-server.sh). Skips where /dev/fuse,
+//! read-only image whose log needs replay (replayed in memory, the image never written),
+//! and `ferrofs mount s3://` refusing a generation whose log needs replay; against a real
+//! S3-compatible server (versitygw, started by scripts/s3-server.sh). Skips where /dev/fuse,
 //! root, or the server is missing. Runs in both permission modes
 //! (FERROFS_TEST_DEFAULT_PERMISSIONS=1: the kernel's).
 
@@ -314,4 +315,25 @@ fn a_read_only_image_publishes_with_its_log_replayed_in_memory() {
     assert!(std::fs::read(&image).unwrap() == bytes, "the source image is unchanged");
     let published = published_fs(&s.remote("replayed"), 1);
     assert_eq!(published.read_file("/logged").unwrap(), contents(3));
+}
+
+#[test]
+fn a_generation_whose_log_needs_replay_is_refused_by_mount() {
+    let Some(s) = Setup::new("unreplayed") else { return };
+    let image = crashed_image(&s, "unreplayed.img");
+    // Uploaded as it is, which `ferrofs publish` never does.
+    let dev = FileDevice::open(&image, true).unwrap();
+    ferrofs_remote::publish::publish(&s.remote("raw"), &dev, 1 << 20).unwrap();
+    drop(dev);
+    let reader = s.path("reader");
+    let options = format!("ro,cache={},endpoint={}", s.path("cache").display(), s.endpoint());
+    let o = s.mount(&s.url("raw"), &reader, &options);
+    let message = stderr(&o);
+    assert!(!o.status.success(), "{message}");
+    // One line says why; the only other is the daemon's note of what it was about to serve.
+    let (why, others): (Vec<&str>, Vec<&str>) = message.lines().partition(|l| l.contains("records to replay"));
+    assert_eq!(why.len(), 1, "{message}");
+    assert!(why[0].contains("it was not checkpointed"), "{message}");
+    assert!(others.iter().all(|l| l.contains("serving generation 1")), "{message}");
+    assert!(!is_mounted(&reader));
 }

@@ -596,7 +596,7 @@ fn open_engine(opts: &MountConfig) -> Result<(FileSystem, Option<control::Source
     let replayed = fs.info().log_records_replayed;
     if replayed > 0 {
         return Err(MountError::Refused(format!(
-            "{}: the image's log holds {replayed} records to replay: it was not checkpointed (publish it from a clean unmount)",
+            "{}: the image's log holds {replayed} records to replay: it was not checkpointed (publish it again: `ferrofs publish` replays the log first)",
             path.display()
         )));
     }
