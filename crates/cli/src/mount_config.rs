@@ -138,6 +138,22 @@ pub(crate) fn mounted_on(image: &std::path::Path) -> Option<String> {
     })
 }
 
+/// The image file or device that the FUSE mount on `dir` serves (the mount's source in
+/// /proc/self/mountinfo), if `dir` is a mount point.
+pub(crate) fn image_of_mount(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let dir = dir.canonicalize().ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // The last line is the mount on top, should several be stacked on `dir`.
+    let mut on_dir = info.lines().filter_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut r = right.split(' ');
+        let (fstype, source) = (r.next()?, r.next()?);
+        let on = left.split(' ').nth(4)?;
+        (std::path::Path::new(on) == dir).then_some((fstype, source))
+    });
+    on_dir.next_back().filter(|(fstype, _)| fstype.starts_with("fuse")).map(|(_, source)| source.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

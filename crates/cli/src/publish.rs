@@ -1,20 +1,24 @@
-//! `ferrofs publish IMAGE s3://bucket/prefix`: publish an image as the next generation of a
-//! published image (docs/DESIGN.md, "Publishing to object storage"). The image is taken
-//! offline under its lock, its log replayed and written home first (as `ferrofs trim` does),
-//! so that readers have no log to replay.
+//! `ferrofs publish SOURCE s3://bucket/prefix`: publish an image, or the image of a live
+//! mount, as the next generation of a published image (docs/DESIGN.md, "Publishing to
+//! object storage"). Readers get no log to replay: an image's log is replayed in memory
+//! (the image is only read), and a mount is frozen at a checkpoint while its image is read.
 
 use crate::failure::{CliResult, Context, Failure};
 use crate::image;
+use crate::mount_config;
 use crate::units::{grouped, human_bytes, parse_size};
 use clap::Args;
-use ferrofs::{FileSystem, MountOptions};
-use ferrofs_remote::publish::{publish, CHUNK_SIZE_DEFAULT};
+use ferrofs::dev::{BlockDevice, FileDevice};
+use ferrofs_remote::publish::{publish, PublishReport, CHUNK_SIZE_DEFAULT};
 use ferrofs_remote::{Remote, RemoteOptions};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(Args, Debug)]
 pub struct PublishArgs {
-    /// The unmounted image file or block device to publish.
+    /// What to publish: an unmounted image file or block device (only read, even a
+    /// read-only one), or the mount point of a mounted ferrofs file system (frozen while its
+    /// image is read: changes wait meanwhile, reads go on).
     pub source: PathBuf,
     /// Where: s3://bucket/prefix.
     pub url: String,
@@ -30,12 +34,7 @@ pub struct PublishArgs {
 pub fn run(args: &PublishArgs) -> CliResult<()> {
     let source = &args.source;
     let what = || format!("publish {}", source.display());
-    if std::fs::metadata(source).context(what)?.is_dir() {
-        return Err(Failure::new(
-            what(),
-            "publishing a mounted file system is not supported yet: unmount it and publish its image",
-        ));
-    }
+    let is_mount_point = std::fs::metadata(source).context(what)?.is_dir();
     let chunk_size = match args.chunk_size {
         None => CHUNK_SIZE_DEFAULT,
         Some(size) => {
@@ -43,14 +42,11 @@ pub fn run(args: &PublishArgs) -> CliResult<()> {
         }
     };
     let remote = Remote::open(&args.url, &RemoteOptions { endpoint: args.endpoint.clone() }).context(what)?;
-    let dev = image::open_unmounted(source, "unmount it first")?;
-    image::require_ferrofs(source)?;
-    // Replay and write the log home, so that the published image has an empty log; the
-    // device (and its lock) stays ours while the chunks are read.
-    let fs = FileSystem::mount_device(dev.clone(), &MountOptions::default()).context(what)?;
-    fs.unmount().context(what)?;
-    drop(fs);
-    let report = publish(&remote, &*dev, chunk_size).context(what)?;
+    let report = if is_mount_point {
+        publish_mount(source, &remote, chunk_size)?
+    } else {
+        publish_image(source, &remote, chunk_size)?
+    };
     println!(
         "{}: generation {} (over {}): {} chunks, {} uploaded ({}), {} all zeros, {} metadata",
         args.url,
@@ -63,4 +59,42 @@ pub fn run(args: &PublishArgs) -> CliResult<()> {
         grouped(report.metadata_chunks)
     );
     Ok(())
+}
+
+/// An unmounted image, under a shared lock (no read-write mount can start meanwhile).
+fn publish_image(source: &Path, remote: &Remote, chunk_size: u32) -> CliResult<PublishReport> {
+    let dev = image::open(source, true).map_err(|f| match f.why.strip_prefix("in use: mounted on ") {
+        Some(dir) => Failure::new(f.what, format!("{}: publish its mount point {dir} instead", f.why)),
+        None => f,
+    })?;
+    image::require_ferrofs(source)?;
+    publish_replayed(source, dev, remote, chunk_size)
+}
+
+/// A mounted image: frozen at a checkpoint for as long as it is read, and read without its
+/// lock, which the mount holds. The freeze ends when this returns, or if this process dies.
+fn publish_mount(dir: &Path, remote: &Remote, chunk_size: u32) -> CliResult<PublishReport> {
+    let what = || format!("publish {}", dir.display());
+    let Some(image) = mount_config::image_of_mount(dir) else {
+        return Err(Failure::new(what(), "a directory, not a mount point: give an image or a ferrofs mount point"));
+    };
+    let frozen = ferrofs_fuse::freeze(dir).context(what)?;
+    let dev =
+        FileDevice::open_unlocked(&image).context(|| format!("{}: open its image {}", what(), image.display()))?;
+    let report = publish_replayed(dir, Arc::new(dev), remote, chunk_size)?;
+    frozen.thaw().context(what)?;
+    Ok(report)
+}
+
+/// Publish the image on `dev` with its log replayed in memory (none is left in a frozen
+/// mount's), so that readers have none to replay and `dev` is never written.
+fn publish_replayed(
+    source: &Path,
+    dev: Arc<dyn BlockDevice>,
+    remote: &Remote,
+    chunk_size: u32,
+) -> CliResult<PublishReport> {
+    let what = || format!("publish {}", source.display());
+    let (view, _) = ferrofs::replayed_in_memory(dev).context(what)?;
+    publish(remote, &*view, chunk_size).context(what)
 }

@@ -36,10 +36,7 @@ fn bad_arguments_get_one_line_each() {
     let image = image.as_str();
     let cases: [(&[&str], &str); 4] = [
         (&["publish", image, "memory://cli/x", "--chunk-size", "3000"], "chunk size 3000 is not a power of two"),
-        (
-            &["publish", dir.path().to_str().unwrap(), "memory://cli/x"],
-            "publishing a mounted file system is not supported",
-        ),
+        (&["publish", dir.path().to_str().unwrap(), "memory://cli/x"], "a directory, not a mount point"),
         (&["publish", image, "ftp://bucket/x"], "the scheme must be s3://"),
         (&["gc", "memory://cli/x", "--keep", "1", "--grace-minutes", "5"], "--grace-minutes must be at least 60"),
     ];

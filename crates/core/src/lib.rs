@@ -127,7 +127,7 @@ pub use format::{Geometry, Superblock, BLOCK_SIZE, INODE_SIZE, NAME_MAX, ROOT_IN
 pub use fs::*;
 pub use journal::JournalConfig;
 pub use mkfs::MkfsOptions;
-pub use mount::{has_superblock_magic, read_superblock, AtimeMode, MountOptions};
+pub use mount::{has_superblock_magic, read_superblock, replayed_in_memory, AtimeMode, Frozen, MountOptions};
 pub use stats::{
     AgCounters, AgInfo, CacheCounters, CacheUsage, Info, JournalCounters, MemoryUsage, Stats, BLOCK_CACHE_BYTES,
     DISK_INODE_STRUCT_BYTES, INODE_CACHE_BYTES, INODE_STRUCT_BYTES,

@@ -11,8 +11,28 @@ use crate::format::{ino_ag, ino_index, Geometry, Superblock, BLOCK_SIZE};
 use crate::holds::Holds;
 use crate::inode::{InodeCache, InodeRef, INODE_COST};
 use crate::journal::{recover, BusyExtent, Journal, JournalConfig, RecoveryReport};
+use crate::lockstat::{LockClass, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crate::sync::StripedRwLock;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Weak};
+
+/// The freeze gate (`Mount::start_change`, `Mount::freeze`): taken before anything else, so
+/// it ranks below every lock.
+static FREEZE: LockClass = LockClass::ranked("freeze", 1);
+
+/// Shared by every change in progress, exclusive while frozen. Striped per CPU: a change
+/// takes only its CPU's stripe, so changes on different CPUs write no cache line in common
+/// (Linux's per-CPU `sb_start_write`); only a freeze takes every stripe.
+type FreezeGate = RwLock<(), StripedRwLock<()>>;
+
+/// A change in progress ([`Mount::start_change`]): a freeze waits until it is dropped.
+pub(crate) type Changing<'a> = RwLockReadGuard<'a, (), StripedRwLock<()>>;
+
+/// A frozen file system ([`FileSystem::freeze`](crate::FileSystem::freeze)): its image on
+/// disk is a clean checkpoint, with an empty log, that nothing writes until this is dropped.
+pub struct Frozen<'a> {
+    _gate: RwLockWriteGuard<'a, (), StripedRwLock<()>>,
+}
 
 /// How to mount a file system ([`FileSystem::mount_device`](crate::FileSystem::mount_device)).
 #[derive(Clone, Debug, Default)]
@@ -80,6 +100,9 @@ pub struct Mount {
     pub nodiratime: bool,
     /// `-o discard`'s thread; freed blocks reach the allocator through it.
     discarder: Option<Discarder>,
+    /// Held shared by every change from before its first lock to its last commit, exclusive
+    /// by a freeze.
+    freeze: FreezeGate,
     /// POSIX ACLs are honoured (no `noacl`).
     pub acl: bool,
 }
@@ -110,6 +133,23 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
         ));
     }
     Ok(sb)
+}
+
+/// The image on `dev` as a read-write mount would find it once its log is replayed and
+/// emptied, in memory: `dev` is only read. Returns that view and the log records replayed
+/// into it. What a copy of an image that is not to be written is taken from (`ferrofs
+/// publish`): the copy needs no replay.
+pub fn replayed_in_memory(dev: Arc<dyn BlockDevice>) -> Result<(Arc<dyn BlockDevice>, u64)> {
+    let geo = read_superblock(&*dev)?.geo;
+    let view: Arc<dyn BlockDevice> = Arc::new(OverlayDevice::new(dev));
+    let report = recover(&*view, &geo, false)?;
+    if report.records > 0 {
+        // Again, writing the emptied log's header this time (the replay is idempotent): a
+        // clean log's header stays as it is, so an image without a log to replay reads the
+        // same through the view as it is.
+        recover(&*view, &geo, true)?;
+    }
+    Ok((view, report.records))
 }
 
 /// The primary is damaged: its AG size may be too, so probe the backup (block 0 of AG 1) at
@@ -191,6 +231,7 @@ impl Mount {
             atime: opts.atime,
             nodiratime: opts.nodiratime,
             discarder,
+            freeze: RwLock::striped_indexed(&FREEZE, 0, ()),
             acl: !opts.noacl,
         });
         budget.join(Arc::downgrade(&m) as Weak<dyn CacheOwner>);
@@ -251,6 +292,37 @@ impl Mount {
             self.journal.quiesce()?;
         }
         Ok(())
+    }
+
+    /// Begin a change (an operation that may write the image): held until its last
+    /// transaction commits, and taken before any inode lock, so that a change waiting here
+    /// for a thaw holds nothing a change in progress may wait for. Waits while frozen.
+    pub(crate) fn start_change(&self) -> Changing<'_> {
+        self.freeze.read()
+    }
+
+    /// [`Mount::start_change`] unless that would wait: for a change that may be skipped (an
+    /// atime update), so that a reader never waits for a thaw.
+    pub(crate) fn try_start_change(&self) -> Option<Changing<'_>> {
+        self.freeze.try_read()
+    }
+
+    /// Freeze (Linux's FIFREEZE): wait for every change in progress to finish while new ones
+    /// wait to start, then checkpoint, write everything home and flush, so that the image on
+    /// disk is a clean checkpoint with an empty log, which stays as it is until the returned
+    /// guard is dropped (the thaw). Reads go on. A read-only mount writes nothing: its image
+    /// is frozen as it is (a log left by a crash included).
+    pub fn freeze(&self) -> Result<Frozen<'_>> {
+        let gate = self.freeze.write();
+        if !self.is_read_only() {
+            self.check_alive()?;
+            self.journal.quiesce()?;
+            if let Some(d) = &self.discarder {
+                d.wait_idle();
+            }
+            self.dev.flush()?;
+        }
+        Ok(Frozen { _gate: gate })
     }
 
     /// Whether changes are refused now: mounted or remounted read-only.
@@ -319,6 +391,7 @@ impl Mount {
     /// Give the free space of the durable state back to the host (`FileSystem::trim`).
     pub fn trim(&self, minimum_bytes: u64) -> Result<TrimReport> {
         self.check_writable()?;
+        let _changing = self.start_change();
         self.release_busy()?;
         discard::trim(&*self.dev, &self.ags, minimum_bytes)
     }

@@ -18,6 +18,7 @@
 //! | `trim MIN`     | give the free space of the durable state back to the host (`ferrofs trim`): punch every free run of at least MIN bytes; answers `{"bytes": B, "extents": N, "unsupported": false}` |
 //! | `source`       | a published image's device counters as JSON (generation, cache hits and misses, bytes fetched and read); an error for an image file |
 //! | `remount ro`/`remount rw` | refuse every change (EROFS) after writing the log home, or accept changes again (what `mount -o remount,ro` asks for after the kernel's own remount); answers `ok` |
+//! | `freeze`       | freeze the file system (`FileSystem::freeze`, FIFREEZE): answers `frozen` once the image is a clean checkpoint that nothing writes, and holds it so for as long as the connection stays open; the next line (`thaw`) or the connection's end, a killed client's included, thaws it, answered by `ok`. Changes wait meanwhile, reads go on |
 
 use crate::workers::Workers;
 use ferrofs::FileSystem;
@@ -113,11 +114,40 @@ fn serve(
     let mut line = String::new();
     BufReader::new(io::Read::take(&conn, COMMAND_MAX)).read_line(&mut line)?;
     let answer = match (line.trim(), source) {
+        ("freeze", _) => {
+            // Held on a thread of its own, so that the other commands are answered meanwhile.
+            let engine = engine.clone();
+            std::thread::Builder::new().name("ferrofs-freeze".into()).spawn(move || hold_freeze(conn, &engine))?;
+            return Ok(());
+        }
         ("source", Some(status)) => status() + "\n",
         ("source", None) => "error: this mount serves an image file, not a published image\n".into(),
         (command, _) => answer(command, engine, workers),
     };
     (&conn).write_all(answer.as_bytes())
+}
+
+/// The `freeze` command: freeze, answer, and thaw when the client says so or goes away.
+fn hold_freeze(conn: UnixStream, engine: &Weak<FileSystem>) -> io::Result<()> {
+    let Some(fs) = engine.upgrade() else {
+        return (&conn).write_all(b"error: the file system is being unmounted\n");
+    };
+    let frozen = match fs.freeze() {
+        Ok(frozen) => frozen,
+        Err(e) => return (&conn).write_all(format!("error: freeze: {e}\n").as_bytes()),
+    };
+    log::info!("frozen for a client of the control socket");
+    let answered = (&conn).write_all(b"frozen\n");
+    // No timeout: the freeze lasts as long as the client wants it, and its end (a line, end
+    // of file, or a reset when it dies) is what thaws.
+    conn.set_read_timeout(None)?;
+    let mut line = String::new();
+    if answered.is_ok() {
+        let _ = BufReader::new(io::Read::take(&conn, COMMAND_MAX)).read_line(&mut line);
+    }
+    drop(frozen);
+    log::info!("thawed ({})", if line.trim() == "thaw" { "asked to" } else { "its client went away" });
+    (&conn).write_all(b"ok\n")
 }
 
 fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String {
@@ -182,7 +212,7 @@ fn answer(command: &str, engine: &Weak<FileSystem>, workers: &Workers) -> String
             lockstat::set_timing(on == "on");
             "ok\n".into()
         }
-        _ => format!("error: unknown command '{command}' (table N, json, journal, memory, transport, reset, timing on|off, remount ro|rw, trim MIN)\n"),
+        _ => format!("error: unknown command '{command}' (table N, json, journal, memory, transport, reset, timing on|off, remount ro|rw, trim MIN, freeze)\n"),
     }
 }
 
@@ -217,6 +247,44 @@ pub fn request(mountpoint: &Path, command: &str) -> io::Result<String> {
     match out.strip_prefix("error: ") {
         Some(e) => Err(io::Error::new(io::ErrorKind::InvalidInput, e.trim_end().to_string())),
         None => Ok(out),
+    }
+}
+
+/// A mount frozen by [`freeze`]: thawed by [`Freeze::thaw`], or when dropped (the connection
+/// closes), or when this process dies.
+pub struct Freeze {
+    conn: UnixStream,
+}
+
+/// Freeze the mount on `mountpoint` (the `freeze` command); returns once its image is a clean
+/// checkpoint that nothing writes.
+pub fn freeze(mountpoint: &Path) -> io::Result<Freeze> {
+    let path = socket_path(mountpoint)?;
+    let mut conn = UnixStream::connect(&path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("{} is not a ferrofs mount (no daemon answers at {}: {e})", mountpoint.display(), path.display()),
+        )
+    })?;
+    writeln!(conn, "freeze")?;
+    let mut answer = String::new();
+    BufReader::new(&conn).read_line(&mut answer)?;
+    match answer.trim_end() {
+        "frozen" => Ok(Freeze { conn }),
+        other => Err(io::Error::other(other.strip_prefix("error: ").unwrap_or(other).to_string())),
+    }
+}
+
+impl Freeze {
+    /// Thaw the mount, and wait until it is.
+    pub fn thaw(mut self) -> io::Result<()> {
+        writeln!(self.conn, "thaw")?;
+        let mut answer = String::new();
+        BufReader::new(&self.conn).read_line(&mut answer)?;
+        match answer.trim_end() {
+            "ok" => Ok(()),
+            other => Err(io::Error::other(format!("thaw: {other}"))),
+        }
     }
 }
 

@@ -146,7 +146,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use control::{request as control_request, runtime_dir, socket_path as control_socket_path};
+pub use control::{freeze, request as control_request, runtime_dir, socket_path as control_socket_path, Freeze};
 pub use options::parse_option;
 
 /// Default entry and attribute timeouts: see "Why the timeouts are long" above.
@@ -596,7 +596,7 @@ fn open_engine(opts: &MountConfig) -> Result<(FileSystem, Option<control::Source
     let replayed = fs.info().log_records_replayed;
     if replayed > 0 {
         return Err(MountError::Refused(format!(
-            "{}: the image's log holds {replayed} records to replay: it was not checkpointed (publish it from a clean unmount)",
+            "{}: the image's log holds {replayed} records to replay: it was not checkpointed (publish it again: `ferrofs publish` replays the log first)",
             path.display()
         )));
     }

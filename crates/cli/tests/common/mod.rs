@@ -70,6 +70,14 @@ pub fn unavailable() -> Option<String> {
         .map(|e| format!("/dev/fuse cannot be opened ({e})"))
 }
 
+/// `ferrofs mount --daemon -o OPTIONS SOURCE DIR` in this run's permission mode: the kernel's
+/// with FERROFS_TEST_DEFAULT_PERMISSIONS=1, else the daemon's.
+pub fn mount_daemon(source: &str, mnt: &Path, options: &str) -> Output {
+    let kernel_checks = std::env::var("FERROFS_TEST_DEFAULT_PERMISSIONS").as_deref() == Ok("1");
+    let options = if kernel_checks { options.to_string() } else { format!("{options},daemon_permissions") };
+    run(Command::new(BIN).args(["mount", "--daemon", "-o", &options, source]).arg(mnt))
+}
+
 pub fn is_mounted(dir: &Path) -> bool {
     let canon = dir.canonicalize().unwrap();
     std::fs::read_to_string("/proc/self/mountinfo")

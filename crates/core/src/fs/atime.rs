@@ -65,6 +65,8 @@ impl FileSystem {
         if !due(&i.core.read()) {
             return;
         }
+        // Skipped while frozen (as the kernel's `touch_atime`): a reader never waits for a thaw.
+        let Some(_changing) = self.m.try_start_change() else { return };
         let mut g = i.core.write();
         // Checked again: a concurrent reader may have set it meanwhile.
         if !due(&g) {

@@ -15,10 +15,12 @@ impl FileSystem {
     /// series for a large shrink (see `truncate`). EISDIR or EINVAL for a size change of a
     /// directory or other non-regular file, EFBIG past the largest file.
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+        let changing = self.m.start_change();
         let i = self.m.iget(ino)?;
         let mut g = i.core.write();
         if changes.mode.is_some() && self.m.acl && stored_acl(&self.m, ino, &g, ACCESS_XATTR)?.is_some() {
-            drop(g);
+            // Its steps start changes of their own.
+            drop((g, changing));
             return self.chmod_with_acl(ino, changes);
         }
         let time = now();
@@ -196,6 +198,7 @@ impl FileSystem {
         reserve: u64,
         change: impl FnOnce(&mut TxStore, &mut DiskInode) -> Result<()>,
     ) -> Result<()> {
+        let _changing = self.m.start_change();
         let i = self.m.iget(ino)?;
         let mut g = i.core.write();
         let mut updated = g.clone();

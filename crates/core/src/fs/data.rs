@@ -105,6 +105,7 @@ impl FileSystem {
         if end > MAX_FILE_BLOCKS * BS {
             return Err(Error::FileTooBig);
         }
+        let _changing = self.m.start_change();
         let i = self.m.iget(ino)?;
         let mut g = i.core.write();
         if g.is_dir() {

@@ -55,6 +55,7 @@ impl FileSystem {
             return Err(Error::Invalid("fallocate of length 0"));
         }
         let end = off.checked_add(len).filter(|&end| end <= MAX_FILE_BLOCKS * BS).ok_or(Error::FileTooBig)?;
+        let _changing = self.m.start_change();
         let i = self.m.iget(ino)?;
         let mut g = i.core.write();
         if g.is_dir() {

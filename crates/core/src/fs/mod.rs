@@ -202,10 +202,19 @@ impl FileSystem {
 
     /// Whether an operation that changes the file system would wait before starting now: the
     /// log's in-memory part (CIL) or the caches are over their bounds, and the next
-    /// transaction to begin checkpoints or reclaims first. A hint, true or false a moment
-    /// later: for a caller that would rather not wait on a thread that serves others.
+    /// transaction to begin checkpoints or reclaims first, or the file system is frozen. A
+    /// hint, true or false a moment later: for a caller that would rather not wait on a
+    /// thread that serves others.
     pub fn changes_would_wait(&self) -> bool {
-        self.m.journal.cil_at_max() || self.m.icache.budget().is_over()
+        self.m.journal.cil_at_max() || self.m.icache.budget().is_over() || self.m.try_start_change().is_none()
+    }
+
+    /// Freeze the file system (FIFREEZE) until the guard is dropped: changes in progress
+    /// finish, new ones wait (they do not fail), and the image on disk becomes a clean
+    /// checkpoint with an empty log that nothing writes meanwhile, for a copy of it to be
+    /// taken (`ferrofs publish` of a mount). Reads go on; an atime update is skipped.
+    pub fn freeze(&self) -> Result<crate::Frozen<'_>> {
+        self.m.freeze()
     }
 
     /// Make every completed operation durable (sync(2)), and the space it freed reusable.

@@ -108,6 +108,7 @@ impl FileSystem {
     /// it, unless `link` names it first — which only a `linkable` one allows (O_TMPFILE
     /// without O_EXCL). The caller holds the one open handle and releases it as for `open`.
     pub fn tmpfile(&self, parent: u64, mode: u16, cred: Cred, linkable: bool) -> Result<Attr> {
+        let _changing = self.m.start_change();
         let parent_dir = self.m.iget(parent)?;
         let mut tx = Tx::new(&self.m)?;
         let (ino, gen, log_version) = tx.alloc_inode(ino_ag(parent), 0)?;
@@ -160,6 +161,7 @@ impl FileSystem {
         init: impl FnOnce(&mut Tx, u64, &mut DiskInode) -> Result<()>,
     ) -> Result<Attr> {
         dir::check_name(name)?;
+        let _changing = self.m.start_change();
         let parent_dir = self.m.iget(parent)?;
         let is_dir = mode & S_IFMT == S_IFDIR;
         // Begin (which may wait for CIL space) and allocate before taking the directory's
@@ -285,6 +287,7 @@ impl FileSystem {
     /// linkable tmpfile), EEXIST if the name is taken.
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
         dir::check_name(newname)?;
+        let _changing = self.m.start_change();
         let (i, parent_dir) = (self.m.iget(ino)?, self.m.iget(newparent)?);
         let mut locked = Locked::new(&[&i, &parent_dir]);
         debug_assert!(locked.holds(&[ino, newparent]));
@@ -365,6 +368,7 @@ impl FileSystem {
 
     fn remove_name(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
         dir::check_name(name)?;
+        let _changing = self.m.start_change();
         let parent_dir = self.m.iget(parent)?;
         // Begun (which may wait for CIL space) before the directory's lock, as for a create.
         let mut tx = Tx::new(&self.m)?;

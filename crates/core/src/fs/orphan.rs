@@ -38,6 +38,9 @@ impl FileSystem {
         if !self.m.holds.drop(ino, n) {
             return Ok(());
         }
+        // A change waiting here for a thaw keeps an allocation's `wait_for_frees` waiting
+        // only for its bounded time.
+        let _changing = self.m.start_change();
         let reaped = self.m.iget(ino).and_then(|i| self.reap_if_unused(&i));
         self.m.holds.freed();
         reaped
@@ -49,6 +52,7 @@ impl FileSystem {
     /// next mount processes.
     pub fn forget_all(&self) -> Result<()> {
         let mut result = Ok(());
+        let _changing = self.m.start_change();
         for ino in self.m.holds.drain() {
             let reaped = self.m.iget(ino).and_then(|i| self.reap_if_unused(&i));
             self.m.holds.freed();

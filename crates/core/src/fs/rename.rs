@@ -63,6 +63,7 @@ impl FileSystem {
             return Err(Error::Invalid("rename flags"));
         }
         dir::check_name(newname)?;
+        let _changing = self.m.start_change();
         // Begin (which may wait for CIL space) and reserve for the insertion before any
         // directory lock: threads renaming in one directory then meet only for the entry
         // changes and the commit. A whiteout's inode is claimed here too, as a create's is.
