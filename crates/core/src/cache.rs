@@ -132,20 +132,25 @@ impl<V: Reclaimable> AgCache<V> {
     /// `check_every` objects an AG's cache grows by, the inserting thread checks the budget
     /// (and reclaims, if it is exceeded) once it holds no cache lock.
     pub fn get_or_insert(&self, k: u64, v: Arc<V>) -> Arc<V> {
+        self.get_or_insert_if(k, v, || true).expect("inserted unconditionally")
+    }
+
+    /// As `get_or_insert`, but `v` goes in only if `current()` holds when checked under the
+    /// shard's write lock, which eviction takes too; None if it does not and nothing is cached.
+    pub fn get_or_insert_if(&self, k: u64, v: Arc<V>, current: impl FnOnce() -> bool) -> Option<Arc<V>> {
         let mut s = self.shard(k).write();
-        let mut grew = false;
-        let out = s
-            .entry(k)
-            .or_insert_with(|| {
-                grew = true;
-                v
-            })
-            .clone();
+        if let Some(cached) = s.get(&k) {
+            return Some(cached.clone());
+        }
+        if !current() {
+            return None;
+        }
+        s.insert(k, v.clone());
         drop(s);
-        if grew && (self.ags[self.ag(k)].len.fetch_add(1, Relaxed) + 1).is_multiple_of(self.check_every) {
+        if (self.ags[self.ag(k)].len.fetch_add(1, Relaxed) + 1).is_multiple_of(self.check_every) {
             self.budget.check();
         }
-        out
+        Some(v)
     }
 
     /// Insert, replacing whatever is cached under `k` (which is returned).

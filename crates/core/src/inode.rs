@@ -162,18 +162,40 @@ impl InodeCache {
 
     /// The cached inode, reading and verifying it on a miss (the caller has checked that the
     /// number is allocated; `log_version` is where its log versions continue from).
-    /// `home_seq`: the journal's, read after the caller missed the cache.
+    /// `home_seq`: the journal's, as it is now.
+    ///
+    /// A copy of the inode may be cached, changed, written home and evicted while we read:
+    /// then we would insert an image older than its home, and its change would be lost. Every
+    /// such eviction follows a writeback that moved `home_seq` past the change, so the read is
+    /// inserted only if `home_seq` is where it was before the read (checked under the lock
+    /// eviction takes); otherwise it is read again. A read with `home_seq` unchanged saw every
+    /// change of every copy evicted before it (a copy is evicted only once its last change is
+    /// home), and a copy evicted after it would have had to be cached, and we return that one.
     pub fn load(
         &self,
         dev: &dyn BlockDevice,
         geo: &Geometry,
         ino: u64,
         log_version: u64,
-        home_seq: u64,
+        home_seq: &dyn Fn() -> u64,
     ) -> Result<InodeRef> {
-        if let Some(i) = self.map.get(ino) {
-            return Ok(i);
+        loop {
+            if let Some(i) = self.map.get(ino) {
+                return Ok(i);
+            }
+            let read_at = home_seq();
+            let di = self.read(dev, geo, ino, read_at)?;
+            let inode = Inode::new(ino, di, log_version);
+            if let Some(i) = self.map.get_or_insert_if(ino, inode, || home_seq() == read_at) {
+                return Ok(i);
+            }
         }
+    }
+
+    /// Read and verify inode `ino` as its home was once everything up to `home_seq` was
+    /// written there: from the table block an earlier load read at that `home_seq`, or from
+    /// the device.
+    fn read(&self, dev: &dyn BlockDevice, geo: &Geometry, ino: u64, home_seq: u64) -> Result<DiskInode> {
         let offset = geo.inode_offset(ino)?;
         let (blkno, at) = (offset / BLOCK_SIZE as u64, offset as usize % BLOCK_SIZE);
         let mut img = [0u8; INODE_SIZE];
@@ -195,7 +217,7 @@ impl InodeCache {
         }
         let di = DiskInode::decode(&img, ino, geo)?;
         di.check_counts(geo).map_err(|d| Error::corrupt("inode", ino, d))?;
-        Ok(self.map.get_or_insert(ino, Inode::new(ino, di, log_version)))
+        Ok(di)
     }
 
     /// A just-allocated inode. It replaces anything cached under its number: only a stale
@@ -237,29 +259,88 @@ mod tests {
         dev.write_at(&img, geo.inode_offset(ino).unwrap()).unwrap();
     }
 
-    #[test]
-    fn a_table_block_read_is_used_until_writeback_writes_home() {
+    /// A fresh image, an empty inode cache, and the root's image as mkfs wrote it.
+    fn fresh() -> (MemDevice, Geometry, InodeCache, DiskInode) {
         let dev = MemDevice::new(64 << 20);
         let geo = mkfs(&dev, &MkfsOptions::default(), &|_, _| {}).unwrap().geo;
         let cache = InodeCache::new(geo.ag_count, CacheBudget::new(1 << 30));
+        let mut img = [0u8; INODE_SIZE];
+        dev.read_at(&mut img, geo.inode_offset(ROOT_INO).unwrap()).unwrap();
+        let root = DiskInode::decode(&img, ROOT_INO, &geo).unwrap();
+        (dev, geo, cache, root)
+    }
+
+    #[test]
+    fn a_table_block_read_is_used_until_writeback_writes_home() {
+        let (dev, geo, cache, root) = fresh();
         let other = ROOT_INO + 1;
         assert_eq!(
             geo.inode_offset(other).unwrap() / BLOCK_SIZE as u64,
             geo.inode_offset(ROOT_INO).unwrap() / BLOCK_SIZE as u64
         );
-        let mut img = [0u8; INODE_SIZE];
-        dev.read_at(&mut img, geo.inode_offset(ROOT_INO).unwrap()).unwrap();
-        let root = DiskInode::decode(&img, ROOT_INO, &geo).unwrap();
         write_home(&dev, &geo, &root, other, 3);
         // Reads the block, `other`'s image with it.
-        cache.load(&dev, &geo, ROOT_INO, 0, 5).unwrap();
+        cache.load(&dev, &geo, ROOT_INO, 0, &|| 5).unwrap();
         write_home(&dev, &geo, &root, other, 4);
         // No writeback since the read: the block is used, not read again.
-        let loaded = cache.load(&dev, &geo, other, 0, 5).unwrap();
+        let loaded = cache.load(&dev, &geo, other, 0, &|| 5).unwrap();
         assert_eq!(loaded.core.read().nlink, 3);
         cache.remove_if(&loaded);
         // Writeback wrote home since: the block is read again.
-        assert_eq!(cache.load(&dev, &geo, other, 0, 6).unwrap().core.read().nlink, 4);
+        assert_eq!(cache.load(&dev, &geo, other, 0, &|| 6).unwrap().core.read().nlink, 4);
+    }
+
+    /// A device that runs `after_read` once, after a read of block `blkno`: another thread's
+    /// work landing between a load's read and its insert.
+    struct AfterRead<'a> {
+        dev: &'a MemDevice,
+        blkno: u64,
+        after_read: std::sync::Mutex<Option<Box<dyn FnOnce() + Send + 'a>>>,
+    }
+
+    impl BlockDevice for AfterRead<'_> {
+        fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+            self.dev.read_at(buf, off)?;
+            if off / BLOCK_SIZE as u64 == self.blkno {
+                let after_read = self.after_read.lock().unwrap().take();
+                after_read.into_iter().for_each(|f| f());
+            }
+            Ok(())
+        }
+        fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+            self.dev.write_at(buf, off)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            self.dev.flush()
+        }
+        fn size(&self) -> u64 {
+            self.dev.size()
+        }
+    }
+
+    /// While a load reads an inode's old image, another thread loads it too, changes it,
+    /// and writeback writes the change home, after which reclaim evicts that copy. The first
+    /// load must not then cache its older image: the change would be lost.
+    #[test]
+    fn a_load_never_caches_an_image_older_than_a_copy_evicted_meanwhile() {
+        let (dev, geo, cache, root) = fresh();
+        let ino = ROOT_INO + 1;
+        write_home(&dev, &geo, &root, ino, 3);
+        let home_seq = AtomicU64::new(5);
+        let other_thread = || {
+            let copy = Inode::new(ino, DiskInode { nlink: 4, ..root.clone() }, 0);
+            cache.insert_new(copy.clone());
+            write_home(&dev, &geo, &root, ino, 4);
+            home_seq.store(6, Relaxed);
+            cache.remove_if(&copy);
+        };
+        let hooked = AfterRead {
+            dev: &dev,
+            blkno: geo.inode_offset(ino).unwrap() / BLOCK_SIZE as u64,
+            after_read: std::sync::Mutex::new(Some(Box::new(other_thread))),
+        };
+        let loaded = cache.load(&hooked, &geo, ino, 0, &|| home_seq.load(Relaxed)).unwrap();
+        assert_eq!(loaded.core.read().nlink, 4, "cached an image older than the copy evicted during its read");
     }
 
     fn dir() -> InodeRef {

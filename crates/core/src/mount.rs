@@ -348,7 +348,7 @@ impl Mount {
         }
         let ag = &self.ags[agno as usize];
         let log_version = ag.inode_log_version_base(idx).ok_or(Error::Stale)?;
-        let inode = self.icache.load(&*self.dev, &self.geo, ino, log_version, self.journal.home_seq())?;
+        let inode = self.icache.load(&*self.dev, &self.geo, ino, log_version, &|| self.journal.home_seq())?;
         // A free of this number may have run between the check and the insert: then what we
         // loaded is a dead copy and must not stay cached (a create of the number replaces it
         // anyway, see `InodeCache::insert_new`).

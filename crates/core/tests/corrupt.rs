@@ -1212,3 +1212,101 @@ fn log_header_counters_at_their_end_are_not_trusted() {
         assert!(matches!(mounted, Ok(Err(Error::Corrupt { what: "log header", .. }))), "{h:?}: {mounted:?}");
     }
 }
+
+/// An image whose log an older fsck reset, as it did then: both headers in a new epoch at
+/// sequence 1, ring block 0 zeroed. Its homes keep the lsns of the sequence before, so the
+/// records that follow are numbered below them (`older_reset_image`).
+fn older_reset_image() -> (MemDevice, u64) {
+    use format::log::LogHeader;
+    let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
+    FileSystem::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    let fs = mount(dev.clone()).unwrap();
+    let dir = fs.mkdir(ROOT, b"d", 0o755, CRED).unwrap().ino;
+    for i in 0..60u32 {
+        let f = fs.create(dir, format!("f{i:02}").as_bytes(), 0o644, CRED).unwrap().ino;
+        fs.write(f, 0, &pattern(5000, i as u8)).unwrap();
+        fs.sync().unwrap();
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    let dev = Arc::try_unwrap(dev).ok().unwrap();
+    let geo = ferrofs::read_superblock(&dev).unwrap().geo;
+    let log = geo.ag_layout(0).log;
+    let epoch = (0..2).map(|slot| format::get_u64(&read_block(&dev, log + slot), 40)).max().unwrap();
+    for gen in 0..2 {
+        let h = LogHeader { gen, epoch: epoch + 1, tail_off: 0, tail_seq: 1 };
+        dev.write_at(&h.encode(log + gen)[..], (log + gen) * BS).unwrap();
+    }
+    dev.write_at(&vec![0u8; BLOCK_SIZE], (log + 2) * BS).unwrap();
+    (dev, dir)
+}
+
+/// After an older fsck's reset, a crash that leaves records for blocks and inodes whose
+/// homes carry lsns of the sequence before: the ring holds no record of the current epoch
+/// that new, so the homes are older than the records, which replay whole, at mount and
+/// under `fsck -y` alike; the sequence then goes on past those homes. Before, mount refused
+/// (a tail in an older lap) and `fsck -y` reset the log, losing the files made after the
+/// reset. fsck also finds the sequence behind the homes before any crash, and moves it on.
+#[test]
+fn a_crash_after_a_log_reset_by_an_older_fsck_loses_nothing() {
+    let (reset, dir) = older_reset_image();
+    // Changes to the directory, its tree and its files, all stamped in the old sequence.
+    let crashed = {
+        let dev = Arc::new(reset.snapshot());
+        let fs = mount(dev.clone()).unwrap();
+        for i in 0..20u32 {
+            let f = fs.lookup(dir, format!("f{i:02}").as_bytes()).unwrap().ino;
+            fs.write(f, 0, &pattern(100, 100 + i as u8)).unwrap();
+            fs.create(dir, format!("new{i:02}").as_bytes(), 0o644, CRED).unwrap();
+            fs.unlink(dir, format!("f{:02}", 59 - i).as_bytes()).unwrap();
+        }
+        fs.sync().unwrap();
+        let crashed = dev.snapshot();
+        drop(fs);
+        crashed
+    };
+    let geo = ferrofs::read_superblock(&crashed).unwrap().geo;
+    let report = journal::recover(&crashed.snapshot(), &geo, false).unwrap();
+    assert!(report.records > 0, "the crash left nothing to replay");
+    let holds_every_change = |dev: Arc<MemDevice>| {
+        let fs = mount(dev).unwrap();
+        let mut names: Vec<_> = readdir(&fs, dir).unwrap().into_iter().map(|e| e.name).collect();
+        names.sort();
+        let mut expected: Vec<Vec<u8>> = [&b"."[..], b".."].map(|n| n.to_vec()).into();
+        expected.extend((0..40).map(|i| format!("f{i:02}").into_bytes()));
+        expected.extend((0..20).map(|i| format!("new{i:02}").into_bytes()));
+        expected.sort();
+        assert_eq!(names, expected, "the entries made after the reset");
+        for i in 0..40u32 {
+            let f = fs.lookup(dir, format!("f{i:02}").as_bytes()).unwrap().ino;
+            let mut want = pattern(5000, i as u8);
+            if i < 20 {
+                want[..100].copy_from_slice(&pattern(100, 100 + i as u8));
+            }
+            assert!(fs.read(f, 0, 5000).unwrap() == want, "f{i:02} lost its contents");
+        }
+        fs.unmount().unwrap();
+    };
+    // Mount replays it.
+    let mounted = Arc::new(crashed.snapshot());
+    holds_every_change(mounted.clone());
+    // The homes not in the walk still carry the old sequence: fsck moves the log past them.
+    let r = fsck::check(&*mounted, &FsckOptions { repair: true }, &|_, _, _| {}).unwrap();
+    assert!(r.messages.iter().all(|m| m.starts_with("log: its sequence goes on")), "{:?}", r.messages);
+    fsck_clean(&*mounted).unwrap();
+    holds_every_change(mounted);
+    // fsck -y replays it too.
+    let repaired = Arc::new(crashed.snapshot());
+    let r = fsck::check(&*repaired, &FsckOptions { repair: true }, &|_, _, _| {}).unwrap();
+    assert_eq!(r.log_records_replayed, report.records, "{:?}", r.messages);
+    fsck_clean(&*repaired).unwrap();
+    holds_every_change(repaired);
+    // Before any crash, fsck finds the sequence behind the homes; once moved on, a crash
+    // replays with no home ahead of the log.
+    let r = fsck_report(&reset).unwrap();
+    assert!(r.messages.iter().any(|m| m.starts_with("log: its sequence goes on")), "{:?}", r.messages);
+    fsck::check(&reset, &FsckOptions { repair: true }, &|_, _, _| {}).unwrap();
+    fsck_clean(&reset).unwrap();
+    let header = journal::recover(&reset.snapshot(), &geo, false).unwrap().header;
+    assert!(header.tail_seq > 60, "the sequence was not moved past the homes: {header:?}");
+}

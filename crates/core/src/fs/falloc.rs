@@ -68,8 +68,19 @@ impl FileSystem {
         match mode & !FALLOC_FL_KEEP_SIZE {
             FALLOC_FL_PUNCH_HOLE => self.punch_hole(&i, &mut g, off, end),
             FALLOC_FL_ZERO_RANGE => self.zero_range(&i, &mut g, off, end, extend),
-            FALLOC_FL_COLLAPSE_RANGE => self.collapse_range(&i, &mut g, off, len),
-            FALLOC_FL_INSERT_RANGE => self.insert_range(&i, &mut g, off, len),
+            FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE => {
+                let shifted = if mode == FALLOC_FL_COLLAPSE_RANGE {
+                    self.collapse_range(&i, &mut g, off, len)
+                } else {
+                    self.insert_range(&i, &mut g, off, len)
+                };
+                // Data is overwritten in place: a write into a moved block before the move
+                // is durable would show at the block's old offset after a crash that lost
+                // the move. So the move is made durable before the inode is let go, even
+                // after a failed step (the steps before it moved extents too).
+                let forced = self.m.journal.force(i.last_seq.load(Acquire));
+                shifted.and(forced)
+            }
             _ => self.preallocate(&i, &mut g, off, end, extend, false),
         }
     }

@@ -4,6 +4,7 @@
 use std::collections::{hash_map, HashMap};
 use std::io;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
@@ -11,7 +12,7 @@ use crate::buf::Block;
 use crate::dev::BlockDevice;
 use crate::error::Result;
 use crate::format::log::{record_head, LogHeader, LOG_HEADER_BLOCKS};
-use crate::format::BLOCK_SIZE;
+use crate::format::{Geometry, BLOCK_SIZE};
 use crate::{format, journal};
 
 use super::{count, finding, Checker, BS};
@@ -89,6 +90,56 @@ impl BlockDevice for ReplayOverlay<'_> {
     }
 }
 
+/// The device as the check reads it, noting the highest lsn of the verified home copies of
+/// logged items among its reads: the check reads every metadata block and inode in use, so
+/// at its end that is the image's highest home lsn (`check_log_sequence`).
+pub(super) struct HomeLsns<'a> {
+    dev: &'a dyn BlockDevice,
+    geo: Geometry,
+    highest: AtomicU64,
+}
+
+impl<'a> HomeLsns<'a> {
+    pub(super) fn new(dev: &'a dyn BlockDevice, geo: Geometry) -> Self {
+        HomeLsns { dev, geo, highest: AtomicU64::new(0) }
+    }
+
+    /// The highest home lsn read so far, garbage (at or past `SEQ_MAX`) left out.
+    pub(super) fn highest(&self) -> u64 {
+        self.highest.load(Relaxed)
+    }
+}
+
+impl BlockDevice for HomeLsns<'_> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        self.dev.read_at(buf, off)?;
+        if let Some(lsn) = journal::verified_lsn_at(buf, off, &self.geo).filter(|&lsn| lsn < SEQ_MAX) {
+            self.highest.fetch_max(lsn, Relaxed);
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        self.dev.write_at(buf, off)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.dev.flush()
+    }
+
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+
+    fn preallocate(&self, off: u64, len: u64) -> io::Result<()> {
+        self.dev.preallocate(off, len)
+    }
+
+    fn punch(&self, off: u64, len: u64) -> io::Result<bool> {
+        self.dev.punch(off, len)
+    }
+}
+
 impl<'a> Checker<'a> {
     /// Replay the log as a mount would. A repair first replays into memory (`recover` writes
     /// the items it replays to whatever device it is given) to learn whether there is anything
@@ -102,15 +153,17 @@ impl<'a> Checker<'a> {
             Ok(r) if r.records > 0 => {
                 let records = count(r.records, "record", "records");
                 if self.out.repair {
-                    journal::recover(self.dev, &self.geo, true)?;
+                    self.log_header = Some(journal::recover(self.dev, &self.geo, true)?.header);
                     self.out.note(format!("log: replayed {records}"));
                 } else {
+                    self.log_header = Some(r.header);
                     self.out
                         .note(format!("log: replayed {records} in memory only; the next mount replays them on disk"));
                 }
                 self.log_records = r.records;
             }
-            Ok(_) => {}
+            // Nothing to replay: the header stays as it is.
+            Ok(_) => self.log_header = Some(journal::read_log_header(self.dev, &self.geo)?),
             Err(e) => {
                 let e = finding(e)?;
                 self.out.fixable(format!("log: cannot be replayed ({e}); resetting it loses the changes it held"));
@@ -145,9 +198,30 @@ impl<'a> Checker<'a> {
         for gen in 0..LOG_HEADER_BLOCKS {
             let h = LogHeader { gen, epoch: epoch.wrapping_add(1), tail_off: 0, tail_seq };
             self.block_writes.insert(log + gen, h.encode(log + gen));
+            self.log_header = Some(h);
         }
         self.block_writes.insert(log + LOG_HEADER_BLOCKS, Box::new([0u8; BLOCK_SIZE]));
         Ok(())
+    }
+
+    /// The log's sequence must be past every home lsn (`highest`): a record of a crash to
+    /// come, with an image of a home stamped at or past its own sequence, is refused by
+    /// recovery (or, if the tail is found stale, the log is reset and its changes lost). An
+    /// fsck that reset the log to sequence 1 left such images; moved past them now, as
+    /// xfs_repair formats the log past the highest metadata LSN it found, nothing later
+    /// meets them. After pass 2 the log is empty (replayed or reset), so a new header in
+    /// the next epoch can take the sequence on from anywhere.
+    pub(super) fn check_log_sequence(&mut self, highest: u64) {
+        let Some(h) = self.log_header.filter(|h| highest >= h.tail_seq) else { return };
+        self.out.fixable(format!(
+            "log: its sequence goes on from {}, but a home has lsn {highest} (the log was reset to sequence 1 \
+             by an older fsck); moving it on to {}",
+            h.tail_seq,
+            highest + 1
+        ));
+        let next = LogHeader { gen: h.gen + 1, epoch: h.epoch + 1, tail_off: h.tail_off, tail_seq: highest + 1 };
+        let blkno = self.geo.ag_layout(0).log + (next.gen & 1);
+        self.block_writes.insert(blkno, next.encode(blkno));
     }
 }
 

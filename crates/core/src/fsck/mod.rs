@@ -88,10 +88,11 @@ use crate::buf::{Block, Buf, BufRef};
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::inode::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK};
+use crate::format::log::LogHeader;
 use crate::format::{DiskInode, Extent, Geometry, Superblock, BLOCK_SIZE, INODE_SIZE, MAGIC_BTREE};
 use crate::{btree, format};
 
-use self::log::ReplayOverlay;
+use self::log::{HomeLsns, ReplayOverlay};
 use self::space::Table;
 use self::superblock::trusted_superblock;
 
@@ -176,8 +177,8 @@ impl FsckReport {
 pub fn check(dev: &dyn BlockDevice, opts: &FsckOptions, progress: &dyn Fn(&str, u64, u64)) -> Result<FsckReport> {
     let sb = trusted_superblock(dev)?;
     let overlay = ReplayOverlay::new(dev);
-    let view: &dyn BlockDevice = if opts.repair { dev } else { &overlay };
-    let mut c = Checker::new(view, sb, opts.repair, progress);
+    let view = HomeLsns::new(if opts.repair { dev } else { &overlay }, sb.geo);
+    let mut c = Checker::new(&view, sb, opts.repair, progress);
     c.check_primary_superblock()?;
     c.replay_log()?;
     c.check_ags()?;
@@ -189,6 +190,7 @@ pub fn check(dev: &dyn BlockDevice, opts: &FsckOptions, progress: &dyn Fn(&str, 
     c.check_link_counts()?;
     c.check_inode_maps()?;
     c.check_block_maps()?;
+    c.check_log_sequence(view.highest());
     if opts.repair {
         c.write_repairs()?;
     }
@@ -486,6 +488,8 @@ struct Checker<'a> {
     allocated_inodes: u64,
     blocks_used: u64,
     log_records: u64,
+    /// The newest log header after pass 2 (written, or to be written by the repair).
+    log_header: Option<LogHeader>,
 }
 
 impl<'a> Checker<'a> {
@@ -513,6 +517,7 @@ impl<'a> Checker<'a> {
             allocated_inodes: 0,
             blocks_used: 0,
             log_records: 0,
+            log_header: None,
         }
     }
 

@@ -20,14 +20,15 @@ mod recover;
 mod worker;
 
 pub use cil::{BusyExtent, CilWriter, Route};
+pub(crate) use recover::read_log_header;
 pub use recover::{recover, RecoveryReport};
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::log::{ItemKey, LogHeader, RECORD_PIECE};
 use crate::format::{
-    header_magic, verify_block, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE, MAGIC_AGH, MAGIC_BITMAP, MAGIC_BTREE,
-    MAGIC_DATA_META, MAGIC_ORPHAN,
+    header_lsn, header_magic, verify_block, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE, MAGIC_AGH, MAGIC_BITMAP,
+    MAGIC_BTREE, MAGIC_DATA_META, MAGIC_ORPHAN,
 };
 use crate::lockstat::{Condvar, LockClass, Mutex};
 use ail::Ail;
@@ -180,6 +181,25 @@ fn verify_sealed(key: ItemKey, image: &[u8], geo: &Geometry) -> Result<()> {
         }
         ItemKey::Revoke(_) => Ok(()),
     }
+}
+
+/// The lsn of `image`, read from byte `off` of the device, if it is the home copy of a
+/// logged item and passes its readers' checks: a metadata block, or an inode in its slot.
+pub(crate) fn verified_lsn_at(image: &[u8], off: u64, geo: &Geometry) -> Option<u64> {
+    type LsnOf = fn(&[u8]) -> u64;
+    let (key, lsn_of) = match image.len() {
+        BLOCK_SIZE if off.is_multiple_of(BLOCK_SIZE as u64) => {
+            (ItemKey::Block(off / BLOCK_SIZE as u64), header_lsn as LsnOf)
+        }
+        INODE_SIZE => {
+            // Its own number, which decoding checks too: the image must be in that slot.
+            let ino = crate::format::get_u64(image, 8);
+            (geo.inode_offset(ino).ok() == Some(off))
+                .then_some((ItemKey::Inode(ino), DiskInode::sealed_lsn as LsnOf))?
+        }
+        _ => return None,
+    };
+    verify_sealed(key, image, geo).is_ok().then(|| lsn_of(image))
 }
 
 /// In debug builds, panic unless `image` passes `verify_sealed` (`when`: what is about to

@@ -7,9 +7,9 @@
 use crate::dev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::log::{
-    chunk_indices, decode_record, record_head, ItemKey, LogHeader, LogItem, CHUNK, LOG_HEADER_BLOCKS,
+    chunk_indices, decode_record, record_head, ItemKey, LogHeader, LogItem, RecordHead, CHUNK, LOG_HEADER_BLOCKS,
 };
-use crate::format::{header_lsn, DiskInode, Geometry, BLOCK_SIZE, INODE_SIZE};
+use crate::format::{Geometry, BLOCK_SIZE, INODE_SIZE};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::hash_map;
 
@@ -103,10 +103,10 @@ pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<Rec
     }
     // The lsn of each home copy that verifies, read before anything is written. Writeback
     // may have put a newer record's image home already (the tail waits for the oldest), so
-    // an image older than its home is skipped. A home stamped at or past the walk's head
-    // was written by a record the walk does not reach: the tail is in an older lap of the
-    // ring (a crafted header pair, consistent as it may be), and replaying would roll it back.
+    // an image older than its home is skipped.
     let mut home_lsn: FxHashMap<ItemKey, Option<u64>> = FxHashMap::default();
+    // Homes stamped at or past the walk's head, by a record the walk does not reach.
+    let mut ahead: Vec<(ItemKey, u64)> = Vec::new();
     for &(key, seq) in &logged {
         // A block freed in the walk may hold file data at home now: its bytes say nothing.
         let freed = matches!(key, ItemKey::Block(b) if revoke.contains_key(&b));
@@ -115,15 +115,10 @@ pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<Rec
         }
         if let hash_map::Entry::Vacant(e) = home_lsn.entry(key) {
             let lsn = e.insert(verified_home_lsn(dev, geo, key, seq)?);
-            if let Some(lsn) = lsn.filter(|&lsn| lsn >= next_seq) {
-                return Err(Error::corrupt(
-                    "log tail",
-                    h.tail_seq,
-                    format!("{key:?} at home has lsn {lsn}, newer than the log's last record {}", next_seq - 1),
-                ));
-            }
+            ahead.extend(lsn.filter(|&lsn| lsn >= next_seq).map(|lsn| (key, lsn)));
         }
     }
+    let tail_seq = sequence_after(dev, ring_start, ring, &h, (end, next_seq), &ahead)?;
     let older_than_home = |key: ItemKey, seq: u64| {
         home_lsn.get(&key).copied().flatten().is_some_and(|lsn| lsn > seq && logged.contains(&(key, lsn)))
     };
@@ -155,7 +150,7 @@ pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<Rec
             }
         }
     }
-    report.header = LogHeader { gen: h.gen + 1, epoch: h.epoch + 1, tail_off: end, tail_seq: next_seq };
+    report.header = LogHeader { gen: h.gen + 1, epoch: h.epoch + 1, tail_off: end, tail_seq };
     if write {
         dev.flush()?;
         let blkno = geo.ag_layout(0).log + (report.header.gen & 1);
@@ -165,18 +160,115 @@ pub fn recover(dev: &dyn BlockDevice, geo: &Geometry, write: bool) -> Result<Rec
     Ok(report)
 }
 
+/// Where the sequence goes on after recovery (`end`: the ring offset past the walk), given
+/// the homes `ahead` of the walk (stamped at or past `next_seq`, the sequence after its
+/// last record).
+///
+/// Such a home was written by a record the walk does not reach. Either the tail is in an
+/// older lap of the ring (a crafted or stale header pair, consistent as it may be): the
+/// walk's images are older than those homes, and replaying would roll them back. Or the
+/// sequence was restarted under homes stamped before (an fsck before the one that keeps
+/// sequences going reset the log to sequence 1): the walk's records are newer than those
+/// homes, and refusing them would lose what they hold. A record newer than a stale tail's
+/// is still in the ring: sequences and epochs only grow, and the ring always holds the
+/// records up to the real head, whose sequence is past every home lsn. After a restart, the
+/// only records of that sequence are from before it, in an older epoch (the reset went past
+/// every epoch its headers named). So a record of the header's epoch or a later one, with a
+/// sequence at or past the lowest home lsn ahead, makes the tail stale (corruption); with
+/// none, the walk replays whole (no home ahead names a record of it, so none of its images
+/// is skipped) and the sequence goes on past the highest home lsn, so that a later crash
+/// does not meet those homes again.
+///
+/// A whole record of the header's epoch or a later one where the walk ended, not taken, also
+/// shows a tail that is not the real one (a writer's next record goes right there, and one
+/// torn by the crash is not whole): the sequence then goes on past every such record in the
+/// ring, and with it past the homes they stamped.
+fn sequence_after(
+    dev: &dyn BlockDevice,
+    ring_start: u64,
+    ring: u64,
+    h: &LogHeader,
+    (end, next_seq): (u64, u64),
+    ahead: &[(ItemKey, u64)],
+) -> Result<u64> {
+    let newest = || newest_record(dev, ring_start, ring, h.epoch);
+    let (Some(&(key, lowest)), Some(highest)) =
+        (ahead.iter().min_by_key(|(_, lsn)| lsn), ahead.iter().map(|&(_, lsn)| lsn).max())
+    else {
+        let mut passed = whole_record_at(dev, ring_start, ring, end, h.epoch)?;
+        if end != 0 {
+            passed = passed.or(whole_record_at(dev, ring_start, ring, 0, h.epoch)?);
+        }
+        if passed.is_some() {
+            let newest = newest()?.expect("a whole record was found");
+            // Sequences past the next header's limit were not written by us.
+            return Ok(next_seq.max(newest.saturating_add(1).min(u64::MAX - ring)));
+        }
+        return Ok(next_seq);
+    };
+    let stale = |why: String| {
+        Err(Error::corrupt(
+            "log tail",
+            h.tail_seq,
+            format!("{key:?} at home has lsn {lowest}, newer than the log's last record {}, {why}", next_seq - 1),
+        ))
+    };
+    // The next header's limit, which the following ring of records must not pass.
+    if highest >= u64::MAX - ring {
+        return stale(format!("and a home has lsn {highest}, past any sequence"));
+    }
+    if let Some(newest) = newest()?.filter(|&seq| seq >= lowest) {
+        return stale(format!("and record {newest} of this epoch or a later one is in the ring: the tail is stale"));
+    }
+    log::warn!(
+        "log: {} home(s) have lsns up to {highest}, past the log's last record {}, and no record in the ring is that \
+         new: the sequence was restarted under them (a log reset by an older fsck); replaying, and going on from {}",
+        ahead.len(),
+        next_seq - 1,
+        highest + 1
+    );
+    Ok(highest + 1)
+}
+
+/// The highest sequence of a whole record in the ring of epoch `epoch` or a later one.
+fn newest_record(dev: &dyn BlockDevice, ring_start: u64, ring: u64, epoch: u64) -> Result<Option<u64>> {
+    let mut newest = None;
+    for off in 0..ring {
+        if let Some(r) = whole_record_at(dev, ring_start, ring, off, epoch)? {
+            newest = newest.max(Some(r.seq));
+        }
+    }
+    Ok(newest)
+}
+
+/// The head of the record at ring offset `off` if it is whole (its crc matches), of any
+/// sequence, and of epoch `epoch` or a later one.
+fn whole_record_at(
+    dev: &dyn BlockDevice,
+    ring_start: u64,
+    ring: u64,
+    off: u64,
+    epoch: u64,
+) -> Result<Option<RecordHead>> {
+    let mut first = vec![0u8; BLOCK_SIZE];
+    dev.read_at(&mut first, (ring_start + off) * BLOCK_SIZE as u64)?;
+    let Some(head) = record_head(&first, ring - off).filter(|head| head.epoch >= epoch) else { return Ok(None) };
+    let mut bytes = vec![0u8; head.len_blocks as usize * BLOCK_SIZE];
+    dev.read_at(&mut bytes, (ring_start + off) * BLOCK_SIZE as u64)?;
+    Ok(decode_record(&bytes).is_some().then_some(head))
+}
+
 /// The lsn stamped in `key`'s home copy (logged in record `seq`), if that copy passes the
 /// checks its readers make: a torn or never-written home says nothing about its age.
 fn verified_home_lsn(dev: &dyn BlockDevice, geo: &Geometry, key: ItemKey, seq: u64) -> Result<Option<u64>> {
-    type LsnOf = fn(&[u8]) -> u64;
-    let (at, len, lsn_of) = match key {
-        ItemKey::Block(b) => (checked_block(geo, b, seq)? * BLOCK_SIZE as u64, BLOCK_SIZE, header_lsn as LsnOf),
-        ItemKey::Inode(ino) => (geo.inode_offset(ino)?, INODE_SIZE, DiskInode::sealed_lsn as LsnOf),
+    let (at, len) = match key {
+        ItemKey::Block(b) => (checked_block(geo, b, seq)? * BLOCK_SIZE as u64, BLOCK_SIZE),
+        ItemKey::Inode(ino) => (geo.inode_offset(ino)?, INODE_SIZE),
         ItemKey::Revoke(_) => unreachable!("a revoke has no home copy"),
     };
     let mut home = vec![0u8; len];
     dev.read_at(&mut home, at)?;
-    Ok(super::verify_sealed(key, &home, geo).is_ok().then(|| lsn_of(&home)))
+    Ok(super::verified_lsn_at(&home, at, geo))
 }
 
 /// A logged block image must go to a metadata location: inside the image and not into the
