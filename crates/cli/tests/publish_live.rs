@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{daemon_pid, is_mounted, mount_daemon, run, stderr, unavailable, BIN};
+use common::{daemon_pid, is_mounted, mount_daemon, run, stderr, unavailable, Mounts, BIN};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/s3-server.sh");
 
@@ -29,7 +29,7 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/s3-serv
 struct Setup {
     dir: PathBuf,
     env: BTreeMap<String, String>,
-    mounts: std::cell::RefCell<Vec<PathBuf>>,
+    mounts: Mounts,
 }
 
 impl Setup {
@@ -96,17 +96,11 @@ impl Setup {
     /// `ferrofs mount --daemon SOURCE DIR -o OPTIONS` in this run's permission mode.
     fn mount(&self, source: &str, mnt: &Path, options: &str) -> Output {
         std::fs::create_dir_all(mnt).unwrap();
-        let o = mount_daemon(source, mnt, options);
-        if o.status.success() {
-            self.mounts.borrow_mut().push(mnt.to_owned());
-        }
-        o
+        self.mounts.track(mnt, mount_daemon(source, mnt, options))
     }
 
     fn umount(&self, mnt: &Path) {
-        let o = run(Command::new("umount").arg(mnt));
-        assert!(o.status.success(), "umount {}: {}", mnt.display(), stderr(&o));
-        self.mounts.borrow_mut().retain(|m| m != mnt);
+        self.mounts.umount(mnt);
     }
 
     /// `ferrofs publish SOURCE URL` to `prefix`, through `endpoint`.
@@ -127,11 +121,7 @@ impl Setup {
 
 impl Drop for Setup {
     fn drop(&mut self) {
-        for m in self.mounts.borrow().iter() {
-            if is_mounted(m) {
-                let _ = Command::new("umount").arg("-l").arg(m).status();
-            }
-        }
+        self.mounts.release();
         let _ = run(Command::new(SCRIPT).arg("stop").arg(self.dir.join("s3")));
         let _ = std::fs::remove_dir_all(&self.dir);
     }

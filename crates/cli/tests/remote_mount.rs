@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{is_mounted, run, stderr, unavailable, BIN};
+use common::{is_mounted, mount_daemon_with_env, run, stderr, unavailable, Mounts, BIN};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/s3-server.sh");
 
@@ -107,7 +107,7 @@ fn pid_of(env: &BTreeMap<String, String>) -> i32 {
 /// Scratch space: images, mount points, cache; unmounted and removed on drop.
 struct Scratch {
     dir: PathBuf,
-    mounts: std::cell::RefCell<Vec<PathBuf>>,
+    mounts: Mounts,
 }
 
 impl Scratch {
@@ -137,23 +137,11 @@ impl Scratch {
 
     /// [`Scratch::mount`] with these environment variables changed for the command.
     fn mount_with_env(&self, source: &str, mnt: &Path, options: &str, env: &[(&str, &str)]) -> Output {
-        let mut options = options.to_string();
-        if std::env::var("FERROFS_TEST_DEFAULT_PERMISSIONS").as_deref() != Ok("1") {
-            options += ",daemon_permissions";
-        }
-        let mut cmd = Command::new(BIN);
-        cmd.args(["mount", "--daemon", "-o", &options, source]).arg(mnt).envs(env.iter().copied());
-        let o = run(&mut cmd);
-        if o.status.success() {
-            self.mounts.borrow_mut().push(mnt.to_owned());
-        }
-        o
+        self.mounts.track(mnt, mount_daemon_with_env(source, mnt, options, env))
     }
 
     fn umount(&self, mnt: &Path) {
-        let o = run(Command::new("umount").arg(mnt));
-        assert!(o.status.success(), "umount {}: {}", mnt.display(), stderr(&o));
-        self.mounts.borrow_mut().retain(|m| m != mnt);
+        self.mounts.umount(mnt);
     }
 
     /// An image of `files` files of 1-40 KiB (seeded by `seed`) in a few directories, written
@@ -188,11 +176,7 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        for m in self.mounts.borrow().iter() {
-            if is_mounted(m) {
-                let _ = Command::new("umount").arg("-l").arg(m).status();
-            }
-        }
+        self.mounts.release();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -2,7 +2,8 @@
 
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_ferrofs");
@@ -73,9 +74,45 @@ pub fn unavailable() -> Option<String> {
 /// `ferrofs mount --daemon -o OPTIONS SOURCE DIR` in this run's permission mode: the kernel's
 /// with FERROFS_TEST_DEFAULT_PERMISSIONS=1, else the daemon's.
 pub fn mount_daemon(source: &str, mnt: &Path, options: &str) -> Output {
+    mount_daemon_with_env(source, mnt, options, &[])
+}
+
+/// [`mount_daemon`] with these environment variables changed for the command.
+pub fn mount_daemon_with_env(source: &str, mnt: &Path, options: &str, env: &[(&str, &str)]) -> Output {
     let kernel_checks = std::env::var("FERROFS_TEST_DEFAULT_PERMISSIONS").as_deref() == Ok("1");
     let options = if kernel_checks { options.to_string() } else { format!("{options},daemon_permissions") };
-    run(Command::new(BIN).args(["mount", "--daemon", "-o", &options, source]).arg(mnt))
+    run(Command::new(BIN).args(["mount", "--daemon", "-o", &options, source]).arg(mnt).envs(env.iter().copied()))
+}
+
+/// The mount points a test made, so that a failing test still leaves none behind.
+#[derive(Default)]
+pub struct Mounts(RefCell<Vec<PathBuf>>);
+
+impl Mounts {
+    /// `o`, the output of mounting on `mnt`; `mnt` is tracked if it succeeded.
+    pub fn track(&self, mnt: &Path, o: Output) -> Output {
+        if o.status.success() {
+            self.0.borrow_mut().push(mnt.to_owned());
+        }
+        o
+    }
+
+    /// `umount MNT`, which must succeed.
+    pub fn umount(&self, mnt: &Path) {
+        let o = run(Command::new("umount").arg(mnt));
+        assert!(o.status.success(), "umount {}: {}", mnt.display(), stderr(&o));
+        self.0.borrow_mut().retain(|m| m != mnt);
+    }
+
+    /// Lazily unmount whatever is still mounted: for the owner's `Drop`, before it removes
+    /// the directories.
+    pub fn release(&self) {
+        for m in self.0.borrow_mut().drain(..) {
+            if is_mounted(&m) {
+                let _ = Command::new("umount").arg("-l").arg(&m).status();
+            }
+        }
+    }
 }
 
 pub fn is_mounted(dir: &Path) -> bool {
