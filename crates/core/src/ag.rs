@@ -157,6 +157,14 @@ fn load_bitmap(cache: &BufCache, start: u64, nblocks: u64, len: u64, owner: u64)
     Ok((bufs, map))
 }
 
+/// Where an AG's directory blocks go: its last sixteenth, apart from file data, which fills
+/// the AG from its start. A directory read then touches few regions of the image, and a
+/// published image's metadata sits in few chunks (btrfs keeps metadata in block groups of
+/// its own for the same reason). A zone that fills spills over to wherever blocks are free.
+pub fn index_goal(l: &AgLayout) -> u64 {
+    (l.start + l.blocks - l.blocks / 16).max(l.data_start)
+}
+
 impl Ag {
     pub fn load(cache: &BufCache, geo: &Geometry, agno: u32) -> Result<Ag> {
         let l = geo.ag_layout(agno);
@@ -307,8 +315,10 @@ impl Ag {
     }
 
     /// Claim up to `max_len` contiguous blocks at or after `goal` (absolute), consuming the
-    /// same number of reserved blocks. Returns (absolute start, len).
-    pub fn claim_blocks(&self, goal: u64, max_len: u64) -> Option<(u64, u64)> {
+    /// same number of reserved blocks. Returns (absolute start, len). A claim for file data
+    /// moves the cursor ([`Ag::block_goal`]); a directory block's does not, so that the next
+    /// file's data does not follow it into the index zone ([`index_goal`]).
+    pub fn claim_blocks(&self, goal: u64, max_len: u64, data: bool) -> Option<(u64, u64)> {
         let mut s = self.lock();
         let rel_goal = if goal >= self.layout.start && goal < self.layout.start + self.layout.blocks {
             goal - self.layout.start
@@ -324,7 +334,9 @@ impl Ag {
             s.blocks.set(i);
         }
         s.reserved_blocks -= len;
-        s.block_cursor = start + len;
+        if data {
+            s.block_cursor = start + len;
+        }
         self.sync_counts(&s);
         Some((self.layout.start + start, len))
     }

@@ -199,14 +199,20 @@ impl<'m> Tx<'m> {
         Err(Error::NoSpace)
     }
 
-    /// Claim up to `max_len` contiguous reserved blocks near `goal`. Returns (start, len).
+    /// Claim up to `max_len` contiguous reserved blocks for file data near `goal`. Returns
+    /// (start, len).
     pub fn alloc_blocks(&mut self, goal: u64, max_len: u64) -> Result<(u64, u64)> {
+        self.claim_blocks(goal, max_len, true)
+    }
+
+    /// [`Tx::alloc_blocks`], for file data (`data`) or B+tree nodes (`Ag::claim_blocks`).
+    fn claim_blocks(&mut self, goal: u64, max_len: u64, data: bool) -> Result<(u64, u64)> {
         let goal_ag = self.m.geo.block_ag(goal.min(self.m.geo.block_count - 1));
         let mut order: SmallVec<[usize; 4]> = (0..self.reserved.len()).filter(|&i| self.reserved[i].1 > 0).collect();
         order.sort_by_key(|&i| self.reserved[i].0 != goal_ag);
         for i in order {
             let (agno, avail) = self.reserved[i];
-            if let Some((start, len)) = self.m.ags[agno as usize].claim_blocks(goal, max_len.min(avail)) {
+            if let Some((start, len)) = self.m.ags[agno as usize].claim_blocks(goal, max_len.min(avail), data) {
                 // The reservation covers the claim: data blocks of the AG that reserved them,
                 // no more than is left of it (the AG counted them out of its free space then).
                 debug_assert!(
@@ -226,7 +232,7 @@ impl<'m> Tx<'m> {
 
     /// A new metadata block (B+tree node) from the reservation, zeroed and cached.
     pub fn alloc_meta_block(&mut self, goal: u64) -> Result<BufRef> {
-        let (b, _) = self.alloc_blocks(goal, 1)?;
+        let (b, _) = self.claim_blocks(goal, 1, false)?;
         self.modified = true;
         Ok(self.m.bufs.get_new(b))
     }

@@ -274,10 +274,10 @@ impl FileSystem {
         })
     }
 
-    /// Where a directory's new B+tree nodes go: next to its root, else at its AG's data.
+    /// Where a directory's new B+tree nodes go: next to its root, else in its AG's index zone.
     pub(super) fn dir_goal(&self, dir: u64, dir_inode: &DiskInode) -> u64 {
         match dir::root_of(dir_inode) {
-            0 => self.m.geo.ag_layout(ino_ag(dir)).data_start,
+            0 => crate::ag::index_goal(&self.m.geo.ag_layout(ino_ag(dir))),
             root => root,
         }
     }
