@@ -511,3 +511,45 @@ impl FileSystem {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::dev::MemDevice;
+    use crate::format::{ino_ag, Fork, ROOT_INO};
+    use crate::mkfs::{mkfs, MkfsOptions};
+    use crate::{Cred, FileSystem, MountOptions};
+    use std::sync::Arc;
+
+    /// A directory grown among its files keeps its blocks in its AG's index zone, and the
+    /// files' data stays below the zone (DESIGN, "Allocation"): a walk of the tree, or a
+    /// published image's metadata, touches few regions of the image.
+    #[test]
+    fn directory_blocks_go_to_the_index_zone_and_file_data_stays_below_it() {
+        let dev = Arc::new(MemDevice::new(64 << 20));
+        mkfs(&*dev, &MkfsOptions::default(), &|_, _| {}).unwrap();
+        let fs = FileSystem::mount_device(dev, &MountOptions::default()).unwrap();
+        let cred = Cred { uid: 0, gid: 0, umask: 0o022 };
+        let dir = fs.mkdir(ROOT_INO, b"d", 0o755, cred).unwrap().ino;
+        let mut files = Vec::new();
+        for i in 0..400 {
+            let ino = fs.create(dir, format!("a-file-with-a-longer-name-{i:04}").as_bytes(), 0o644, cred).unwrap().ino;
+            fs.write(ino, 0, &[7; 8192]).unwrap();
+            files.push(ino);
+        }
+        let layout = fs.m.geo.ag_layout(ino_ag(dir));
+        let (zone, end) = (crate::ag::index_goal(&layout), layout.start + layout.blocks);
+        let Fork::Btree(root) = fs.m.iget(dir).unwrap().core.read().fork else {
+            panic!("400 entries need a directory tree");
+        };
+        assert!((zone..end).contains(&root), "directory root {root} outside the zone {zone}..{end}");
+        for ino in files {
+            let Fork::Extents { n, ext } = fs.m.iget(ino).unwrap().core.read().fork else {
+                panic!("an 8 KiB file has inline extents");
+            };
+            for e in &ext[..n as usize] {
+                assert!(e.pblk + e.len as u64 <= zone, "inode {ino}'s data at {} is in the zone from {zone}", e.pblk);
+            }
+        }
+        fs.unmount().unwrap();
+    }
+}
